@@ -1,0 +1,436 @@
+"""The KV-cache dtype model: one parser, one enum, per-layer specs and the NVFP4 row layout.
+
+Every dtype name that enters kvfuse is parsed exactly once, here, by
+:func:`parse_kv_cache_dtype` / :func:`_parse_dtype_name`. Nothing else in the package compares
+dtype strings; everything downstream carries a :class:`KVQuantMode` plus a storage
+``torch.dtype`` (the pair lives in :class:`KVCacheSpec`).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "KVQuantMode",
+    "parse_kv_cache_dtype",
+    "KVCacheConfig",
+    "KVCacheSpec",
+    "allocate_kv_cache",
+    "SLIDING_WINDOW_RULE",
+    "NVFP4_BLOCK",
+    "nvfp4_row_dim",
+    "nvfp4_split",
+    "nvfp4_quantize_reference",
+    "nvfp4_dequantize_reference",
+    "fp8_max",
+]
+
+
+class KVQuantMode(enum.IntEnum):
+    """How K/V rows are encoded in a layer's cache.
+
+    The integer values are part of the ABI: ops receive the mode as an ``int`` and the C++
+    mirror in ``csrc/kv_quant_mode.h`` uses the same numbers.
+    """
+
+    NONE = 0
+    FP8_E4M3 = 1
+    FP8_E5M2 = 2
+    NVFP4 = 3
+
+    @property
+    def is_quantized(self) -> bool:
+        return self is not KVQuantMode.NONE
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2)
+
+
+# name -> (mode, native storage dtype or None for "the model dtype" / quantized storage)
+_DTYPE_NAMES: dict[str, tuple[KVQuantMode, Optional[torch.dtype]]] = {
+    "auto": (KVQuantMode.NONE, None),
+    "float16": (KVQuantMode.NONE, torch.float16),
+    "half": (KVQuantMode.NONE, torch.float16),
+    "bfloat16": (KVQuantMode.NONE, torch.bfloat16),
+    "float32": (KVQuantMode.NONE, torch.float32),
+    "float": (KVQuantMode.NONE, torch.float32),
+    "fp8": (KVQuantMode.FP8_E4M3, None),
+    "fp8_e4m3": (KVQuantMode.FP8_E4M3, None),
+    "fp8_e5m2": (KVQuantMode.FP8_E5M2, None),
+    "nvfp4": (KVQuantMode.NVFP4, None),
+}
+VALID_KV_CACHE_DTYPES: tuple[str, ...] = tuple(_DTYPE_NAMES)
+
+_QUANTIZED_STORAGE: dict[KVQuantMode, torch.dtype] = {
+    KVQuantMode.FP8_E4M3: torch.float8_e4m3fn,
+    KVQuantMode.FP8_E5M2: torch.float8_e5m2,
+    KVQuantMode.NVFP4: torch.uint8,
+}
+NATIVE_CACHE_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+
+_FP8_MAX = {KVQuantMode.FP8_E4M3: 448.0, KVQuantMode.FP8_E5M2: 57344.0}
+
+#: Elements per NVFP4 block scale.
+NVFP4_BLOCK = 16
+#: The skip rule that matches every sliding-window layer.
+SLIDING_WINDOW_RULE = "sliding_window"
+
+
+def _parse_dtype_name(name: object, argument: str = "kv_cache_dtype") -> tuple[KVQuantMode, Optional[torch.dtype]]:
+    """Parse a KV-cache dtype name into (mode, native dtype).
+
+    The native dtype is None for quantized modes and for "auto" (the only name that leaves
+    the choice to the model dtype).
+    """
+    if isinstance(name, str):
+        key = name.strip().lower()
+        if key in _DTYPE_NAMES:
+            return _DTYPE_NAMES[key]
+    raise ValueError(
+        f"{argument}={name!r} is not a KV-cache dtype; valid names are "
+        f"{', '.join(repr(n) for n in VALID_KV_CACHE_DTYPES)}"
+    )
+
+
+def parse_kv_cache_dtype(name: str) -> KVQuantMode:
+    """Parse a KV-cache dtype name (``"auto"``, ``"bfloat16"``, ``"fp8"``, ``"nvfp4"``...).
+
+    Names are case-insensitive. Raises ``ValueError`` naming the bad value and every valid one.
+    """
+    return _parse_dtype_name(name)[0]
+
+
+def fp8_max(mode: KVQuantMode) -> float:
+    """Largest finite magnitude of an FP8 mode's storage format."""
+    return _FP8_MAX[KVQuantMode(mode)]
+
+
+def storage_dtype(mode: KVQuantMode, native_dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """Storage dtype of a cache row for ``mode``; ``native_dtype`` is required for NONE."""
+    mode = KVQuantMode(mode)
+    if mode is KVQuantMode.NONE:
+        if native_dtype not in NATIVE_CACHE_DTYPES:
+            raise ValueError(
+                f"native cache dtype {native_dtype} is not one of {list(NATIVE_CACHE_DTYPES)}"
+            )
+        return native_dtype
+    return _QUANTIZED_STORAGE[mode]
+
+
+def mode_of_storage_dtype(dtype: torch.dtype) -> Optional[KVQuantMode]:
+    """The only mode a cache of storage ``dtype`` can hold, or None for an invalid dtype."""
+    if dtype in NATIVE_CACHE_DTYPES:
+        return KVQuantMode.NONE
+    for mode, storage in _QUANTIZED_STORAGE.items():
+        if storage == dtype:
+            return mode
+    return None
+
+
+# ----------------------------------------------------------------------------- NVFP4 layout
+
+
+def nvfp4_row_dim(head_size: int) -> int:
+    """Bytes of one NVFP4 row: packed E2M1 data (head_size/2) then e4m3 block scales (head_size/16)."""
+    if head_size <= 0 or head_size % NVFP4_BLOCK:
+        raise ValueError(
+            f"head_size={head_size} cannot be stored as NVFP4: it must be a positive multiple of "
+            f"{NVFP4_BLOCK} (one e4m3 block scale per {NVFP4_BLOCK} elements)"
+        )
+    return head_size // 2 + head_size // NVFP4_BLOCK
+
+
+def nvfp4_head_size(row_dim: int) -> int:
+    """Inverse of :func:`nvfp4_row_dim` (row_dim = 9 * head_size / 16)."""
+    if row_dim <= 0 or row_dim % 9:
+        raise ValueError(f"row_dim={row_dim} is not an NVFP4 row width (9 * head_size / 16)")
+    return row_dim * 16 // 9
+
+
+def row_dim_for(mode: KVQuantMode, head_size: int) -> int:
+    return nvfp4_row_dim(head_size) if KVQuantMode(mode) is KVQuantMode.NVFP4 else head_size
+
+
+def nvfp4_split(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split NVFP4 rows (uint8, last dim = row_dim) into views ``(data uint8, scales float8_e4m3fn)``.
+
+    Works on a whole cache, one half of it, or encoded rows: only the last dim is split.
+    """
+    if rows.dtype != torch.uint8:
+        raise ValueError(f"NVFP4 rows must be uint8, got {rows.dtype}")
+    head_size = nvfp4_head_size(rows.shape[-1])
+    data = rows[..., : head_size // 2]
+    scales = rows[..., head_size // 2 :].view(torch.float8_e4m3fn)
+    return data, scales
+
+
+# E2M1 magnitudes by code; the thresholds below implement round-to-nearest-even between them
+# (ties 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 go to the code with an even mantissa) and
+# saturation at 6.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _e2m1_code(q: torch.Tensor) -> torch.Tensor:
+    """float32 -> 4-bit E2M1 code (sign in bit 3), RNE, saturating; NaN -> +0 (every compare is False)."""
+    a = q.abs()
+    mag = (
+        (a > 0.25).to(torch.uint8)
+        + (a >= 0.75).to(torch.uint8)
+        + (a > 1.25).to(torch.uint8)
+        + (a >= 1.75).to(torch.uint8)
+        + (a > 2.5).to(torch.uint8)
+        + (a >= 3.5).to(torch.uint8)
+        + (a > 5.0).to(torch.uint8)
+    )
+    sign = (q < 0).to(torch.uint8) << 3
+    return mag | sign
+
+
+def nvfp4_quantize_reference(x: torch.Tensor, global_scale: Union[torch.Tensor, float]) -> torch.Tensor:
+    """Encode ``x [..., D]`` into NVFP4 rows ``[..., D/2 + D/16]`` (uint8).
+
+    Math, in float32, per block of 16 elements ``b`` (decode: value = e2m1 * block_scale * global_scale)::
+
+        amax      = max(|x_i| for i in b, NaN ignored)
+        s_b       = e4m3_rne(min(amax / (global_scale * 6), 448))
+        q_i       = e2m1_rne_sat(x_i / (float(s_b) * global_scale))      (0 where that divisor is 0)
+
+    NaN inputs encode as +0 (E2M1 has no NaN), without affecting the other 15 values of the
+    block; +-inf saturate to +-6 * s_b * global_scale.
+    """
+    head_size = x.shape[-1]
+    nvfp4_row_dim(head_size)
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(())
+    xf = x.float().reshape(*x.shape[:-1], head_size // NVFP4_BLOCK, NVFP4_BLOCK)
+    amax = torch.where(torch.isnan(xf), 0.0, xf.abs()).amax(dim=-1, keepdim=True)
+    block_scale = torch.clamp(amax / (gs * 6.0), max=448.0).to(torch.float8_e4m3fn)
+    denom = block_scale.float() * gs
+    q = torch.where(denom > 0, xf / denom, torch.zeros_like(xf))
+    codes = _e2m1_code(q).reshape(*x.shape[:-1], head_size)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    scales = block_scale.reshape(*x.shape[:-1], head_size // NVFP4_BLOCK).view(torch.uint8)
+    return torch.cat([packed, scales], dim=-1)
+
+
+def nvfp4_dequantize_reference(rows: torch.Tensor, global_scale: Union[torch.Tensor, float]) -> torch.Tensor:
+    """Decode NVFP4 rows ``[..., D/2 + D/16]`` into float32 ``[..., D]``."""
+    data, scales = nvfp4_split(rows)
+    head_size = data.shape[-1] * 2
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=rows.device).reshape(())
+    lut = torch.tensor(
+        list(E2M1_VALUES) + [-v for v in E2M1_VALUES], dtype=torch.float32, device=rows.device
+    )
+    lo = (data & 0xF).long()
+    hi = (data >> 4).long()
+    vals = torch.stack([lut[lo], lut[hi]], dim=-1).reshape(*data.shape[:-1], head_size)
+    vals = vals.reshape(*data.shape[:-1], head_size // NVFP4_BLOCK, NVFP4_BLOCK)
+    out = vals * (scales.float().unsqueeze(-1) * gs)
+    return out.reshape(*data.shape[:-1], head_size)
+
+
+# ----------------------------------------------------------------------------- config and spec
+
+_DIGITS = re.compile(r"\d+")
+_DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.\w+)+$")
+
+
+def layer_index_from_name(layer_name: str) -> Optional[int]:
+    """The one integer in ``layer_name`` ("model.layers.3.attn" -> 3), or None if none or several."""
+    found = _DIGITS.findall(layer_name)
+    return int(found[0]) if len(found) == 1 else None
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Everything a kernel needs to know about one layer's cache, decided once per layer."""
+
+    layer_name: str
+    layer_index: Optional[int]
+    num_kv_heads: int
+    head_size: int
+    model_dtype: torch.dtype
+    kv_quant_mode: KVQuantMode
+    kv_cache_torch_dtype: torch.dtype
+    sliding_window: Optional[int]
+    reason: str = field(compare=False)
+
+    @property
+    def row_dim(self) -> int:
+        return row_dim_for(self.kv_quant_mode, self.head_size)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Cache bytes per token for K and V together."""
+        return 2 * self.num_kv_heads * self.row_dim * self.kv_cache_torch_dtype.itemsize
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int, int]:
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        return (num_blocks, 2, block_size, self.num_kv_heads, self.row_dim)
+
+
+def _normalize_skip_rule(rule: object) -> str:
+    if isinstance(rule, bool):
+        raise ValueError(f"skip_layers entry {rule!r} is a bool, not a layer index or name")
+    if isinstance(rule, int):
+        if rule < 0:
+            raise ValueError(f"skip_layers entry {rule!r} is negative; layer indices start at 0")
+        return str(rule)
+    if isinstance(rule, str):
+        text = rule.strip()
+        if text.isdigit() or text == SLIDING_WINDOW_RULE or _DOTTED_NAME.match(text):
+            return text
+        hint = ""
+        if text.lower().replace("-", "_").replace(" ", "_") == SLIDING_WINDOW_RULE:
+            hint = f" (did you mean {SLIDING_WINDOW_RULE!r}?)"
+        raise ValueError(
+            f"skip_layers entry {rule!r} is not a skip rule{hint}; allowed: a layer index such as "
+            f"'0' or 3, {SLIDING_WINDOW_RULE!r}, or a full dotted layer name such as "
+            f"'model.layers.3.attn'"
+        )
+    raise ValueError(
+        f"skip_layers entry {rule!r} has type {type(rule).__name__}; allowed: int or str"
+    )
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """The user's KV-cache request, validated once; :meth:`layer_spec` decides per layer.
+
+    Precedence for a layer: a skip rule matches -> model dtype; else an explicit
+    ``kv_cache_dtype`` (anything but "auto"); else ``checkpoint_kv_cache_dtype``; else the
+    model dtype.
+    """
+
+    kv_cache_dtype: str = "auto"
+    skip_layers: tuple = ()
+    checkpoint_kv_cache_dtype: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _parse_dtype_name(self.kv_cache_dtype, "kv_cache_dtype")
+        if self.checkpoint_kv_cache_dtype is not None:
+            _parse_dtype_name(self.checkpoint_kv_cache_dtype, "checkpoint_kv_cache_dtype")
+        rules = self.skip_layers
+        if isinstance(rules, (str, int)):
+            rules = (rules,)
+        try:
+            rules = tuple(rules)
+        except TypeError:
+            raise ValueError(
+                f"skip_layers={self.skip_layers!r} must be a sequence of layer indices or names"
+            ) from None
+        object.__setattr__(self, "skip_layers", tuple(_normalize_skip_rule(r) for r in rules))
+
+    @property
+    def _index_rules(self) -> frozenset[int]:
+        return frozenset(int(r) for r in self.skip_layers if r.isdigit())
+
+    def _matching_skip_rule(
+        self, layer_name: str, layer_index: Optional[int], sliding_window: Optional[int]
+    ) -> Optional[str]:
+        for rule in self.skip_layers:
+            if rule == SLIDING_WINDOW_RULE:
+                if sliding_window is not None and sliding_window > 0:
+                    return f"skip rule {rule!r} (sliding window {sliding_window})"
+            elif rule.isdigit():
+                if layer_index is None:
+                    raise ValueError(
+                        f"layer {layer_name!r}: skip_layers has index rule {rule!r} but the layer's "
+                        f"index cannot be known (its name must hold exactly one integer); pass "
+                        f"layer_index= to layer_spec"
+                    )
+                if int(rule) == layer_index:
+                    return f"skip rule {rule!r} (layer index {layer_index})"
+            elif rule == layer_name:
+                return f"skip rule {rule!r} (layer name)"
+        return None
+
+    def layer_spec(
+        self,
+        layer_name: str,
+        num_kv_heads: int,
+        head_size: int,
+        model_dtype: torch.dtype = torch.bfloat16,
+        sliding_window: Optional[int] = None,
+        layer_index: Optional[int] = None,
+    ) -> KVCacheSpec:
+        """Decide one layer's cache mode and storage dtype (see the class docstring)."""
+        if not isinstance(layer_name, str) or not layer_name:
+            raise ValueError(f"layer_name={layer_name!r} must be a non-empty str")
+        for name, value in (("num_kv_heads", num_kv_heads), ("head_size", head_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"layer {layer_name!r}: {name}={value!r} must be a positive int")
+        if model_dtype not in NATIVE_CACHE_DTYPES:
+            raise ValueError(
+                f"layer {layer_name!r}: model_dtype={model_dtype} is not one of "
+                f"{[str(d) for d in NATIVE_CACHE_DTYPES]}"
+            )
+        if sliding_window is not None and (
+            not isinstance(sliding_window, int) or isinstance(sliding_window, bool) or sliding_window <= 0
+        ):
+            raise ValueError(
+                f"layer {layer_name!r}: sliding_window={sliding_window!r} must be None or a positive int"
+            )
+        if layer_index is None:
+            layer_index = layer_index_from_name(layer_name)
+        elif not isinstance(layer_index, int) or isinstance(layer_index, bool) or layer_index < 0:
+            raise ValueError(f"layer {layer_name!r}: layer_index={layer_index!r} must be an int >= 0")
+
+        skip = self._matching_skip_rule(layer_name, layer_index, sliding_window)
+        explicit_mode, explicit_native = _parse_dtype_name(self.kv_cache_dtype)
+        is_auto = explicit_mode is KVQuantMode.NONE and explicit_native is None
+        if skip is not None:
+            mode, native, reason = KVQuantMode.NONE, model_dtype, skip
+        elif not is_auto:
+            mode, native = explicit_mode, explicit_native
+            reason = f"explicit kv_cache_dtype={self.kv_cache_dtype!r}"
+        elif self.checkpoint_kv_cache_dtype is not None:
+            mode, native = _parse_dtype_name(self.checkpoint_kv_cache_dtype, "checkpoint_kv_cache_dtype")
+            reason = f"checkpoint declares {self.checkpoint_kv_cache_dtype!r}"
+        else:
+            mode, native, reason = KVQuantMode.NONE, model_dtype, "auto: model dtype"
+        if mode is KVQuantMode.NONE and native is None:  # "auto" declared by a checkpoint
+            native = model_dtype
+        if mode is KVQuantMode.NVFP4:
+            try:
+                nvfp4_row_dim(head_size)
+            except ValueError as e:
+                raise ValueError(f"layer {layer_name!r}: {e}") from None
+        spec = KVCacheSpec(
+            layer_name=layer_name,
+            layer_index=layer_index,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            model_dtype=model_dtype,
+            kv_quant_mode=mode,
+            kv_cache_torch_dtype=storage_dtype(mode, native),
+            sliding_window=sliding_window,
+            reason=reason,
+        )
+        logger.debug("layer %s: %s (%s), %s", layer_name, mode.name, spec.kv_cache_torch_dtype, reason)
+        return spec
+
+
+def allocate_kv_cache(
+    spec: KVCacheSpec,
+    num_blocks: int,
+    block_size: int,
+    device: Union[torch.device, str, None] = None,
+) -> torch.Tensor:
+    """A zero-filled cache ``(num_blocks, 2, block_size, num_kv_heads, row_dim)`` for ``spec``.
+
+    Zeros (not empty memory) so that a page that was never written cannot hold NaN bit patterns.
+    """
+    return torch.zeros(
+        spec.cache_shape(num_blocks, block_size), dtype=spec.kv_cache_torch_dtype, device=device
+    )

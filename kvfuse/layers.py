@@ -1,0 +1,133 @@
+"""``PagedAttention``: one attention layer over its own paged KV cache, and its metadata."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from . import ops
+from .kv_cache import KVCacheConfig, KVCacheSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AttentionMetadata", "PagedAttention"]
+
+
+@dataclass
+class AttentionMetadata:
+    """Where a batch's tokens go and what they attend to.
+
+    - ``slot_mapping`` [T] int64 (or int32): cache slot of each new token; -1 = padding, never written;
+    - ``block_table`` [B, max_blocks] int32: page ids of each sequence, in order;
+    - ``seq_lens`` [B] int32: context length of each sequence, new tokens included;
+    - ``query_start_loc`` [B+1] int32: new tokens of sequence b are rows ``qsl[b]:qsl[b+1]``;
+    - ``max_seq_len`` / ``max_query_len``: optional host-side bounds (planning hints for
+      backends that want them; never required for correctness).
+    """
+
+    slot_mapping: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_seq_len: Optional[int] = None
+    max_query_len: Optional[int] = None
+
+
+class PagedAttention(nn.Module):
+    """Writes a step's K/V into this layer's cache, then attends over it.
+
+    The cache format comes from ``config.layer_spec(layer_name, ...)``, so each layer of a model
+    may differ (FP8 layers beside bf16 skip layers). In eager mode the write is the fused
+    ``kvfuse::encode_and_cache_write``; under ``torch.compile`` the layer emits the unfused
+    ``encode_kv`` + ``cache_write`` pair, which kvfuse's Inductor pass fuses (and reports).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        layer_name: str,
+        config: Optional[KVCacheConfig] = None,
+        model_dtype: torch.dtype = torch.bfloat16,
+        sliding_window: Optional[int] = None,
+        layer_index: Optional[int] = None,
+        sm_scale: Optional[float] = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(num_heads, int) or num_heads <= 0:
+            raise ValueError(f"layer {layer_name!r}: num_heads={num_heads!r} must be a positive int")
+        if not isinstance(num_kv_heads, int) or num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(
+                f"layer {layer_name!r}: num_kv_heads={num_kv_heads!r} must be a positive int dividing "
+                f"num_heads={num_heads}"
+            )
+        config = config if config is not None else KVCacheConfig()
+        self.spec: KVCacheSpec = config.layer_spec(
+            layer_name, num_kv_heads=num_kv_heads, head_size=head_size, model_dtype=model_dtype,
+            sliding_window=sliding_window, layer_index=layer_index,
+        )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.layer_name = layer_name
+        self.sliding_window = sliding_window
+        self.sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_size)
+        self.register_buffer("k_scale", torch.ones((), dtype=torch.float32))
+        self.register_buffer("v_scale", torch.ones((), dtype=torch.float32))
+
+    @property
+    def kv_quant_mode(self):
+        return self.spec.kv_quant_mode
+
+    def set_scales(self, k_scale: float, v_scale: float) -> None:
+        """Set the FP8 scales / NVFP4 global scales (finite, > 0), e.g. from a checkpoint."""
+        for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+            value = float(value)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"layer {self.layer_name!r}: {name}={value!r} must be finite and > 0")
+            getattr(self, name).fill_(value)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.layer_name!r}, heads={self.num_heads}/{self.num_kv_heads}, head_size={self.head_size}, "
+            f"kv_cache={self.spec.kv_quant_mode.name}/{self.spec.kv_cache_torch_dtype}"
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        spec = self.spec
+        if kv_cache.dtype != spec.kv_cache_torch_dtype or kv_cache.dim() != 5 or tuple(kv_cache.shape[3:]) != (
+            spec.num_kv_heads, spec.row_dim
+        ):
+            raise ValueError(
+                f"layer {self.layer_name!r}: kv_cache is {kv_cache.dtype} {tuple(kv_cache.shape)} but this layer's "
+                f"spec needs {spec.kv_cache_torch_dtype} (num_blocks, 2, block_size, {spec.num_kv_heads}, "
+                f"{spec.row_dim}); allocate it with kvfuse.allocate_kv_cache(layer.spec, ...)"
+            )
+        mode = int(spec.kv_quant_mode)
+        if torch.compiler.is_compiling():
+            # The unfused form: kvfuse's Inductor pass fuses it per layer and reports what it did.
+            key_rows = torch.ops.kvfuse.encode_kv(key, self.k_scale, mode, spec.kv_cache_torch_dtype, self.layer_name)
+            value_rows = torch.ops.kvfuse.encode_kv(value, self.v_scale, mode, spec.kv_cache_torch_dtype,
+                                                    self.layer_name)
+            torch.ops.kvfuse.cache_write(key_rows, value_rows, kv_cache, metadata.slot_mapping, mode,
+                                         self.layer_name)
+        else:
+            torch.ops.kvfuse.encode_and_cache_write(key, value, kv_cache, metadata.slot_mapping, self.k_scale,
+                                                    self.v_scale, mode, self.layer_name)
+        return torch.ops.kvfuse.paged_attention(
+            query, kv_cache, self.k_scale, self.v_scale, metadata.block_table, metadata.seq_lens,
+            metadata.query_start_loc, mode, self.sm_scale, self.sliding_window, self.layer_name,
+        )

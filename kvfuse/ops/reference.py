@@ -1,0 +1,133 @@
+"""Pure-PyTorch implementations of every kvfuse op: the CPU kernels and the test oracle.
+
+They are written for clarity, not speed, and define the exact numerics every other backend
+must reproduce (bit for bit for encode/store; to per-dtype tolerance for attention).
+Arguments have already been validated by the op layer (``kvfuse.ops``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..kv_cache import KVQuantMode, fp8_max, nvfp4_dequantize_reference, nvfp4_quantize_reference
+
+__all__ = ["encode_kv", "cache_write", "encode_and_cache_write", "paged_attention", "decode_rows"]
+
+
+def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dtype: torch.dtype) -> torch.Tensor:
+    """Encode ``x [T, H, D]`` into cache rows ``[T, H, row_dim]`` of ``cache_dtype``.
+
+    - NONE: ``x.to(cache_dtype)`` (a value conversion, never a bit reinterpretation);
+    - FP8: ``clamp(x / scale, -max, max)`` rounded to nearest even; NaN stays NaN;
+    - NVFP4: :func:`kvfuse.kv_cache.nvfp4_quantize_reference` with ``scale`` as global scale.
+    """
+    mode = KVQuantMode(kv_quant_mode)
+    if mode is KVQuantMode.NONE:
+        return x.to(cache_dtype).contiguous()
+    if mode.is_fp8:
+        limit = fp8_max(mode)
+        q = x.float() / scale.float().reshape(())
+        return torch.clamp(q, -limit, limit).to(cache_dtype).contiguous()
+    return nvfp4_quantize_reference(x, scale).contiguous()
+
+
+def decode_rows(rows: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int) -> torch.Tensor:
+    """Inverse of :func:`encode_kv` up to rounding: cache rows -> float32 ``[..., D]``."""
+    mode = KVQuantMode(kv_quant_mode)
+    if mode is KVQuantMode.NONE:
+        return rows.float()
+    if mode.is_fp8:
+        return rows.float() * scale.float().reshape(())
+    return nvfp4_dequantize_reference(rows, scale)
+
+
+def cache_write(
+    key_rows: torch.Tensor,
+    value_rows: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter rows into ``kv_cache[block, 0|1, offset]`` with ``slot = block * block_size + offset``.
+
+    Tokens whose slot is -1 are skipped. Duplicate slots within one call: one of the writers wins.
+    """
+    block_size = kv_cache.shape[2]
+    slots = slot_mapping.long()
+    valid = slots >= 0
+    if not bool(valid.any()):
+        return
+    slots = slots[valid]
+    blocks, offsets = slots // block_size, slots % block_size
+    kv_cache[blocks, 0, offsets] = key_rows[valid]
+    kv_cache[blocks, 1, offsets] = value_rows[valid]
+
+
+def encode_and_cache_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    kv_quant_mode: int,
+) -> None:
+    """The fused op's semantics: exactly :func:`encode_kv` of K and V followed by :func:`cache_write`."""
+    cache_write(
+        encode_kv(key, k_scale, kv_quant_mode, kv_cache.dtype),
+        encode_kv(value, v_scale, kv_quant_mode, kv_cache.dtype),
+        kv_cache,
+        slot_mapping,
+    )
+
+
+def paged_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    kv_quant_mode: int,
+    sm_scale: float,
+    sliding_window: Optional[int],
+) -> torch.Tensor:
+    """Varlen causal attention over a paged cache, in float32.
+
+    Sequence ``b`` owns query rows ``qsl[b]:qsl[b+1]`` (its ``q_len`` newest tokens) and
+    ``seq_lens[b]`` cached tokens, so its query row ``i`` sits at position
+    ``p = seq_lens[b] - q_len + i`` and attends to keys ``j`` with ``j <= p`` and, with a
+    sliding window ``W``, ``p - j < W``. Query head ``h`` reads KV head ``h // (Hq / Hkv)``.
+    Rows not covered by ``query_start_loc`` (padding) are returned as zeros.
+    """
+    num_tokens, num_q_heads, head_size = query.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_q_heads // num_kv_heads
+    out = torch.zeros(num_tokens, num_q_heads, head_size, dtype=torch.float32, device=query.device)
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for b, seq_len in enumerate(lens):
+        q_start, q_end = qsl[b], qsl[b + 1]
+        q_len = q_end - q_start
+        if q_len <= 0 or seq_len <= 0:
+            continue
+        positions = torch.arange(seq_len, device=query.device)
+        blocks = block_table[b, positions // block_size].long()
+        offsets = positions % block_size
+        k = decode_rows(kv_cache[blocks, 0, offsets], k_scale, kv_quant_mode)  # [L, Hkv, D]
+        v = decode_rows(kv_cache[blocks, 1, offsets], v_scale, kv_quant_mode)
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        q = query[q_start:q_end].float()  # [q_len, Hq, D]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * sm_scale
+        q_pos = (seq_len - q_len + torch.arange(q_len, device=query.device)).unsqueeze(1)
+        k_pos = positions.unsqueeze(0)
+        allowed = k_pos <= q_pos
+        if sliding_window is not None:
+            allowed &= (q_pos - k_pos) < sliding_window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v)
+    return out.to(query.dtype)
