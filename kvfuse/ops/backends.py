@@ -79,10 +79,11 @@ def unavailable_reason(name: str, op: str, device_type: str, mode: int) -> Optio
     module, reason = _load(name)
     if module is None:
         return reason
-    if not hasattr(module, op):
-        return f"backend {name!r} does not implement {op}"
     check = getattr(module, "unavailable_reason", None)
-    return check(op, device_type, mode) if check is not None else None
+    reason = check(op, device_type, mode) if check is not None else None
+    if reason is None and not hasattr(module, op):
+        reason = f"backend {name!r} does not implement {op}"
+    return reason
 
 
 @functools.lru_cache(maxsize=None)
