@@ -35,7 +35,7 @@ from ..kv_cache import (
     row_dim_for,
     storage_dtype,
 )
-from . import backends
+from . import backends, checks
 
 __all__ = [
     "encode_kv",
@@ -141,6 +141,8 @@ def _encode_kv_fake(x, scale, kv_quant_mode, cache_dtype, layer_name):
 
 def _encode_kv_impl(x, scale, kv_quant_mode, cache_dtype, layer_name):
     mode = _validate_encode_kv(x, scale, kv_quant_mode, cache_dtype, layer_name)
+    if checks.enabled() and mode.is_quantized:
+        checks.check_scales("encode_kv", layer_name, scale=scale)
     _, fn = backends.select("encode_kv", x.device.type, mode)
     return fn(x, scale, mode, cache_dtype)
 
@@ -183,6 +185,8 @@ def _cache_write_fake(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mod
 
 def _cache_write_impl(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name):
     mode = _validate_cache_write(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name)
+    if checks.enabled():
+        checks.check_slots("cache_write", layer_name, slot_mapping, kv_cache)
     _, fn = backends.select("cache_write", kv_cache.device.type, mode)
     fn(key_rows, value_rows, kv_cache, slot_mapping)
 
@@ -230,6 +234,10 @@ def _encode_and_cache_write_fake(key, value, kv_cache, slot_mapping, k_scale, v_
 def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode, layer_name):
     mode = _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale,
                                             kv_quant_mode, layer_name)
+    if checks.enabled():
+        checks.check_slots("encode_and_cache_write", layer_name, slot_mapping, kv_cache)
+        if mode.is_quantized:
+            checks.check_scales("encode_and_cache_write", layer_name, k_scale=k_scale, v_scale=v_scale)
     _, fn = backends.select("encode_and_cache_write", kv_cache.device.type, mode)
     fn(key, value, kv_cache, slot_mapping, k_scale, v_scale, mode)
 
@@ -294,6 +302,11 @@ def _paged_attention_impl(query, kv_cache, k_scale, v_scale, block_table, seq_le
                           kv_quant_mode, sm_scale, sliding_window, layer_name):
     mode = _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
                                      kv_quant_mode, sm_scale, sliding_window, layer_name)
+    if checks.enabled():
+        checks.check_attention_metadata("paged_attention", layer_name, query.shape[0], kv_cache, block_table,
+                                        seq_lens, query_start_loc)
+        if mode.is_quantized:
+            checks.check_scales("paged_attention", layer_name, k_scale=k_scale, v_scale=v_scale)
     _, fn = backends.select("paged_attention", query.device.type, mode)
     return fn(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc, mode, sm_scale,
               sliding_window)

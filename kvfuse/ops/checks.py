@@ -1,0 +1,107 @@
+"""Checked mode: data-dependent validation that needs a device sync, off the hot path by default.
+
+Shapes, dtypes and devices are always validated (at trace time and before every kernel). What
+only the data can tell -- slots in range, no slot written twice, metadata consistent with the
+cache, scales finite and positive -- is checked when checked mode is on:
+
+- ``KVFUSE_CHECK=1`` in the environment (read per call), or
+- ``with kvfuse.ops.checks.checked():`` for the current thread.
+
+The checks run inside the ops' real implementations, before any kernel writes, so they also
+apply to compiled graphs. Without checked mode, an out-of-range slot is undefined behaviour
+for the CUDA kernels (an out-of-bounds write) and an IndexError for the CPU reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Iterator, Optional
+
+import torch
+
+__all__ = ["checked", "enabled", "check_slots", "check_scales", "check_attention_metadata"]
+
+_local = threading.local()
+
+
+def enabled() -> bool:
+    override: Optional[bool] = getattr(_local, "override", None)
+    if override is not None:
+        return override
+    return os.environ.get("KVFUSE_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@contextlib.contextmanager
+def checked(on: bool = True) -> Iterator[None]:
+    """Turn checked mode on (or off) for the ops this thread runs inside the block."""
+    previous = getattr(_local, "override", None)
+    _local.override = bool(on)
+    try:
+        yield
+    finally:
+        _local.override = previous
+
+
+def _fail(op: str, layer_name: str, message: str) -> None:
+    raise ValueError(f"kvfuse::{op} (layer {layer_name!r}) [checked mode]: {message}")
+
+
+def check_scales(op: str, layer_name: str, **scales: torch.Tensor) -> None:
+    for name, scale in scales.items():
+        value = float(scale.reshape(()).item())
+        if not (value > 0 and value != float("inf")):
+            _fail(op, layer_name, f"{name}={value!r}; scales must be finite and > 0")
+
+
+def check_slots(op: str, layer_name: str, slot_mapping: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    num_slots = kv_cache.shape[0] * kv_cache.shape[2]
+    slots = slot_mapping.long()
+    bad = (slots < -1) | (slots >= num_slots)
+    if bool(bad.any()):
+        index = int(bad.nonzero()[0, 0])
+        _fail(op, layer_name, f"slot_mapping[{index}]={int(slots[index])} is out of range; allowed: -1 "
+              f"(padding) or 0 <= slot < num_blocks * block_size = {num_slots}")
+    valid = slots[slots >= 0]
+    if valid.numel() > 1:
+        unique, counts = torch.unique(valid, return_counts=True)
+        if bool((counts > 1).any()):
+            dup = int(unique[counts > 1][0])
+            _fail(op, layer_name, f"slot_mapping writes slot {dup} {int(counts.max())} times in one call; "
+                  f"each slot may be written at most once per call")
+
+
+def check_attention_metadata(op: str, layer_name: str, num_tokens: int, kv_cache: torch.Tensor,
+                             block_table: torch.Tensor, seq_lens: torch.Tensor,
+                             query_start_loc: torch.Tensor) -> None:
+    num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[2]
+    qsl = query_start_loc.long().cpu()
+    lens = seq_lens.long().cpu()
+    if int(qsl[0]) != 0:
+        _fail(op, layer_name, f"query_start_loc[0]={int(qsl[0])}; it must be 0")
+    q_lens = qsl[1:] - qsl[:-1]
+    if bool((q_lens < 0).any()):
+        b = int((q_lens < 0).nonzero()[0, 0])
+        _fail(op, layer_name, f"query_start_loc decreases at sequence {b} ({int(qsl[b])} -> {int(qsl[b + 1])}); "
+              f"it must be non-decreasing")
+    if int(qsl[-1]) > num_tokens:
+        _fail(op, layer_name, f"query_start_loc[-1]={int(qsl[-1])} exceeds the {num_tokens} query tokens")
+    if bool((lens < q_lens).any()):
+        b = int((lens < q_lens).nonzero()[0, 0])
+        _fail(op, layer_name, f"seq_lens[{b}]={int(lens[b])} is smaller than its {int(q_lens[b])} new tokens; "
+              f"seq_lens counts the context including the new tokens")
+    capacity = block_table.shape[1] * block_size
+    if bool((lens > capacity).any()):
+        b = int((lens > capacity).nonzero()[0, 0])
+        _fail(op, layer_name, f"seq_lens[{b}]={int(lens[b])} needs more pages than block_table's "
+              f"{block_table.shape[1]} columns of {block_size} tokens hold ({capacity})")
+    needed_cols = (lens + block_size - 1) // block_size
+    cols = torch.arange(block_table.shape[1]).unsqueeze(0)
+    used = cols < needed_cols.unsqueeze(1)
+    pages = block_table.long().cpu()
+    bad = used & ((pages < 0) | (pages >= num_blocks))
+    if bool(bad.any()):
+        b, col = (int(v) for v in bad.nonzero()[0])
+        _fail(op, layer_name, f"block_table[{b}, {col}]={int(pages[b, col])} is not a page of this cache; "
+              f"allowed: 0 <= page < num_blocks = {num_blocks}")
