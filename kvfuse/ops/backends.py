@@ -81,8 +81,12 @@ def unavailable_reason(name: str, op: str, device_type: str, mode: int) -> Optio
         return reason
     check = getattr(module, "unavailable_reason", None)
     reason = check(op, device_type, mode) if check is not None else None
-    if reason is None and not hasattr(module, op):
-        reason = f"backend {name!r} does not implement {op}"
+    if reason is None:
+        try:
+            if not hasattr(module, op):
+                reason = f"backend {name!r} does not implement {op}"
+        except ImportError as e:  # a lazily imported kernel module failed to load
+            reason = f"backend {name!r} cannot load {op}: {e}"
     return reason
 
 
