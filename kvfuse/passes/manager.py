@@ -1,0 +1,115 @@
+"""kvfuse's Inductor pass manager: runs the fusion passes and keeps what they decided.
+
+Installed per compile (never globally) as ``torch._inductor.config.post_grad_custom_post_pass``
+by :class:`kvfuse.backend.KVFuseBackend`. Why the *post* hook: it runs after Inductor's own
+post-grad clean-up (no-op ``.to()``/clone removal, its pattern passes), so the plain-PyTorch
+encodings arrive in one canonical ATen form, and still before ``reinplace_inplaceable_ops``
+and the decomposition of ``auto_functionalized``, so the fused write is reinplaced by Inductor
+like any other mutating custom op (no copy of the cache is left; tests/compile prove it).
+
+``uuid()`` hashes the source of every pass file (and of the op schemas and dtype model they
+read) together with the options, so Inductor's FX graph cache stays on and is never served a
+graph compiled by other pass code or other options.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import itertools
+import json
+import logging
+import os
+import time
+
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from . import fuse_encode_cache_write
+
+logger = logging.getLogger(__name__)
+
+_PASSES = (fuse_encode_cache_write,)
+_DUMP_COUNTER = itertools.count()
+
+
+def _source_files() -> tuple[str, ...]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(here)
+    return tuple(sorted(glob.glob(os.path.join(here, "*.py")))) + (
+        os.path.join(package, "ops", "__init__.py"),
+        os.path.join(package, "kv_cache.py"),
+    )
+
+
+class KVFusePassManager(CustomGraphPass):
+    """Runs kvfuse's post-grad passes on each graph Inductor compiles and collects records.
+
+    ``fuse=False`` runs the same analysis without rewriting (the baseline graph, still with a
+    report saying what would have been fused).
+    """
+
+    def __init__(self, fuse: bool = True) -> None:
+        if not isinstance(fuse, bool):
+            raise ValueError(f"fuse={fuse!r} must be a bool")
+        self.fuse = fuse
+        self._records: list = []
+        self._invocations = 0
+        self._seconds = 0.0
+
+    def options(self) -> dict:
+        return {"fuse": self.fuse, "passes": [p.NAME for p in _PASSES]}
+
+    def uuid(self) -> str:
+        # Hashed here rather than with Inductor's get_hash_for_files, which memoises per path list.
+        h = hashlib.sha256(json.dumps(self.options(), sort_keys=True).encode())
+        for path in _source_files():
+            with open(path, "rb") as f:
+                h.update(f.read())
+        return h.hexdigest()
+
+    def __call__(self, graph: fx.Graph) -> None:
+        from .. import debug
+
+        dump_dir = debug.active_dump_dir()
+        start = time.perf_counter()
+        for p in _PASSES:
+            seq = next(_DUMP_COUNTER) if dump_dir else None
+            if dump_dir:
+                debug.write_graph(dump_dir, f"{seq:03d}_{p.NAME}.before", graph)
+            t0 = time.perf_counter()
+            records = p.run(graph, fuse=self.fuse)
+            if self.fuse and any(r.fused for r in records):
+                graph.lint()
+            logger.debug("pass %s: %d cache writes, %d fused, %.3f ms", p.NAME, len(records),
+                         sum(r.fused for r in records), 1e3 * (time.perf_counter() - t0))
+            if dump_dir:
+                debug.write_graph(dump_dir, f"{seq:03d}_{p.NAME}.after", graph)
+            self._records.extend(records)
+        self._invocations += 1
+        self._seconds += time.perf_counter() - start
+
+    def take(self) -> tuple[list, int, float]:
+        """(records, number of graphs processed, seconds spent) since the last take; resets them."""
+        out = (self._records, self._invocations, self._seconds)
+        self._records, self._invocations, self._seconds = [], 0, 0.0
+        return out
+
+    def __repr__(self) -> str:
+        return f"KVFusePassManager(fuse={self.fuse})"
+
+
+def graph_op_counts(graph: fx.Graph) -> dict:
+    """Counts of kvfuse ops in ``graph`` (functionalized writes counted by their inner op)."""
+    counts: dict = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if getattr(target, "__name__", "").startswith("auto_functionalized") and node.args:
+            target = node.args[0]
+        name = str(target)
+        if name.startswith("kvfuse."):
+            key = name.split(".")[1]
+            counts[key] = counts.get(key, 0) + 1
+    return counts
