@@ -81,6 +81,15 @@ class PagedAttention(nn.Module):
         self.register_buffer("k_scale", torch.ones((), dtype=torch.float32))
         self.register_buffer("v_scale", torch.ones((), dtype=torch.float32))
 
+    def _apply(self, fn, *args, **kwargs):
+        # Module.to(dtype) / .half() cast every floating buffer; the scales must stay float32
+        # (the ops refuse anything else), whatever dtype the rest of the model moves to.
+        super()._apply(fn, *args, **kwargs)
+        for name in ("k_scale", "v_scale"):
+            if getattr(self, name).dtype != torch.float32:
+                setattr(self, name, getattr(self, name).float())
+        return self
+
     @property
     def kv_quant_mode(self):
         return self.spec.kv_quant_mode

@@ -25,7 +25,8 @@ def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dt
     """
     mode = KVQuantMode(kv_quant_mode)
     if mode is KVQuantMode.NONE:
-        return x.to(cache_dtype).contiguous()
+        # A copy even when x already has the cache dtype: an op output must never alias its input.
+        return x.to(cache_dtype, copy=True).contiguous()
     if mode.is_fp8:
         limit = fp8_max(mode)
         q = x.float() / scale.float().reshape(())
