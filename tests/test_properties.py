@@ -79,8 +79,9 @@ def test_encode_and_cache_write_matches_reference(backend, case):
     slots[torch.randperm(num_tokens, generator=g)[:num_padding]] = -1
     slots = slots.to(slot_dtype).to(DEVICE)
     cache_dtype = storage_dtype(mode, native)
-    shape = (num_blocks, 2, block_size, num_heads, row_dim_for(mode, head_size))
-    sentinel = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    # Random sentinel bytes, so any byte a backend writes by mistake differs from the reference.
+    byte_shape = (num_blocks, 2, block_size, num_heads, row_dim_for(mode, head_size) * cache_dtype.itemsize)
+    sentinel = torch.randint(0, 256, byte_shape, generator=g, dtype=torch.uint8)
     expected = sentinel.view(cache_dtype).clone().to(DEVICE)
     got = expected.clone()
     k_scale = torch.tensor(scale, device=DEVICE)
