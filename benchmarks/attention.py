@@ -1,0 +1,415 @@
+"""Paged attention on the GPU: kvfuse (Triton), kvfuse's FlashInfer backend, FlashInfer, torch SDPA.
+
+Decode: batch 1/16/64/256 x context 1k/4k/16k, 32 query / 8 KV heads, head size 128, page 16,
+caches bf16 / FP8 e4m3 / NVFP4. Prefill: one sequence of 4k / 16k tokens (causal).
+Reports microseconds, GB/s of KV bytes read and the fraction of the device-to-device copy
+bandwidth measured in the same run (copy bandwidth = (read + write bytes) / time).
+
+Every timing flushes L2 before each call and subtracts the flush's own time, so small caches
+are not served from L2. Calls are captured in a CUDA graph where the implementation allows it
+(kvfuse's FlashInfer backend refuses capture by design; it is timed with back-to-back launches).
+
+    python benchmarks/attention.py [--quick] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype  # noqa: E402
+
+HQ, HKV, HEAD, PAGE = 32, 8, 128, 16
+MODES = {"bf16": KVQuantMode.NONE, "fp8": KVQuantMode.FP8_E4M3, "nvfp4": KVQuantMode.NVFP4}
+ANCHORS = {("decode", "bf16", 64, 4096): ("flashinfer", 375.0, 0.95),
+           ("decode", "fp8", 64, 4096): ("flashinfer_tc", 258.0, 0.69)}
+
+_flush_buf = None
+
+
+def flush_l2():
+    global _flush_buf
+    if _flush_buf is None:
+        _flush_buf = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    _flush_buf.zero_()
+
+
+def _time_graph(fn, reps):
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            flush_l2()
+            fn()
+    flush_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(flush_graph):
+        for _ in range(reps):
+            flush_l2()
+    times = []
+    for g in (graph, flush_graph, graph, flush_graph, graph, flush_graph):
+        g.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return min(times[0::2]) - min(times[1::2])
+
+
+def _time_eager(fn, reps):
+    fn()
+    torch.cuda.synchronize()
+    best = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        ev[0].record()
+        for _ in range(reps):
+            flush_l2()
+            fn()
+        ev[1].record()
+        ev[2].record()
+        for _ in range(reps):
+            flush_l2()
+        ev[3].record()
+        torch.cuda.synchronize()
+        best.append((ev[0].elapsed_time(ev[1]) - ev[2].elapsed_time(ev[3])) * 1e3 / reps)
+    return min(best)
+
+
+def bench_us(fn, reps=20, graph=True):
+    """Microseconds per call of ``fn`` (L2 flushed before each call, flush time subtracted)."""
+    if graph:
+        try:
+            return _time_graph(fn, reps), "graph"
+        except Exception:  # capture unsupported by this implementation: fall back to launches
+            torch.cuda.synchronize()
+    return _time_eager(fn, reps), "eager"
+
+
+def copy_bandwidth():
+    """Device-to-device copy bandwidth in GB/s, (read + write bytes) / time, 1 GiB buffers."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us, _ = bench_us(lambda: dst.copy_(src), reps=10)
+    return 2 * src.numel() / (us * 1e-6) / 1e9
+
+
+def make_cache(mode, batch, context, device="cuda"):
+    """Contiguous-per-sequence pages, shuffled; random finite contents."""
+    pages_per_seq = math.ceil(context / PAGE)
+    num_blocks = batch * pages_per_seq
+    shape = (num_blocks, 2, PAGE, HKV, row_dim_for(mode, HEAD))
+    dtype = storage_dtype(mode, torch.bfloat16)
+    if mode is KVQuantMode.NVFP4:
+        cache = torch.randint(0, 0x70, shape, dtype=torch.uint8, device=device)
+    else:
+        cache = torch.empty(shape, dtype=dtype, device=device)
+        flat = cache.view(-1)
+        chunk = 1 << 28
+        for i in range(0, flat.numel(), chunk):
+            flat[i:i + chunk] = torch.randn(min(chunk, flat.numel() - i), device=device, dtype=torch.bfloat16).to(dtype)
+    perm = torch.randperm(num_blocks, device=device).to(torch.int32)
+    block_table = perm.view(batch, pages_per_seq).contiguous()
+    return cache, block_table
+
+
+def kv_bytes(mode, batch, context):
+    return batch * context * HKV * 2 * row_dim_for(mode, HEAD) * storage_dtype(mode, torch.bfloat16).itemsize
+
+
+def run_decode(batch, context, mode_name, impls, rows, copy_bw):
+    from kvfuse.ops.triton.attention import paged_attention as triton_attention
+
+    mode = MODES[mode_name]
+    cache, block_table = make_cache(mode, batch, context)
+    query = torch.randn(batch, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    ks = torch.tensor(0.5, device="cuda")
+    vs = torch.tensor(0.5, device="cuda")
+    sm = 1 / math.sqrt(HEAD)
+    args = (query, cache, ks, vs, block_table, seq_lens, qsl, int(mode), sm, None)
+    nbytes = kv_bytes(mode, batch, context)
+    fns = {}
+    if "kvfuse" in impls:
+        fns["kvfuse"] = (lambda: triton_attention(*args), True)
+    if mode is not KVQuantMode.NVFP4:
+        if "kvfuse_flashinfer" in impls:
+            from kvfuse.ops import flashinfer as fib
+
+            fns["kvfuse_flashinfer"] = (lambda: fib.paged_attention(*args), False)
+        for name, tc in (("flashinfer", False), ("flashinfer_tc", True)):
+            if name in impls:
+                fns[name] = (_flashinfer_decode(query, cache, block_table, seq_lens, mode, tc), True)
+        if "torch_sdpa" in impls and mode is KVQuantMode.NONE and nbytes * 2 < 30e9:
+            fns["torch_sdpa"] = (_sdpa_decode(query, cache, block_table, batch, context), True)
+    for name, (fn, graph) in fns.items():
+        row = dict(op="decode", impl=name, cache=mode_name, batch=batch, context=context,
+                   num_tokens=batch * context, kv_bytes=nbytes)
+        try:
+            us, how = bench_us(fn, reps=10 if nbytes > 4e9 else 20, graph=graph)
+            gbs = nbytes / (us * 1e-6) / 1e9
+            row.update(us=round(us, 2), gb_s=round(gbs, 1), frac_copy=round(gbs / copy_bw, 3), timing=how)
+        except Exception as e:  # keep the sweep going; the row records why
+            row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
+            traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del cache
+    torch.cuda.empty_cache()
+
+
+def _flashinfer_decode(query, cache, block_table, seq_lens, mode, tensor_cores):
+    import flashinfer
+
+    batch, pages = block_table.shape
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores)
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * pages
+    last = seq_lens - (pages - 1) * PAGE
+    wrapper.plan(indptr, block_table.reshape(-1), last.to(torch.int32), HQ, HKV, HEAD, PAGE,
+                 q_data_type=query.dtype, kv_data_type=cache.dtype, sm_scale=1 / math.sqrt(HEAD))
+    scales = dict(k_scale=0.5, v_scale=0.5) if mode is not KVQuantMode.NONE else {}
+    return lambda: wrapper.run(query, cache, **scales)
+
+
+def _sdpa_decode(query, cache, block_table, batch, context):
+    # The gather to a contiguous cache is done once, outside the timing: SDPA's own speed.
+    k = cache[block_table.long(), 0].reshape(batch, -1, HKV, HEAD)[:, :context].transpose(1, 2).contiguous()
+    v = cache[block_table.long(), 1].reshape(batch, -1, HKV, HEAD)[:, :context].transpose(1, 2).contiguous()
+    q = query.view(batch, HQ, 1, HEAD)
+    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def run_prefill(tokens, mode_name, impls, rows, copy_bw):
+    from kvfuse.ops.triton.attention import paged_attention as triton_attention
+
+    mode = MODES[mode_name]
+    cache, block_table = make_cache(mode, 1, tokens)
+    query = torch.randn(tokens, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
+    seq_lens = torch.tensor([tokens], dtype=torch.int32, device="cuda")
+    qsl = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+    ks = torch.tensor(0.5, device="cuda")
+    vs = torch.tensor(0.5, device="cuda")
+    args = (query, cache, ks, vs, block_table, seq_lens, qsl, int(mode), 1 / math.sqrt(HEAD), None)
+    flops = 4 * HQ * HEAD * tokens * (tokens + 1) / 2
+    nbytes = kv_bytes(mode, 1, tokens)
+    fns = {}
+    if "kvfuse" in impls:
+        fns["kvfuse"] = (lambda: triton_attention(*args), True)
+    if mode is KVQuantMode.NONE:
+        if "kvfuse_flashinfer" in impls:
+            from kvfuse.ops import flashinfer as fib
+
+            fns["kvfuse_flashinfer"] = (lambda: fib.paged_attention(*args), False)
+        if "flashinfer" in impls:
+            import flashinfer
+
+            ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+            pages = block_table.shape[1]
+            w.plan(qsl, torch.tensor([0, pages], dtype=torch.int32, device="cuda"), block_table.reshape(-1),
+                   (seq_lens - (pages - 1) * PAGE).to(torch.int32), HQ, HKV, HEAD, PAGE, causal=True,
+                   q_data_type=query.dtype, kv_data_type=cache.dtype, sm_scale=1 / math.sqrt(HEAD))
+            fns["flashinfer"] = (lambda: w.run(query, cache), True)
+        if "torch_sdpa" in impls:
+            k = cache[block_table.long(), 0].reshape(1, -1, HKV, HEAD)[:, :tokens].transpose(1, 2).contiguous()
+            v = cache[block_table.long(), 1].reshape(1, -1, HKV, HEAD)[:, :tokens].transpose(1, 2).contiguous()
+            q = query.view(1, tokens, HQ, HEAD).transpose(1, 2)
+            fns["torch_sdpa"] = (lambda: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=True), True)
+    for name, (fn, graph) in fns.items():
+        row = dict(op="prefill", impl=name, cache=mode_name, batch=1, context=tokens, num_tokens=tokens,
+                   kv_bytes=nbytes)
+        try:
+            us, how = bench_us(fn, reps=10, graph=graph)
+            row.update(us=round(us, 2), tflops=round(flops / (us * 1e-6) / 1e12, 1), timing=how,
+                       gb_s=round(nbytes / (us * 1e-6) / 1e9, 1),
+                       frac_copy=round(nbytes / (us * 1e-6) / 1e9 / copy_bw, 3))
+        except Exception as e:
+            row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
+            traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del cache
+    torch.cuda.empty_cache()
+
+
+def tune(log):
+    """Sweep the Triton configs on the anchor shapes; install the fastest for the rest of the run."""
+    import itertools
+
+    from kvfuse.ops.triton import attention as ta
+
+    results = {}
+    for key, mode_name in (("small", "bf16"), ("small_fp8", "fp8"), ("small_nvfp4", "nvfp4")):
+        mode = MODES[mode_name]
+        cache, bt = make_cache(mode, 64, 4096)
+        q = torch.randn(64, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((64,), 4096, dtype=torch.int32, device="cuda")
+        qsl = torch.arange(65, dtype=torch.int32, device="cuda")
+        one = torch.tensor(0.5, device="cuda")
+        best = None
+        for bn, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3)):
+            ta.DECODE_CONFIG[key] = dict(BLOCK_M=16, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+            try:
+                us, _ = bench_us(lambda: ta.paged_attention(q, cache, one, one, bt, lens, qsl, int(mode),
+                                                            0.088, None), reps=10)
+            except Exception as e:
+                log.append(f"decode {mode_name} {bn}/{warps}/{stages}: {type(e).__name__}")
+                continue
+            log.append(f"decode {mode_name} BLOCK_N={bn} warps={warps} stages={stages}: {us:.1f} us")
+            if best is None or us < best[0]:
+                best = (us, dict(ta.DECODE_CONFIG[key]))
+        if best:
+            ta.DECODE_CONFIG[key] = best[1]
+            results[key] = best
+        del cache
+        torch.cuda.empty_cache()
+    cache, bt = make_cache(KVQuantMode.NONE, 1, 16384)
+    q = torch.randn(16384, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([16384], dtype=torch.int32, device="cuda")
+    qsl = torch.tensor([0, 16384], dtype=torch.int32, device="cuda")
+    one = torch.tensor(1.0, device="cuda")
+    best = None
+    for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
+                                  (128, 64, 4, 3), (64, 128, 4, 2)):
+        ta.PREFILL_CONFIG["small"] = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        try:
+            us, _ = bench_us(lambda: ta.paged_attention(q, cache, one, one, bt, lens, qsl, 0, 0.088, None), reps=3)
+        except Exception as e:
+            log.append(f"prefill {bm}/{bn}/{warps}/{stages}: {type(e).__name__}")
+            continue
+        log.append(f"prefill 16k BLOCK_M={bm} BLOCK_N={bn} warps={warps} stages={stages}: {us:.1f} us")
+        if best is None or us < best[0]:
+            best = (us, dict(ta.PREFILL_CONFIG["small"]))
+    if best:
+        ta.PREFILL_CONFIG["small"] = best[1]
+        results["prefill_small"] = best
+    del cache
+    torch.cuda.empty_cache()
+    for line in log:
+        print(line, flush=True)
+    print("tuned:", json.dumps({k: v[1] for k, v in results.items()}), flush=True)
+    return {k: v[1] for k, v in results.items()}
+
+
+def write_results(rows, meta, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "attention.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    ok = [r for r in rows if "us" in r]
+    lines = [f"### Paged attention ({meta['device']}, {meta['date']}, commit {meta['commit']})", "",
+             f"`{meta['command']}`; copy bandwidth {meta['copy_gb_s']:.0f} GB/s (same run). "
+             "us per call, GB/s of KV read, fraction of copy bandwidth.", "",
+             "| op | cache | batch | context | impl | us | GB/s | x copy BW | anchor |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in ok:
+        anchor = ANCHORS.get((r["op"], r["cache"], r["batch"], r["context"]))
+        a = f"{anchor[0]} {anchor[1]:.0f} us ({anchor[2]:.0%})" if anchor and anchor[0] == r["impl"] else ""
+        extra = f" ({r['tflops']} TFLOP/s)" if "tflops" in r else ""
+        lines.append(f"| {r['op']} | {r['cache']} | {r['batch']} | {r['context']} | {r['impl']} | {r['us']:.1f}{extra} "
+                     f"| {r['gb_s']:.0f} | {r['frac_copy']:.2f} | {a} |")
+    errs = [r for r in rows if "error" in r]
+    if errs:
+        lines += ["", "Failed: " + "; ".join(f"{r['impl']}/{r['cache']}/B{r['batch']}/ctx{r['context']}: "
+                                            f"{r['error']}" for r in errs)]
+    with open(os.path.join(out_dir, "attention.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), sharey=True)
+        for ax, mode_name in zip(axes, MODES):
+            sub = [r for r in ok if r["op"] == "decode" and r["cache"] == mode_name]
+            impls = sorted({r["impl"] for r in sub})
+            cases = sorted({(r["batch"], r["context"]) for r in sub})
+            width = 0.8 / max(1, len(impls))
+            for i, impl in enumerate(impls):
+                vals = [next((r["frac_copy"] for r in sub if r["impl"] == impl and (r["batch"], r["context"]) == c), 0)
+                        for c in cases]
+                ax.bar([j + i * width for j in range(len(cases))], vals, width, label=impl)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
+            ax.set_xticklabels([f"B{b}\n{c // 1024}k" for b, c in cases], fontsize=7)
+            ax.set_title(f"decode, {mode_name} cache")
+            ax.axhline(1.0, color="gray", lw=0.5)
+            ax.legend(fontsize=7)
+        axes[0].set_ylabel("fraction of copy bandwidth (KV bytes read)")
+        fig.suptitle(f"paged attention decode, {meta['device']}, 32q/8kv heads, D=128, page 16")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "attention.png"), dpi=110)
+    except Exception:
+        traceback.print_exc()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="batch 64 / context 4096 decode + 4k prefill only")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--impls", default="kvfuse,kvfuse_flashinfer,flashinfer,flashinfer_tc,torch_sdpa")
+    parser.add_argument("--modes", default="bf16,fp8,nvfp4")
+    parser.add_argument("--tune", action="store_true", help="sweep Triton block configs first and use the best")
+    args = parser.parse_args()
+    impls = set(args.impls.split(","))
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        impls -= {"kvfuse_flashinfer", "flashinfer", "flashinfer_tc"}
+    torch.manual_seed(0)
+    copy_bw = copy_bandwidth()
+    print(f"copy bandwidth {copy_bw:.0f} GB/s", flush=True)
+    batches, contexts, prefills = ([64], [4096], [4096]) if args.quick else ([1, 16, 64, 256], [1024, 4096, 16384],
+                                                                           [4096, 16384])
+    tuned = tune([]) if args.tune else None
+    rows = []
+    meta = _meta(args, copy_bw, tuned)
+    for mode_name in args.modes.split(","):
+        for batch in batches:
+            for context in contexts:
+                run_decode(batch, context, mode_name, impls, rows, copy_bw)
+        write_results(rows, meta, args.out)  # partial results survive a timeout
+    for tokens in prefills:
+        for mode_name in args.modes.split(","):
+            run_prefill(tokens, mode_name, impls, rows, copy_bw)
+    write_results(rows, meta, args.out)
+
+
+def _meta(args, copy_bw, tuned):
+    return dict(
+        date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(),
+        commit=os.environ.get("KVFUSE_COMMIT") or _git_commit(), command="python benchmarks/attention.py"
+        + (" --quick" if args.quick else "") + (" --tune" if args.tune else ""), copy_gb_s=round(copy_bw, 1),
+        torch=torch.__version__, tuned_configs=tuned,
+    )
+
+
+def _git_commit():
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,466 @@
+"""Paged attention over bf16/fp16/fp32, FP8 (e4m3/e5m2) and NVFP4 caches, in Triton.
+
+One kernel serves decode, prefill and mixed batches. A program owns a *tile*: up to
+``BLOCK_Q`` consecutive query tokens of one sequence times the ``GROUP`` query heads that share
+one KV head, flattened into the ``M`` dimension of ``tl.dot`` (row ``m`` = token
+``m // GROUP_PAD``, head ``m % GROUP_PAD``). Every K/V tile it loads is therefore reused by the
+whole GQA group, and decode (one token per sequence) still feeds the tensor cores.
+
+Math (per query row at position ``p``, keys ``j`` in the allowed set
+``A(p) = {j <= p, p - j < W}``; base-2 online softmax, fp32 accumulators)::
+
+    s_j   = (q . k_j) * sm_scale * k_scale * log2(e)
+    m     = max_j s_j,  l = sum_j 2^(s_j - m),  o = v_scale * sum_j 2^(s_j - m) v_j / l
+
+K/V are dequantized in registers right after the load: FP8 converts exactly to the query's
+dtype (its scale is folded into ``s`` and the output); NVFP4 unpacks the two E2M1 codes of
+each byte by placing the code's three magnitude bits into an fp16 bit pattern (exponent field =
+E2M1 exponent, so the fp16 value is the E2M1 value times 2^-14, subnormals included) and
+multiplies by ``2^14 * e4m3 block scale``. Even and odd elements stay in separate tiles
+(``q . k = q_even . k_even + q_odd . k_odd``), so nothing is interleaved in registers.
+
+Split-KV: when the tiles times KV heads would not fill the GPU (small decode batches), each
+tile's key range is cut into ``num_splits`` chunks; programs write a normalised partial output
+and its log-sum-exp, and :func:`_paged_attention_reduce_kernel` merges them. The tile grid is
+an upper bound computed from shapes only (``num_tokens // BLOCK_Q + num_seqs``) and each
+program finds its sequence by binary search over ``query_start_loc``, so the launch never
+reads device memory on the host and is CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ...kv_cache import KVQuantMode
+
+__all__ = ["paged_attention", "DECODE_CONFIG", "PREFILL_CONFIG"]
+
+_LOG2E = 1.4426950408889634
+
+# Tunables, keyed by head-size class; benchmarks may override entries. BLOCK_M is the tile's
+# row count (tokens x padded GQA group), BLOCK_N the keys per iteration.
+DECODE_CONFIG = {
+    # head_size <= 128, by cache format: narrower K/V rows want more keys per iteration so each
+    # program keeps enough bytes in flight.
+    # Picked by `benchmarks/attention.py --tune` on an H100 (batch 64, context 4096).
+    "small": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
+    "small_fp8": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
+    "small_nvfp4": dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3),
+    "large": dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=3),
+}
+PREFILL_CONFIG = {
+    "small": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    "large": dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
+}
+_INTERPRET_CONFIG = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+# Split-KV aims for this many programs per SM; more splits only add reduction traffic.
+_PROGRAMS_PER_SM = 4
+_MAX_SPLITS = 32
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@triton.jit
+def _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE: tl.constexpr):
+    """int64 element offsets of K rows for positions ``kpos`` (page lookup in the block table)."""
+    blk = tl.load(bt_row_ptr + kpos // PAGE, mask=kmask, other=0).to(tl.int64)
+    return blk * stride_cb + (kpos % PAGE).to(tl.int64) * stride_cs + kvh.to(tl.int64) * stride_ch
+
+
+@triton.jit
+def _softmax_update(s, allowed, m_i, l_i, MASKED: tl.constexpr):
+    """Online-softmax step: returns (p, alpha, m_new, l_new); fully masked rows stay at 0."""
+    if MASKED:
+        s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row with no allowed key so far has m = -inf; shift by 0 instead to avoid inf - inf.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_use[:, None])
+    if MASKED:
+        p = tl.where(allowed, p, 0.0)
+    alpha = tl.math.exp2(m_i - m_use)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def _allowed(kpos, kmask, qpos, window, HAS_WINDOW: tl.constexpr):
+    ok = kmask[None, :] & (kpos[None, :] <= qpos[:, None])
+    if HAS_WINDOW:
+        ok = ok & ((qpos[:, None] - kpos[None, :]) < window)
+    return ok
+
+
+@triton.jit
+def _attend_range(
+    acc, m_i, l_i, q, qpos, lo, hi, window, qk_scale,
+    cache_ptr, bt_row_ptr, kvh, stride_cb, stride_ckv, stride_cs, stride_ch,
+    HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Keys ``[lo, hi)`` of a bf16/fp16/fp32 or FP8 cache (FP8 converts exactly to DOT_DTYPE)."""
+    offs_d = tl.arange(0, HEAD_PAD)
+    dmask = offs_d < HEAD
+    for start in range(lo, hi, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        kmask = kpos < hi
+        off = _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE)
+        k = tl.load(cache_ptr + off[None, :] + offs_d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
+        s = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * qk_scale
+        allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
+        p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
+        v = tl.load(cache_ptr + stride_ckv + off[:, None] + offs_d[None, :], mask=kmask[:, None] & dmask[None, :],
+                    other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _e2m1_times_2pow14(code):
+    """4-bit E2M1 codes (int32) -> float32 value * 2^-14, exact (fp16 bit pattern trick)."""
+    bits = ((code & 8) << 12) | ((code & 7) << 9)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _nvfp4_scales(scale_bytes, ROWS_FIRST: tl.constexpr, N: tl.constexpr, NB: tl.constexpr,
+                  HALF_PAD: tl.constexpr):
+    """e4m3 block-scale bytes [N, NB] (or [NB, N]) -> float32 per packed byte [N, HALF] (or [HALF, N]),
+    times 2^14 to undo the fp16 trick. Each block scale covers 8 packed bytes."""
+    s = scale_bytes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 16384.0
+    if ROWS_FIRST:
+        out = tl.reshape(tl.broadcast_to(s[:, :, None], (N, NB, 8)), (N, HALF_PAD))
+    else:
+        out = tl.reshape(tl.broadcast_to(s[:, None, :], (NB, 8, N)), (HALF_PAD, N))
+    return out
+
+
+@triton.jit
+def _attend_range_nvfp4(
+    acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, lo, hi, window, qk_scale,
+    cache_ptr, bt_row_ptr, kvh, stride_cb, stride_ckv, stride_cs, stride_ch,
+    HEAD: tl.constexpr, HALF_PAD: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Keys ``[lo, hi)`` of an NVFP4 cache; even/odd elements in separate tiles and dots."""
+    HALF: tl.constexpr = HEAD // 2
+    offs_e = tl.arange(0, HALF_PAD)
+    emask = offs_e < HALF
+    offs_b = tl.arange(0, NB)
+    for start in range(lo, hi, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        kmask = kpos < hi
+        off = _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE)
+        # K transposed: [HALF, N] packed bytes and [NB, N] scale bytes.
+        kb = tl.load(cache_ptr + off[None, :] + offs_e[:, None], mask=kmask[None, :] & emask[:, None],
+                     other=0).to(tl.int32)
+        ks = tl.load(cache_ptr + off[None, :] + HALF + offs_b[:, None], mask=kmask[None, :], other=0)
+        kscale = _nvfp4_scales(ks, False, BLOCK_N, NB, HALF_PAD)
+        k_e = (_e2m1_times_2pow14(kb & 15) * kscale).to(DOT_DTYPE)
+        k_o = (_e2m1_times_2pow14(kb >> 4) * kscale).to(DOT_DTYPE)
+        s = tl.dot(q_e, k_e, input_precision=PRECISION)
+        s = tl.dot(q_o, k_o, s, input_precision=PRECISION) * qk_scale
+        allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
+        p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
+        vptr = cache_ptr + stride_ckv + off[:, None]
+        vb = tl.load(vptr + offs_e[None, :], mask=kmask[:, None] & emask[None, :], other=0).to(tl.int32)
+        vs = tl.load(vptr + HALF + offs_b[None, :], mask=kmask[:, None], other=0)
+        vscale = _nvfp4_scales(vs, True, BLOCK_N, NB, HALF_PAD)
+        v_e = (_e2m1_times_2pow14(vb & 15) * vscale).to(DOT_DTYPE)
+        v_o = (_e2m1_times_2pow14(vb >> 4) * vscale).to(DOT_DTYPE)
+        p = p.to(DOT_DTYPE)
+        acc_e = acc_e * alpha[:, None] + tl.dot(p, v_e, input_precision=PRECISION)
+        acc_o = acc_o * alpha[:, None] + tl.dot(p, v_o, input_precision=PRECISION)
+    return acc_e, acc_o, m_i, l_i
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, cache_ptr, k_scale_ptr, v_scale_ptr, bt_ptr, seq_lens_ptr, qsl_ptr,
+    out_ptr, pout_ptr, plse_ptr,
+    qk_scale, window, num_seqs, num_splits,
+    stride_qt, stride_qh, stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt,
+    stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
+    MODE: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range."""
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # Sequence b owns tiles [qsl[b] // BLOCK_Q + b, qsl[b+1] // BLOCK_Q + b + 1): binary search.
+    lo_b = tile * 0
+    hi_b = tile * 0 + num_seqs - 1
+    while lo_b < hi_b:
+        mid = (lo_b + hi_b + 1) // 2
+        first = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        lo_b = tl.where(first <= tile, mid, lo_b)
+        hi_b = tl.where(first <= tile, hi_b, mid - 1)
+    b = lo_b
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    local = tile - (q_start // BLOCK_Q + b)
+    if (local < 0) | (local * BLOCK_Q >= q_len):
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    tok = local * BLOCK_Q + offs_m // GROUP_PAD
+    head = kvh * GROUP + offs_m % GROUP_PAD
+    row_ok = (tok < q_len) & (offs_m % GROUP_PAD < GROUP)
+    qpos = seq_len - q_len + tok
+    rows = (q_start + tok).to(tl.int64)
+
+    # Key range of the tile, then of this split (chunks aligned to BLOCK_N).
+    first_pos = seq_len - q_len + local * BLOCK_Q
+    last_pos = seq_len - q_len + tl.minimum(local * BLOCK_Q + BLOCK_Q, q_len) - 1
+    hi = tl.minimum(seq_len, last_pos + 1)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(first_pos - window + 1, 0)
+    hi = tl.maximum(hi, lo)
+    chunk = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    s_lo = tl.minimum(lo + split * chunk, hi)
+    s_hi = tl.minimum(s_lo + chunk, hi)
+    # Keys every row of the tile may see need no mask: [full_lo, full_hi).
+    full_hi = tl.minimum(s_hi, first_pos + 1)
+    full_lo = s_lo
+    if HAS_WINDOW:
+        full_lo = tl.maximum(s_lo, last_pos - window + 1)
+    a = tl.minimum(s_lo + tl.cdiv(tl.maximum(full_lo - s_lo, 0), BLOCK_N) * BLOCK_N, s_hi)
+    c = a + tl.maximum(full_hi - a, 0) // BLOCK_N * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    k_scale = 1.0
+    v_scale = 1.0
+    if MODE != 0:
+        k_scale = tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    qk = qk_scale * k_scale
+    q_rows = q_ptr + rows[:, None] * stride_qt + head[:, None].to(tl.int64) * stride_qh
+
+    if MODE == 3:
+        HALF: tl.constexpr = HEAD // 2
+        HALF_PAD: tl.constexpr = HEAD_PAD // 2
+        NB: tl.constexpr = HEAD // 16
+        offs_e = tl.arange(0, HALF_PAD)
+        qmask = row_ok[:, None] & (offs_e[None, :] < HALF)
+        q_e = tl.load(q_rows + 2 * offs_e[None, :], mask=qmask, other=0.0).to(DOT_DTYPE)
+        q_o = tl.load(q_rows + 2 * offs_e[None, :] + 1, mask=qmask, other=0.0).to(DOT_DTYPE)
+        acc_e = tl.zeros([BLOCK_M, HALF_PAD], tl.float32)
+        acc_o = tl.zeros([BLOCK_M, HALF_PAD], tl.float32)
+        if HAS_WINDOW:
+            acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
+                acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, s_lo, a, window, qk, cache_ptr, bt_row, kvh,
+                stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
+                HAS_WINDOW, DOT_DTYPE, PRECISION)
+        acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
+            acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, a, c, window, qk, cache_ptr, bt_row, kvh,
+            stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, False,
+            HAS_WINDOW, DOT_DTYPE, PRECISION)
+        acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
+            acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, c, s_hi, window, qk, cache_ptr, bt_row, kvh,
+            stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
+            HAS_WINDOW, DOT_DTYPE, PRECISION)
+        inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
+        o_e = acc_e * inv[:, None]
+        o_o = acc_o * inv[:, None]
+        if SPLIT:
+            dst = pout_ptr + split * stride_ps + rows[:, None] * stride_pt + head[:, None] * stride_ph
+            tl.store(dst + 2 * offs_e[None, :], o_e, mask=qmask)
+            tl.store(dst + 2 * offs_e[None, :] + 1, o_o, mask=qmask)
+        else:
+            dst = out_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh
+            tl.store(dst + 2 * offs_e[None, :], o_e.to(out_ptr.dtype.element_ty), mask=qmask)
+            tl.store(dst + 2 * offs_e[None, :] + 1, o_o.to(out_ptr.dtype.element_ty), mask=qmask)
+    else:
+        offs_d = tl.arange(0, HEAD_PAD)
+        qmask = row_ok[:, None] & (offs_d[None, :] < HEAD)
+        q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0).to(DOT_DTYPE)
+        acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
+        if HAS_WINDOW:
+            acc, m_i, l_i = _attend_range(
+                acc, m_i, l_i, q, qpos, s_lo, a, window, qk, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+                stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION)
+        acc, m_i, l_i = _attend_range(
+            acc, m_i, l_i, q, qpos, a, c, window, qk, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+            stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, HAS_WINDOW, DOT_DTYPE, PRECISION)
+        acc, m_i, l_i = _attend_range(
+            acc, m_i, l_i, q, qpos, c, s_hi, window, qk, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+            stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION)
+        inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
+        o = acc * inv[:, None]
+        if SPLIT:
+            dst = pout_ptr + split * stride_ps + rows[:, None] * stride_pt + head[:, None] * stride_ph
+            tl.store(dst + offs_d[None, :], o, mask=qmask)
+        else:
+            dst = out_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh
+            tl.store(dst + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=qmask)
+    if SPLIT:
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        tl.store(plse_ptr + split * stride_ls + rows * stride_lt + head, lse, mask=row_ok)
+
+
+@triton.jit
+def _paged_attention_reduce_kernel(
+    pout_ptr, plse_ptr, out_ptr, qsl_ptr, num_seqs, num_splits,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+    HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    """Merge split partials of one (token, head): o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
+
+    Writes every row of ``out``: rows outside ``query_start_loc`` (padding) get zeros.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    first = tl.load(qsl_ptr).to(tl.int64)
+    end = tl.load(qsl_ptr + num_seqs).to(tl.int64)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_PAD)
+    row = tl.zeros([SPLITS_PAD], tl.int64) + t
+    smask = (offs_s < num_splits) & (row >= first) & (row < end)
+    lse = tl.load(plse_ptr + offs_s * stride_ls + t * stride_lt + h, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.math.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
+    w = tl.where(smask, w, 0.0)
+    total = tl.sum(w, 0)
+    part = tl.load(pout_ptr + offs_s[:, None] * stride_ps + t * stride_pt + h * stride_ph + offs_d[None, :],
+                   mask=smask[:, None] & (offs_d[None, :] < HEAD), other=0.0)
+    o = tl.sum(part * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD)
+
+
+_DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
+                 mode: KVQuantMode) -> tuple[dict, bool]:
+    """(config, decode?) from shapes only: few query tokens per sequence -> decode tiles + split-KV."""
+    if _interpreting():
+        return dict(_INTERPRET_CONFIG), num_tokens <= 4 * max(num_seqs, 1)
+    size = "small" if head_size <= 128 else "large"
+    decode = num_tokens <= 4 * max(num_seqs, 1)
+    key = size
+    if decode and size == "small" and mode is not KVQuantMode.NONE:
+        key = "small_nvfp4" if mode is KVQuantMode.NVFP4 else "small_fp8"
+    cfg = dict((DECODE_CONFIG if decode else PREFILL_CONFIG)[key])
+    if decode:
+        avg_q = _next_pow2(max(1, -(-num_tokens // max(num_seqs, 1))))
+        cfg["BLOCK_M"] = max(cfg["BLOCK_M"], min(avg_q * group_pad, 64))
+    return cfg, decode
+
+
+def paged_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    kv_quant_mode: int,
+    sm_scale: float,
+    sliding_window: Optional[int],
+) -> torch.Tensor:
+    """Varlen causal paged attention; semantics of :func:`kvfuse.ops.reference.paged_attention`.
+
+    Rows whose sequence has no allowed key (``seq_len <= 0``, or more query tokens than cached
+    positions) are zeros here, where the reference would produce NaN.
+    """
+    mode = KVQuantMode(kv_quant_mode)
+    num_tokens, num_q_heads, head_size = query.shape
+    num_seqs = block_table.shape[0]
+    page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_q_heads // num_kv_heads
+    group_pad = _next_pow2(group)
+    head_pad = max(16, _next_pow2(head_size))
+    if mode is KVQuantMode.NVFP4:
+        # Block scales are broadcast over 8 packed bytes by a reshape, which needs no padding.
+        if head_size < 32 or _next_pow2(head_size) != head_size:
+            raise ValueError(f"head_size={head_size}: the Triton NVFP4 attention kernel supports power-of-two "
+                             f"head sizes >= 32 (32, 64, 128, 256)")
+    if num_tokens == 0 or num_seqs == 0:
+        return torch.zeros_like(query)
+
+    cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode)
+    block_m = max(cfg["BLOCK_M"], group_pad, 16)
+    block_q = block_m // group_pad
+    num_tiles = num_tokens // block_q + num_seqs
+
+    num_splits = 1
+    if decode and query.device.type == "cuda":
+        programs = min(num_tokens, num_tiles) * num_kv_heads
+        target = _PROGRAMS_PER_SM * _num_sms(query.device.index or 0)
+        if programs < target // 2:
+            num_splits = min(_MAX_SPLITS, -(-target // programs))
+    elif decode and _interpreting() and num_seqs == 1:
+        num_splits = 2  # exercise the split path in the CPU tests
+
+    out_dtype = query.dtype
+    dot_dtype = _DOT_DTYPES[query.dtype]
+    if _interpreting():
+        dot_dtype = tl.float32  # the CPU interpreter mis-computes bf16/fp16 tl.dot (triton 3.9)
+    precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    qk_scale = float(sm_scale) * _LOG2E
+    window = int(sliding_window) if sliding_window is not None else 0
+    has_window = sliding_window is not None
+    cache = kv_cache
+    if num_splits > 1:
+        out = torch.empty_like(query)
+        pout = torch.empty((num_splits, num_tokens, num_q_heads, head_size), dtype=torch.float32,
+                           device=query.device)
+        plse = torch.empty((num_splits, num_tokens, num_q_heads), dtype=torch.float32, device=query.device)
+    else:
+        # Padding rows (outside query_start_loc) must read as zeros; no program owns them.
+        out = torch.zeros_like(query)
+        pout = out
+        plse = out
+    grid = (num_tiles, num_kv_heads, num_splits)
+    _paged_attention_kernel[grid](
+        query, cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
+        out, pout, plse,
+        qk_scale, window, num_seqs, num_splits,
+        query.stride(0), query.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), block_table.stride(0),
+        out.stride(0), out.stride(1),
+        pout.stride(0) if num_splits > 1 else 0, pout.stride(1) if num_splits > 1 else 0,
+        pout.stride(2) if num_splits > 1 else 0,
+        plse.stride(0) if num_splits > 1 else 0, plse.stride(1) if num_splits > 1 else 0,
+        MODE=int(mode), HEAD=head_size, HEAD_PAD=head_pad, GROUP=group, GROUP_PAD=group_pad,
+        BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], PAGE=page, SPLIT=num_splits > 1,
+        HAS_WINDOW=has_window, DOT_DTYPE=dot_dtype, PRECISION=precision,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if num_splits > 1:
+        _paged_attention_reduce_kernel[(num_tokens, num_q_heads)](
+            pout, plse, out, query_start_loc, num_seqs, num_splits,
+            pout.stride(0), pout.stride(1), pout.stride(2), plse.stride(0), plse.stride(1),
+            out.stride(0), out.stride(1),
+            HEAD=head_size, HEAD_PAD=head_pad, SPLITS_PAD=max(2, _next_pow2(num_splits)),
+            num_warps=4 if head_size >= 128 else 2,
+        )
+    return out if out.dtype == out_dtype else out.to(out_dtype)

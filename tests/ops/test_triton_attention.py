@@ -1,0 +1,225 @@
+"""Triton paged attention vs the pure-PyTorch reference (CPU interpreter: tiny; H100: realistic)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before the kernels are decorated; CPU-only hosts can only interpret them.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype  # noqa: E402
+from kvfuse.ops import backends, reference  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+
+# Output tolerances by query dtype (the kernel rounds probabilities to it before P @ V).
+TOL = {torch.bfloat16: (3e-2, 3e-2), torch.float16: (5e-3, 5e-3), torch.float32: (2e-4, 2e-4)}
+
+
+def nan_fill(cache: torch.Tensor, mode: KVQuantMode) -> None:
+    """Fill a cache with NaN bit patterns, so any read of a never-written slot poisons the output."""
+    if mode is KVQuantMode.NVFP4:
+        cache.fill_(0x77)  # packed codes: +-4 (finite); scale bytes 0x7F patched below
+        head = cache.shape[-1] * 16 // 9
+        cache[..., head // 2:] = 0x7F  # e4m3 NaN block scale
+    else:
+        cache.view(torch.uint8).fill_(0xFF)  # NaN in bf16/fp16/fp32/e4m3/e5m2
+
+
+def make_case(seq_lens, q_lens, num_q_heads, num_kv_heads, head_size, mode, *, page=16, q_dtype=torch.bfloat16,
+              cache_native=None, pad_rows=0, device=DEVICE, scale=(0.7, 1.3), seed=0):
+    """A scattered, NaN-poisoned paged cache holding exactly ``seq_lens`` tokens per sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    mode = KVQuantMode(mode)
+    num_seqs = len(seq_lens)
+    blocks_per_seq = [max(1, math.ceil(s / page)) for s in seq_lens]
+    max_blocks = max(blocks_per_seq) + 1
+    num_blocks = sum(blocks_per_seq) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_table = torch.full((num_seqs, max_blocks), 10**6, dtype=torch.int32)  # out of range on purpose
+    i = 0
+    for b, n in enumerate(blocks_per_seq):
+        block_table[b, :n] = perm[i:i + n].to(torch.int32)
+        i += n
+    cdtype = storage_dtype(mode, cache_native or q_dtype)
+    cache = torch.empty((num_blocks, 2, page, num_kv_heads, row_dim_for(mode, head_size)), dtype=cdtype)
+    nan_fill(cache, mode)
+    k_scale = torch.tensor(scale[0] if mode is not KVQuantMode.NONE else 1.0, dtype=torch.float32)
+    v_scale = torch.tensor(scale[1] if mode is not KVQuantMode.NONE else 1.0, dtype=torch.float32)
+    if mode is KVQuantMode.NVFP4:
+        k_scale, v_scale = k_scale / 8, v_scale / 8
+    for b, s in enumerate(seq_lens):
+        if s == 0:
+            continue
+        pos = torch.arange(s)
+        slots = block_table[b, pos // page].long() * page + pos % page
+        k = torch.randn(s, num_kv_heads, head_size, generator=gen) * 2
+        v = torch.randn(s, num_kv_heads, head_size, generator=gen) * 2
+        reference.encode_and_cache_write(k.to(q_dtype), v.to(q_dtype), cache, slots, k_scale, v_scale, mode)
+    total = sum(q_lens)
+    query = torch.randn(total + pad_rows, num_q_heads, head_size, generator=gen).to(q_dtype)
+    qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32)
+    args = dict(
+        query=query, kv_cache=cache, k_scale=k_scale, v_scale=v_scale, block_table=block_table,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_start_loc=qsl, kv_quant_mode=int(mode),
+        sm_scale=1.0 / math.sqrt(head_size), sliding_window=None,
+    )
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+
+
+def reference_out(args):
+    cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    return reference.paged_attention(**cpu)
+
+
+def poison_allocator(nbytes: int) -> None:
+    """Leave NaN in the CUDA caching allocator's free blocks, so unwritten outputs show up."""
+    if ON_GPU:
+        junk = torch.full((nbytes // 4 + 1024,), float("nan"), device="cuda")
+        del junk
+
+
+def check(args, window=None):
+    from kvfuse.ops.triton.attention import paged_attention
+
+    args = dict(args, sliding_window=window)
+    expected = reference_out(args)
+    poison_allocator(8 * args["query"].numel() * 4 * 32)
+    out = paged_attention(**args)
+    assert out.shape == args["query"].shape and out.dtype == args["query"].dtype
+    atol, rtol = TOL[args["query"].dtype]
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=atol, rtol=rtol)
+    covered = int(args["query_start_loc"][-1])
+    assert torch.all(out[covered:] == 0), "padding rows must be zeros"
+    return out
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter) + GPU
+
+MODES = [KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("heads", [(4, 1), (4, 2), (2, 2)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+def test_decode_matches_reference(mode, heads):
+    args = make_case([1, 17, 40], [1, 1, 1], heads[0], heads[1], 32, mode, page=8, pad_rows=2)
+    check(args)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_mixed_prefill_decode_with_window(mode):
+    # Sequence 0: a fresh prefill; 1: one decode token; 2: no new tokens; 3: chunked prefill.
+    args = make_case([19, 23, 9, 30], [19, 1, 0, 6], 4, 2, 32, mode, page=8, pad_rows=3, seed=1)
+    check(args)
+    check(args, window=7)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_single_sequence_split_kv(mode):
+    # One sequence: the launcher splits the context (2 splits under the interpreter) and reduces.
+    args = make_case([45], [1], 8, 2, 64, mode, page=16, pad_rows=1, seed=2)
+    check(args)
+    check(args, window=20)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.float32], ids=str)
+def test_query_dtypes(q_dtype):
+    args = make_case([13, 33], [13, 2], 4, 2, 32, KVQuantMode.NONE, page=8, q_dtype=q_dtype, seed=3)
+    check(args)
+    args = make_case([13, 33], [3, 1], 4, 2, 32, KVQuantMode.FP8_E4M3, page=8, q_dtype=q_dtype, seed=4)
+    check(args)
+
+
+def test_head_size_80_and_page_size_1():
+    args = make_case([5, 12], [2, 1], 2, 1, 80, KVQuantMode.NONE, page=1, seed=5)
+    check(args)
+
+
+def test_nvfp4_rejects_non_power_of_two_head():
+    from kvfuse.ops.triton.attention import paged_attention
+
+    args = make_case([4], [1], 2, 1, 48, KVQuantMode.NVFP4, page=4, seed=6)
+    with pytest.raises(ValueError, match="head_size=48"):
+        paged_attention(**args)
+
+
+def test_through_op_with_forced_backend(monkeypatch):
+    monkeypatch.setenv("KVFUSE_ATTENTION_BACKEND", "triton")
+    backends.clear_cache()
+    try:
+        args = make_case([9, 21], [1, 4], 4, 2, 32, KVQuantMode.FP8_E4M3, page=8, pad_rows=1, seed=7)
+        name, _ = backends.select("paged_attention", DEVICE, KVQuantMode.FP8_E4M3)
+        assert name == "triton"
+        out = torch.ops.kvfuse.paged_attention(*args.values(), "layers.0")
+        expected = reference_out(args)
+        torch.testing.assert_close(out.cpu().float(), expected.float(), atol=3e-2, rtol=3e-2)
+    finally:
+        backends.clear_cache()
+
+
+# ----------------------------------------------------------------------------- GPU, realistic shapes
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("head_size,heads", [(64, (32, 8)), (128, (32, 8)), (256, (32, 8)), (128, (8, 8)),
+                                             (128, (32, 4))], ids=str)
+def test_gpu_decode(mode, head_size, heads):
+    args = make_case([1, 533, 4097, 1999, 31], [1] * 5, heads[0], heads[1], head_size, mode, pad_rows=3, seed=11)
+    check(args)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_gpu_long_context_small_batch(mode):
+    # 32k context, batch 1 and 2: the split-KV + reduce path.
+    args = make_case([32768 - 5], [1], 32, 8, 128, mode, seed=12)
+    check(args)
+    args = make_case([32768, 7001], [1, 1], 32, 8, 128, mode, seed=13)
+    check(args, window=4096)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,head_size", [(m, 128) for m in MODES] + [(KVQuantMode.NONE, 64),
+                                                                        (KVQuantMode.NVFP4, 256)], ids=str)
+def test_gpu_mixed_prefill(mode, head_size):
+    args = make_case([533, 1, 700, 4096, 77], [533, 1, 300, 1, 7], 32, 8, head_size, mode, pad_rows=5, seed=14)
+    check(args)
+    check(args, window=129)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.float32], ids=str)
+def test_gpu_query_dtypes(q_dtype):
+    args = make_case([300, 1001], [300, 1], 16, 4, 128, KVQuantMode.NONE, q_dtype=q_dtype, seed=15)
+    check(args)
+    args = make_case([300, 1001], [1, 1], 16, 4, 128, KVQuantMode.FP8_E4M3, q_dtype=q_dtype, seed=16)
+    check(args)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_through_op(monkeypatch):
+    monkeypatch.setenv("KVFUSE_ATTENTION_BACKEND", "triton")
+    backends.clear_cache()
+    try:
+        for mode in MODES:
+            args = make_case([17, 2048], [1, 3], 32, 8, 128, mode, pad_rows=2, seed=17)
+            out = torch.ops.kvfuse.paged_attention(*args.values(), "layers.3")
+            torch.testing.assert_close(out.cpu().float(), reference_out(args).float(), atol=3e-2, rtol=3e-2)
+    finally:
+        backends.clear_cache()
