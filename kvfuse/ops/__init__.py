@@ -143,7 +143,7 @@ def _encode_kv_impl(x, scale, kv_quant_mode, cache_dtype, layer_name):
     mode = _validate_encode_kv(x, scale, kv_quant_mode, cache_dtype, layer_name)
     if checks.enabled() and mode.is_quantized:
         checks.check_scales("encode_kv", layer_name, scale=scale)
-    _, fn = backends.select("encode_kv", x.device.type, mode)
+    _, fn = backends.select("encode_kv", x.device.type, mode, x.shape[0])
     return fn(x, scale, mode, cache_dtype)
 
 
@@ -187,7 +187,7 @@ def _cache_write_impl(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mod
     mode = _validate_cache_write(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name)
     if checks.enabled():
         checks.check_slots("cache_write", layer_name, slot_mapping, kv_cache)
-    _, fn = backends.select("cache_write", kv_cache.device.type, mode)
+    _, fn = backends.select("cache_write", kv_cache.device.type, mode, key_rows.shape[0])
     fn(key_rows, value_rows, kv_cache, slot_mapping)
 
 
@@ -238,7 +238,7 @@ def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_
         checks.check_slots("encode_and_cache_write", layer_name, slot_mapping, kv_cache)
         if mode.is_quantized:
             checks.check_scales("encode_and_cache_write", layer_name, k_scale=k_scale, v_scale=v_scale)
-    _, fn = backends.select("encode_and_cache_write", kv_cache.device.type, mode)
+    _, fn = backends.select("encode_and_cache_write", kv_cache.device.type, mode, key.shape[0])
     fn(key, value, kv_cache, slot_mapping, k_scale, v_scale, mode)
 
 
@@ -362,3 +362,19 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, k_scale: torch.
     return torch.ops.kvfuse.paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens,
                                             query_start_loc, int(kv_quant_mode), float(sm_scale),
                                             sliding_window, layer_name)
+
+
+# ----------------------------------------------------------------------------- native overloads
+
+# `.native` overloads with the reference backend's argument lists, implemented for CPU and
+# CUDA by the JIT-built C++/CUDA library (csrc/registration.cpp, TORCH_LIBRARY_IMPL) once
+# kvfuse.ops.native has loaded it. Only that backend calls them, after the public op above
+# has validated its arguments; they have no kernel until the library is loaded.
+KVFUSE_LIB.define("encode_kv.native(Tensor x, Tensor scale, int kv_quant_mode, ScalarType cache_dtype) -> Tensor")
+KVFUSE_LIB.define(
+    "cache_write.native(Tensor key_rows, Tensor value_rows, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()"
+)
+KVFUSE_LIB.define(
+    "encode_and_cache_write.native(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping, "
+    "Tensor k_scale, Tensor v_scale, int kv_quant_mode) -> ()"
+)

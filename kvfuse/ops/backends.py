@@ -40,7 +40,9 @@ ATTENTION_OPS = ("paged_attention",)
 _DEFAULT_ORDER = {
     ("cache", "cuda"): ("native", "triton", "reference"),
     ("cache", "cpu"): ("native", "reference"),
-    ("attention", "cuda"): ("flashinfer", "triton", "reference"),
+    # Triton first: it reads every cache format (NVFP4 included) and is CUDA-graph safe;
+    # FlashInfer plans on the host per metadata, so it is opt-in (KVFUSE_ATTENTION_BACKEND).
+    ("attention", "cuda"): ("triton", "flashinfer", "reference"),
     ("attention", "cpu"): ("reference",),
 }
 
@@ -90,31 +92,98 @@ def unavailable_reason(name: str, op: str, device_type: str, mode: int) -> Optio
     return reason
 
 
+# When a CUDA cache op prefers Triton to native (measured on H100, BENCHMARKS.md). Eager calls
+# are bound by host overhead, where native costs ~0.4x Triton's (25 vs 63 us per call); that
+# outweighs Triton's faster kernels (FP8 at 16384 tokens: 40 vs 56 us) up to these token counts.
+# Inside CUDA-graph capture the host cost is paid once, so device time decides: Triton is as fast
+# at decode sizes and faster from ~1K tokens on. ``KVFUSE_NATIVE_MAX_TOKENS`` overrides the counts.
+_NATIVE_MAX_TOKENS = {0: 16384, 1: 16384, 2: 16384, 3: 16384}
+
+
 @functools.lru_cache(maxsize=None)
-def _select(op: str, device_type: str, mode: int, forced: Optional[str]) -> tuple[str, object]:
+def _native_max_tokens(mode: int) -> Optional[int]:
+    value = os.environ.get("KVFUSE_NATIVE_MAX_TOKENS", "").strip()
+    if not value:
+        return _NATIVE_MAX_TOKENS.get(mode)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"KVFUSE_NATIVE_MAX_TOKENS={value!r} is not an integer token count") from None
+
+
+def _candidates(op: str, device_type: str, forced: Optional[str], bulk: bool) -> tuple[str, ...]:
     if forced is not None:
-        reason = unavailable_reason(forced, op, device_type, mode)
-        if reason is not None:
-            raise RuntimeError(f"backend {forced!r} was forced for {op} on {device_type} but {reason}")
-        candidates = (forced,)
-    else:
-        candidates = _DEFAULT_ORDER.get((_family(op), device_type), ("reference",))
+        return (forced,)
+    if bulk:
+        return ("triton", "native", "reference")
+    return _DEFAULT_ORDER.get((_family(op), device_type), ("reference",))
+
+
+def _first_available(op: str, device_type: str, mode: int, candidates) -> tuple[Optional[str], list]:
+    """The first candidate that can run the call, and (name, why not) for each one before it."""
     skipped = []
     for name in candidates:
         reason = unavailable_reason(name, op, device_type, mode)
         if reason is None:
-            module, _ = _load(name)
-            logger.debug("%s on %s mode %d -> %s (skipped: %s)", op, device_type, mode, name, skipped)
-            return name, getattr(module, op)
-        skipped.append(f"{name}: {reason}")
-    raise RuntimeError(f"no kvfuse backend can run {op} on {device_type}: {'; '.join(skipped)}")
+            return name, skipped
+        skipped.append((name, reason))
+    return None, skipped
 
 
-def select(op: str, device_type: str, mode: int) -> tuple[str, object]:
-    """(backend name, function) for ``op`` on ``device_type`` with cache mode ``mode``."""
-    return _select(op, device_type, int(mode), forced_backend(op))
+def _explain(skipped) -> str:
+    return "; ".join(f"{name}: {reason}" for name, reason in skipped)
+
+
+@functools.lru_cache(maxsize=None)
+def _select(op: str, device_type: str, mode: int, forced: Optional[str], bulk: bool = False) -> tuple[str, object]:
+    name, skipped = _first_available(op, device_type, mode, _candidates(op, device_type, forced, bulk))
+    if name is None:
+        if forced is not None:
+            raise RuntimeError(f"backend {forced!r} was forced for {op} on {device_type} but {skipped[0][1]}")
+        raise RuntimeError(f"no kvfuse backend can run {op} on {device_type}: {_explain(skipped)}")
+    logger.debug("%s on %s mode %d -> %s (skipped: %s)", op, device_type, mode, name, _explain(skipped))
+    module, _ = _load(name)
+    return name, getattr(module, op)
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
+def select(op: str, device_type: str, mode: int, num_tokens: Optional[int] = None) -> tuple[str, object]:
+    """(backend name, function) for ``op`` on ``device_type`` with cache mode ``mode``.
+
+    CUDA cache ops prefer Triton over native for calls of at least ``_native_max_tokens(mode)``
+    tokens (``num_tokens``) and while a CUDA graph is being captured.
+    """
+    mode = int(mode)
+    forced = forced_backend(op)
+    bulk = False
+    if forced is None and device_type == "cuda" and op in CACHE_OPS:
+        limit = _native_max_tokens(mode)
+        bulk = (num_tokens is not None and limit is not None and num_tokens >= limit) or _capturing()
+    return _select(op, device_type, mode, forced, bulk)
 
 
 def clear_cache() -> None:
     """Forget cached decisions (after changing an override variable or installing a backend)."""
     _select.cache_clear()
+    _native_max_tokens.cache_clear()
+
+
+def describe_backends(device_type: str = "cuda") -> list[tuple[str, str, str, str]]:
+    """Rows ``(op, mode name, chosen backend or "-", why the others were skipped)`` for ``device_type``.
+
+    For ``python -m kvfuse info``; imports the candidate backends but launches nothing.
+    """
+    from ..kv_cache import KVQuantMode
+
+    rows = []
+    for op in CACHE_OPS + ATTENTION_OPS:
+        for mode in KVQuantMode:
+            candidates = _candidates(op, device_type, forced_backend(op), bulk=False)
+            chosen, skipped = _first_available(op, device_type, int(mode), candidates)
+            rows.append((op, mode.name, chosen or "-", _explain(skipped)))
+    return rows

@@ -10,9 +10,9 @@ import os
 from typing import Optional
 
 _EXPORTS = {
-    "encode_kv": ".cache_write",
-    "cache_write": ".cache_write",
-    "encode_and_cache_write": ".cache_write",
+    "encode_kv": ".kv_write",
+    "cache_write": ".kv_write",
+    "encode_and_cache_write": ".kv_write",
     "paged_attention": ".attention",
 }
 

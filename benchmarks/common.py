@@ -1,0 +1,229 @@
+"""Shared timing and reporting helpers for kvfuse's GPU benchmarks.
+
+Timing: every measured call is captured into a CUDA graph (several calls on rotating buffer sets
+so that inputs are not served from L2), the graph is replayed between CUDA events, and the median
+over trials is reported per call. Graphs take Python and launch overhead out of the number, as
+engines that replay decode steps from graphs see it. If a call cannot be captured, plain
+back-to-back launches are timed instead and the result says so.
+
+Results: :func:`write_results` writes ``<name>.json``, a markdown fragment ``<name>.md`` and,
+when given a plot spec, ``<name>.png``. Other benchmark helpers may append functions at the END
+of this file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+L2_BYTES_FALLBACK = 50 * 2**20
+
+
+@dataclass
+class Timing:
+    us: float  # median microseconds per call
+    graphed: bool  # timed from a CUDA graph replay (False: plain launches)
+
+
+def device_info(command: str = "") -> dict:
+    """Device name, UTC date, commit (env KVFUSE_COMMIT, else git), library versions, command."""
+    commit = os.environ.get("KVFUSE_COMMIT", "").strip()
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    timeout=10, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = "unknown"
+    info = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "commit": commit,
+        "torch": torch.__version__,
+        "command": command,
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def l2_bytes() -> int:
+    try:
+        return int(torch.cuda.get_device_properties(0).L2_cache_size)
+    except (AttributeError, RuntimeError):
+        return L2_BYTES_FALLBACK
+
+
+def rotations_for(bytes_per_call: int, max_sets: int = 16) -> int:
+    """How many buffer sets a benchmark should rotate through so that they exceed 2x L2."""
+    if bytes_per_call <= 0:
+        return max_sets
+    return max(1, min(max_sets, -(-2 * l2_bytes() // bytes_per_call)))
+
+
+def _time_graph(graph: torch.cuda.CUDAGraph, calls_per_replay: int, trials: int, min_ms: float) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    one = max(start.elapsed_time(end), 1e-4)
+    reps = max(1, int(min_ms / one))
+    samples = []
+    for _ in range(trials):
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / (reps * calls_per_replay))
+    return statistics.median(samples)
+
+
+def bench(calls: Sequence[Callable[[], None]], trials: int = 15, min_ms: float = 2.0,
+          use_graph: bool = True) -> Timing:
+    """Median microseconds of one call; ``calls[i]`` runs the op on buffer set ``i``.
+
+    All calls are warmed up (compiling whatever they compile), then captured into one CUDA graph
+    in order, so one replay runs each buffer set once.
+    """
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    if use_graph:
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for fn in calls:
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for fn in calls:
+                    fn()
+            return Timing(_time_graph(graph, len(calls), trials, min_ms), True)
+        except Exception:  # noqa: BLE001 - a call that cannot be captured is timed without a graph
+            torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    reps = max(1, 64 // len(calls))
+    for _ in range(trials):
+        start.record()
+        for _ in range(reps):
+            for fn in calls:
+                fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / (reps * len(calls)))
+    return Timing(statistics.median(samples), False)
+
+
+_COPY_KERNEL = None
+
+
+def _triton_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """A plain 16-byte-vector Triton copy: what a well-formed streaming kernel can reach."""
+    global _COPY_KERNEL
+    import triton
+    import triton.language as tl
+
+    if _COPY_KERNEL is None:
+        @triton.jit
+        def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
+
+        _COPY_KERNEL = _copy_kernel
+    n = src.numel()
+    _COPY_KERNEL[(triton.cdiv(n, 4096),)](src, dst, n, BLOCK=4096, num_warps=8)
+
+
+def copy_bandwidths(nbytes: int = 1 << 30, trials: int = 15) -> dict:
+    """Device-to-device copy bandwidth by method, in GB/s of bytes read + bytes written."""
+    src = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda").random_(0, 1 << 30)
+    dst = torch.empty_like(src)
+    methods = {
+        "torch copy_ (cudaMemcpy)": lambda: dst.copy_(src),
+        "torch elementwise (bitwise_or 0)": lambda: torch.bitwise_or(src, 0, out=dst),
+        "triton 16-byte copy": lambda: _triton_copy(src, dst),
+    }
+    out = {}
+    for name, fn in methods.items():
+        try:
+            out[name] = 2 * nbytes / (bench([fn], trials=trials, min_ms=20.0).us * 1e-6) / 1e9
+        except Exception:  # noqa: BLE001 - a method that cannot run is left out
+            continue
+    del src, dst
+    torch.cuda.empty_cache()
+    return out
+
+
+def copy_bandwidth_gb_s(nbytes: int = 1 << 30, trials: int = 15) -> float:
+    """The device-to-device copy ceiling: the best of :func:`copy_bandwidths`."""
+    return max(copy_bandwidths(nbytes, trials).values())
+
+
+def write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+        f.write("\n")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_markdown(path: str, title: str, info: dict, body: str, notes: Sequence[str] = ()) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    head = (f"### {title}\n\n{info.get('date')} on {info.get('device')}, commit `{info.get('commit')}`, "
+            f"torch {info.get('torch')}, triton {info.get('triton', 'n/a')}.\n"
+            f"Command: `{info.get('command')}`\n\n")
+    tail = "".join(f"\n- {n}" for n in notes)
+    with open(path, "w") as f:
+        f.write(head + body + "\n" + (tail + "\n" if tail else ""))
+
+
+def plot_lines(path: str, series: dict, title: str, xlabel: str, ylabel: str,
+               hline: Optional[tuple[float, str]] = None, panels: Optional[Sequence[str]] = None) -> None:
+    """PNG of ``series[panel][label] = [(x, y), ...]`` with log2 x, one subplot per panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(panels or series)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for label, points in sorted(series.get(panel, {}).items()):
+            if points:
+                xs, ys = zip(*sorted(points))
+                ax.plot(xs, ys, marker="o", label=label)
+        if hline is not None:
+            ax.axhline(hline[0], color="k", linestyle="--", linewidth=1, label=hline[1])
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{title}: {panel}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,77 @@
+// Entry points of the native cache-write kernels, one set per device. Registration
+// (csrc/registration.cpp) binds them to the kvfuse::<op>.native overloads declared in
+// kvfuse/ops/__init__.py. Arguments arrive validated by the Python op layer; the checks in
+// check_* below only guard memory safety for direct callers of the overloads.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace kvfuse {
+
+at::Tensor encode_kv_cpu(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
+                         at::ScalarType cache_dtype);
+void cache_write_cpu(const at::Tensor& key_rows, const at::Tensor& value_rows, const at::Tensor& kv_cache,
+                     const at::Tensor& slot_mapping);
+void encode_and_cache_write_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
+                                const at::Tensor& slot_mapping, const at::Tensor& k_scale,
+                                const at::Tensor& v_scale, int64_t kv_quant_mode);
+
+#ifdef KVFUSE_WITH_CUDA
+at::Tensor encode_kv_cuda(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
+                          at::ScalarType cache_dtype);
+void cache_write_cuda(const at::Tensor& key_rows, const at::Tensor& value_rows, const at::Tensor& kv_cache,
+                      const at::Tensor& slot_mapping);
+void encode_and_cache_write_cuda(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
+                                 const at::Tensor& slot_mapping, const at::Tensor& k_scale,
+                                 const at::Tensor& v_scale, int64_t kv_quant_mode);
+#endif
+
+// Shape/dtype guards shared by both devices (defined inline: cheap, no extra TU).
+inline int64_t storage_row_dim(int64_t mode, int64_t head_size) {
+  return mode == 3 ? head_size / 2 + head_size / 16 : head_size;
+}
+
+inline at::ScalarType storage_dtype_of(int64_t mode) {
+  switch (mode) {
+    case 1: return at::ScalarType::Float8_e4m3fn;
+    case 2: return at::ScalarType::Float8_e5m2;
+    case 3: return at::ScalarType::Byte;
+    default: return at::ScalarType::Undefined;
+  }
+}
+
+inline bool is_native_float(at::ScalarType t) {
+  return t == at::ScalarType::Float || t == at::ScalarType::Half || t == at::ScalarType::BFloat16;
+}
+
+inline void check_input(const at::Tensor& x, const char* name) {
+  TORCH_CHECK_VALUE(x.dim() == 3 && is_native_float(x.scalar_type()) && (x.size(2) <= 1 || x.stride(2) == 1),
+                    name, " must be a [tokens, heads, head_size] float16/bfloat16/float32 tensor with a "
+                    "contiguous last dim, got ", x.sizes(), " ", x.scalar_type());
+}
+
+inline void check_scale(const at::Tensor& s, const at::Tensor& x, const char* name) {
+  TORCH_CHECK_VALUE(s.scalar_type() == at::ScalarType::Float && s.numel() == 1 && s.device() == x.device(),
+                    name, " must be a one-element float32 tensor on ", x.device());
+}
+
+inline void check_mode_dtype(int64_t mode, at::ScalarType cache_dtype) {
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 3, "kv_quant_mode=", mode, " is not 0..3");
+  TORCH_CHECK_VALUE(mode == 0 ? is_native_float(cache_dtype) : cache_dtype == storage_dtype_of(mode),
+                    "cache dtype ", cache_dtype, " cannot hold kv_quant_mode=", mode);
+}
+
+inline void check_cache(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, int64_t num_tokens,
+                        const at::Device& device) {
+  TORCH_CHECK_VALUE(kv_cache.dim() == 5 && kv_cache.size(1) == 2 && kv_cache.stride(4) == 1,
+                    "kv_cache must be (num_blocks, 2, block_size, heads, row_dim) with a contiguous last dim, got ",
+                    kv_cache.sizes());
+  TORCH_CHECK_VALUE(slot_mapping.dim() == 1 && slot_mapping.size(0) == num_tokens &&
+                        (slot_mapping.scalar_type() == at::ScalarType::Int ||
+                         slot_mapping.scalar_type() == at::ScalarType::Long),
+                    "slot_mapping must be 1-D int32/int64 with ", num_tokens, " entries");
+  TORCH_CHECK_VALUE(kv_cache.device() == device && slot_mapping.device() == device,
+                    "kv_cache and slot_mapping must be on ", device);
+}
+
+}  // namespace kvfuse

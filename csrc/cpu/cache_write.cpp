@@ -1,0 +1,244 @@
+// CPU kernels of kvfuse's cache ops: encode (cast / FP8 / NVFP4) and scatter rows into a
+// paged cache, parallel over tokens with at::parallel_for.
+//
+// Every conversion goes through c10's scalar types (c10::BFloat16(float), c10::Float8_e4m3fn
+// (float), ...), the same routines torch's own .to() uses, after the float32 math of
+// csrc/encode_math.h; the results are therefore the reference's bits (NaN payloads aside:
+// a NaN stays a NaN, but which NaN torch's vectorized paths produce is not specified).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Half.h>
+
+#include <cstring>
+
+#include "../cache_write.h"
+#include "../encode_math.h"
+
+namespace kvfuse {
+namespace {
+
+// Where each token's rows go: the cache position of its slot, or (encode_kv) row t of a
+// contiguous output. Strides in bytes.
+struct Dest {
+  char* base;
+  int64_t s_block, s_kv, s_off, s_head;
+  int64_t block_size;
+  int64_t capacity;  // num_blocks * block_size
+};
+
+struct Source {
+  const char* base[2];
+  int64_t s_tok[2], s_head[2];
+};
+
+template <typename In, typename Out>
+void encode_row_cast(const In* src, Out* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Out>(static_cast<float>(src[i]));
+}
+
+template <typename In, typename Fp8>
+void encode_row_fp8(const In* src, Fp8* dst, int64_t n, float scale, float limit) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Fp8(clamp_keep_nan(static_cast<float>(src[i]) / scale, limit));
+}
+
+template <typename In>
+void encode_row_nvfp4(const In* src, uint8_t* dst, int64_t head_size, float gs) {
+  const auto to_e4m3 = [](float v) { return c10::Float8_e4m3fn(v).x; };
+  uint8_t* scales = dst + head_size / 2;
+  for (int64_t b = 0; b < head_size / kNvfp4Block; ++b) {
+    float x[kNvfp4Block];
+    float amax = 0.0f;
+    for (int i = 0; i < kNvfp4Block; ++i) {
+      x[i] = static_cast<float>(src[b * kNvfp4Block + i]);
+      const float a = std::isnan(x[i]) ? 0.0f : std::fabs(x[i]);
+      amax = a > amax ? a : amax;
+    }
+    float denom;
+    scales[b] = nvfp4_block_scale(amax, gs, to_e4m3, &denom);
+    for (int i = 0; i < kNvfp4Block; i += 2) {
+      const uint8_t lo = e2m1_code(denom > 0.0f ? x[i] / denom : 0.0f);
+      const uint8_t hi = e2m1_code(denom > 0.0f ? x[i + 1] / denom : 0.0f);
+      dst[b * (kNvfp4Block / 2) + i / 2] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+  }
+}
+
+// Row encoder for one (input dtype, mode, cache dtype): writes one head row.
+using RowFn = void (*)(const char* src, char* dst, int64_t head_size, float scale);
+
+template <typename In, typename Out>
+void row_cast(const char* src, char* dst, int64_t n, float) {
+  encode_row_cast(reinterpret_cast<const In*>(src), reinterpret_cast<Out*>(dst), n);
+}
+template <typename In, typename Fp8, int kMode>
+void row_fp8(const char* src, char* dst, int64_t n, float scale) {
+  encode_row_fp8(reinterpret_cast<const In*>(src), reinterpret_cast<Fp8*>(dst), n, scale,
+                 kMode == 1 ? kE4M3Max : kE5M2Max);
+}
+template <typename In>
+void row_nvfp4(const char* src, char* dst, int64_t n, float gs) {
+  encode_row_nvfp4(reinterpret_cast<const In*>(src), reinterpret_cast<uint8_t*>(dst), n, gs);
+}
+
+template <typename In>
+RowFn pick_for_input(int64_t mode, at::ScalarType out) {
+  switch (mode) {
+    case 0:
+      switch (out) {
+        case at::ScalarType::Float: return row_cast<In, float>;
+        case at::ScalarType::Half: return row_cast<In, c10::Half>;
+        case at::ScalarType::BFloat16: return row_cast<In, c10::BFloat16>;
+        default: return nullptr;
+      }
+    case 1: return row_fp8<In, c10::Float8_e4m3fn, 1>;
+    case 2: return row_fp8<In, c10::Float8_e5m2, 2>;
+    case 3: return row_nvfp4<In>;
+    default: return nullptr;
+  }
+}
+
+RowFn pick_row_fn(at::ScalarType in, int64_t mode, at::ScalarType out) {
+  switch (in) {
+    case at::ScalarType::Float: return pick_for_input<float>(mode, out);
+    case at::ScalarType::Half: return pick_for_input<c10::Half>(mode, out);
+    case at::ScalarType::BFloat16: return pick_for_input<c10::BFloat16>(mode, out);
+    default: return nullptr;
+  }
+}
+
+int64_t slot_at(const at::Tensor& slots, int64_t t) {
+  return slots.scalar_type() == at::ScalarType::Long ? slots.const_data_ptr<int64_t>()[t]
+                                                     : slots.const_data_ptr<int32_t>()[t];
+}
+
+// The reference raises on an out-of-range slot; do the same, before any row is written.
+void check_slot_range(const at::Tensor& slots, int64_t capacity) {
+  for (int64_t t = 0; t < slots.size(0); ++t) {
+    const int64_t s = slot_at(slots, t);
+    TORCH_CHECK_INDEX(s >= -1 && s < capacity, "slot_mapping[", t, "]=", s, " is outside the cache (",
+                      capacity, " slots; -1 = skip)");
+  }
+}
+
+Dest cache_dest(const at::Tensor& kv_cache) {
+  const int64_t es = kv_cache.element_size();
+  return Dest{static_cast<char*>(kv_cache.data_ptr()),
+              kv_cache.stride(0) * es,
+              kv_cache.stride(1) * es,
+              kv_cache.stride(2) * es,
+              kv_cache.stride(3) * es,
+              kv_cache.size(2),
+              kv_cache.size(0) * kv_cache.size(2)};
+}
+
+Source source_of(const at::Tensor& k, const at::Tensor& v) {
+  const int64_t es = k.element_size();
+  return Source{{static_cast<const char*>(k.const_data_ptr()), static_cast<const char*>(v.const_data_ptr())},
+                {k.stride(0) * es, v.stride(0) * es},
+                {k.stride(1) * es, v.stride(1) * es}};
+}
+
+// Runs `row(half, src_row, dst_row)` for every (token, half, head) whose slot is not -1.
+// `slots` undefined = identity mapping (encode_kv's contiguous output).
+template <class RowOp>
+void for_each_row(int64_t num_tokens, int64_t num_heads, int halves, const at::Tensor& slots, const Source& src,
+                  const Dest& dst, int64_t row_bytes, RowOp row) {
+  // Enough rows per task that scheduling stays far below the copy cost.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, halves * num_heads * row_bytes));
+  at::parallel_for(0, num_tokens, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t slot = slots.defined() ? slot_at(slots, t) : t;
+      if (slot < 0) continue;
+      const int64_t block = slot / dst.block_size, off = slot % dst.block_size;
+      char* dst_tok = dst.base + block * dst.s_block + off * dst.s_off;
+      for (int half = 0; half < halves; ++half) {
+        for (int64_t h = 0; h < num_heads; ++h) {
+          row(half, src.base[half] + t * src.s_tok[half] + h * src.s_head[half],
+              dst_tok + half * dst.s_kv + h * dst.s_head);
+        }
+      }
+    }
+  });
+}
+
+float scalar_of(const at::Tensor& s) { return *s.const_data_ptr<float>(); }
+
+void encode_into(const at::Tensor& key, const at::Tensor& value, int halves, const at::Tensor& slots,
+                 const Dest& dst, const float scales[2], int64_t mode, at::ScalarType out_dtype) {
+  const int64_t head_size = key.size(2);
+  const int64_t row_bytes = storage_row_dim(mode, head_size) * c10::elementSize(out_dtype);
+  const Source src = source_of(key, value);
+  if (mode == 0 && key.scalar_type() == out_dtype) {
+    for_each_row(key.size(0), key.size(1), halves, slots, src, dst, row_bytes,
+                 [&](int, const char* s, char* d) { std::memcpy(d, s, row_bytes); });
+    return;
+  }
+  const RowFn fn = pick_row_fn(key.scalar_type(), mode, out_dtype);
+  TORCH_CHECK_VALUE(fn != nullptr, "no CPU encoder for input ", key.scalar_type(), " mode ", mode, " cache ",
+                    out_dtype);
+  for_each_row(key.size(0), key.size(1), halves, slots, src, dst, row_bytes,
+               [&](int half, const char* s, char* d) { fn(s, d, head_size, scales[half]); });
+}
+
+}  // namespace
+
+at::Tensor encode_kv_cpu(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
+                         at::ScalarType cache_dtype) {
+  check_input(x, "x");
+  check_scale(scale, x, "scale");
+  check_mode_dtype(kv_quant_mode, cache_dtype);
+  TORCH_CHECK_VALUE(kv_quant_mode != 3 || x.size(2) % kNvfp4Block == 0, "NVFP4 needs head_size % 16 == 0");
+  const int64_t row_dim = storage_row_dim(kv_quant_mode, x.size(2));
+  at::Tensor out = at::empty({x.size(0), x.size(1), row_dim}, x.options().dtype(cache_dtype));
+  const int64_t es = out.element_size();
+  const Dest dst{static_cast<char*>(out.data_ptr()), 0, 0, x.size(1) * row_dim * es, row_dim * es,
+                 std::max<int64_t>(1, x.size(0)), x.size(0)};
+  const float s = scalar_of(scale);
+  const float scales[2] = {s, s};
+  encode_into(x, x, 1, at::Tensor(), dst, scales, kv_quant_mode, cache_dtype);
+  return out;
+}
+
+void cache_write_cpu(const at::Tensor& key_rows, const at::Tensor& value_rows, const at::Tensor& kv_cache,
+                     const at::Tensor& slot_mapping) {
+  check_cache(kv_cache, slot_mapping, key_rows.size(0), key_rows.device());
+  for (const at::Tensor* rows : {&key_rows, &value_rows}) {
+    TORCH_CHECK_VALUE(rows->dim() == 3 && rows->scalar_type() == kv_cache.scalar_type() &&
+                          rows->size(0) == key_rows.size(0) && rows->size(1) == kv_cache.size(3) &&
+                          rows->size(2) == kv_cache.size(4) && (rows->size(2) <= 1 || rows->stride(2) == 1) &&
+                          rows->device() == kv_cache.device(),
+                      "rows ", rows->sizes(), " ", rows->scalar_type(), " do not fit the cache ", kv_cache.sizes(),
+                      " ", kv_cache.scalar_type());
+  }
+  const Dest dst = cache_dest(kv_cache);
+  check_slot_range(slot_mapping, dst.capacity);
+  const int64_t row_bytes = kv_cache.size(4) * kv_cache.element_size();
+  for_each_row(key_rows.size(0), key_rows.size(1), 2, slot_mapping, source_of(key_rows, value_rows), dst, row_bytes,
+               [&](int, const char* s, char* d) { std::memcpy(d, s, row_bytes); });
+}
+
+void encode_and_cache_write_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
+                                const at::Tensor& slot_mapping, const at::Tensor& k_scale,
+                                const at::Tensor& v_scale, int64_t kv_quant_mode) {
+  check_input(key, "key");
+  check_input(value, "value");
+  TORCH_CHECK_VALUE(key.sizes() == value.sizes() && key.scalar_type() == value.scalar_type(),
+                    "key and value must have one shape and dtype");
+  check_scale(k_scale, key, "k_scale");
+  check_scale(v_scale, key, "v_scale");
+  check_cache(kv_cache, slot_mapping, key.size(0), key.device());
+  check_mode_dtype(kv_quant_mode, kv_cache.scalar_type());
+  TORCH_CHECK_VALUE(kv_quant_mode != 3 || key.size(2) % kNvfp4Block == 0, "NVFP4 needs head_size % 16 == 0");
+  TORCH_CHECK_VALUE(kv_cache.size(3) == key.size(1) && kv_cache.size(4) == storage_row_dim(kv_quant_mode, key.size(2)),
+                    "kv_cache ", kv_cache.sizes(), " does not fit key ", key.sizes(), " in mode ", kv_quant_mode);
+  const Dest dst = cache_dest(kv_cache);
+  check_slot_range(slot_mapping, dst.capacity);
+  const float scales[2] = {scalar_of(k_scale), scalar_of(v_scale)};
+  encode_into(key, value, 2, slot_mapping, dst, scales, kv_quant_mode, kv_cache.scalar_type());
+}
+
+}  // namespace kvfuse

@@ -1,0 +1,73 @@
+// Scalar encode math shared by the CPU and CUDA kernels. It restates
+// kvfuse/ops/reference.py operation by operation (same order, same float32 roundings), so
+// both kernels are bit-identical to the reference by construction:
+//
+//   FP8:   q = clamp(x / scale, -max, max)  (IEEE division; NaN passes the clamp)
+//          stored = rne(q) in e4m3fn / e5m2; NaN -> 0x7F | sign, as c10's conversion does
+//   NVFP4: per block of 16: amax = max |x_i| (NaN ignored)
+//          s = e4m3_rne(min(amax / (gs * 6), 448))       (min keeps NaN, like torch.clamp)
+//          q_i = x_i / (float(s) * gs), or 0 where that divisor is not > 0
+//          code_i = e2m1 magnitude by RNE thresholds | (q_i < 0) << 3; NaN -> +0
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define KVFUSE_HD __host__ __device__ __forceinline__
+#else
+#define KVFUSE_HD inline
+#endif
+
+namespace kvfuse {
+
+constexpr float kE4M3Max = 448.0f;
+constexpr float kE5M2Max = 57344.0f;
+constexpr int kNvfp4Block = 16;
+
+KVFUSE_HD float bits_to_float(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+#endif
+}
+
+// e4m3fn byte -> float32, exact (every e4m3fn value is a float32).
+KVFUSE_HD float e4m3_bits_to_float(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80) << 24;
+  const uint32_t exp = (b >> 3) & 0xF, man = b & 0x7;
+  if (exp == 0xF && man == 0x7) return bits_to_float(sign | 0x7FC00000u);
+  if (exp == 0) return bits_to_float(sign) + (sign ? -1.0f : 1.0f) * static_cast<float>(man) * 0.001953125f;
+  return bits_to_float(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+// torch.clamp semantics: NaN is neither above nor below, so it comes back unchanged.
+KVFUSE_HD float clamp_keep_nan(float q, float limit) {
+  return q > limit ? limit : (q < -limit ? -limit : q);
+}
+
+// float32 -> 4-bit E2M1 code. The thresholds are the midpoints between neighbouring E2M1
+// magnitudes (0, .5, 1, 1.5, 2, 3, 4, 6); strict vs non-strict comparison sends each tie to
+// the even mantissa, and everything above 5 saturates to 6. Every comparison with NaN is
+// false, so NaN encodes as +0.
+KVFUSE_HD uint8_t e2m1_code(float q) {
+  const float a = fabsf(q);
+  const int mag = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return static_cast<uint8_t>(mag | ((q < 0.0f) ? 8 : 0));
+}
+
+// The block-scale half of the NVFP4 math; to_e4m3 is the device's RNE float -> e4m3fn byte.
+template <class ToE4M3>
+KVFUSE_HD uint8_t nvfp4_block_scale(float amax, float gs, ToE4M3 to_e4m3, float* denom) {
+  float s = amax / (gs * 6.0f);
+  s = s > kE4M3Max ? kE4M3Max : s;
+  const uint8_t bits = to_e4m3(s);
+  *denom = e4m3_bits_to_float(bits) * gs;
+  return bits;
+}
+
+}  // namespace kvfuse

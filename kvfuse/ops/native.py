@@ -1,0 +1,253 @@
+"""Native backend: the C++/CUDA kernels of ``csrc/``, built just in time on first use.
+
+The first call that selects this backend (or :func:`build_info` with ``build=True``) compiles
+``csrc/`` with :func:`torch.utils.cpp_extension.load` and loads the library, which registers
+``TORCH_LIBRARY_IMPL(kvfuse, CPU | CUDA)`` kernels for the ``kvfuse::<op>.native`` overloads
+declared in :mod:`kvfuse.ops`. Importing this module compiles nothing and does not touch CUDA.
+
+- One build per torch version / CUDA version / device architecture, in its own directory
+  (``$KVFUSE_NATIVE_BUILD_DIR``, default ``~/.cache/kvfuse/native``), guarded by a file lock so
+  concurrent processes build it once; later processes only load it.
+- CUDA kernels are compiled for the current device only: ``-gencode=arch=compute_XY,code=sm_XY``,
+  ``sm_90a`` on Hopper. Without ``nvcc`` (or a CUDA device) the library is built for CPU only and
+  CUDA calls fall back (Triton, then the reference); without a C++ compiler or ninja nothing is
+  built and every call falls back. The reason is logged once and returned by
+  :func:`unavailable_reason`, so ``backends.select`` skips this backend with it.
+- ``KVFUSE_NATIVE=0`` disables the backend entirely (no build is attempted).
+
+Functions :func:`encode_kv`, :func:`cache_write` and :func:`encode_and_cache_write` take the
+argument lists of :mod:`kvfuse.ops.reference`; arguments are validated by the op layer before
+they get here (the C++ side re-checks only what memory safety needs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..kv_cache import KVQuantMode
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "encode_kv",
+    "cache_write",
+    "encode_and_cache_write",
+    "unavailable_reason",
+    "build_info",
+    "parse_kv_cache_dtype",
+    "mode_values",
+]
+
+_CACHE_OPS = ("encode_kv", "cache_write", "encode_and_cache_write")
+_CPU_SOURCES = ("registration.cpp", "cpu/cache_write.cpp")
+_CUDA_SOURCES = ("cuda/cache_write.cu",)
+# Numerics depend on IEEE division and no flush-to-zero: say so explicitly instead of relying
+# on nvcc's defaults.
+_NVCC_FLAGS = ("-O3", "--prec-div=true", "--ftz=false")
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}  # filled once by _ensure_built
+_ops: dict[str, Any] = {}  # op name -> torch.ops.kvfuse.<op>.native, after a successful build
+
+
+def _disabled() -> bool:
+    return os.environ.get("KVFUSE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def _csrc_dir() -> Optional[Path]:
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[2] / "csrc", here.parents[1] / "csrc"):  # checkout, installed package
+        if (candidate / "registration.cpp").is_file():
+            return candidate
+    return None
+
+
+def _build_root() -> Path:
+    root = os.environ.get("KVFUSE_NATIVE_BUILD_DIR")
+    if root:
+        return Path(root)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "kvfuse" / "native"
+
+
+def _cuda_target() -> tuple[Optional[str], Optional[str]]:
+    """(the -gencode flag for the current device, None), or (None, why CUDA kernels are not built)."""
+    if torch.version.cuda is None:
+        return None, f"torch {torch.__version__} is a CPU-only build"
+    if not torch.cuda.is_available():
+        return None, "no CUDA device is visible"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else shutil.which("nvcc")
+    if not nvcc or not os.path.exists(nvcc):
+        return None, "nvcc was not found (install the CUDA toolkit or set CUDA_HOME)"
+    major, minor = torch.cuda.get_device_capability()
+    # Hopper gets its arch-specific target; plain sm_XY elsewhere.
+    arch = f"{major}{minor}{'a' if major == 9 else ''}"
+    return f"-gencode=arch=compute_{arch},code=sm_{arch}", None
+
+
+def _tag(gencode: Optional[str]) -> str:
+    parts = [f"torch{torch.__version__}"]
+    if gencode is None:
+        parts.append("cpu")
+    else:
+        parts += [f"cu{torch.version.cuda}", "sm" + gencode.rsplit("_", 1)[-1]]
+    return re.sub(r"[^A-Za-z0-9]+", "_", "_".join(parts)).strip("_")
+
+
+def _compile(csrc: Path, gencode: Optional[str]) -> tuple[str, Path]:
+    from filelock import FileLock
+    from torch.utils import cpp_extension
+
+    name = f"kvfuse_native_{_tag(gencode)}"
+    build_dir = _build_root() / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    sources = [str(csrc / s) for s in _CPU_SOURCES]
+    cflags = ["-O3"]
+    cuda_flags: list[str] = []
+    if gencode is not None:
+        sources += [str(csrc / s) for s in _CUDA_SOURCES]
+        cflags.append("-DKVFUSE_WITH_CUDA")
+        cuda_flags = ["-DKVFUSE_WITH_CUDA", gencode, *_NVCC_FLAGS]
+    with FileLock(str(build_dir) + ".lock"):
+        library = cpp_extension.load(
+            name=name,
+            sources=sources,
+            extra_cflags=cflags,
+            extra_cuda_cflags=cuda_flags,
+            extra_include_paths=[str(csrc)],
+            build_directory=str(build_dir),
+            with_cuda=gencode is not None,
+            is_python_module=False,
+            verbose=logger.isEnabledFor(logging.DEBUG),
+        )
+    return str(library), build_dir
+
+
+def _ensure_built() -> dict[str, Any]:
+    if _state:
+        return _state
+    with _lock:
+        if _state:
+            return _state
+        state: dict[str, Any] = {"library": None, "build_dir": None, "cuda": False, "gencode": None,
+                                 "error": None, "cuda_error": None, "seconds": None}
+        csrc = _csrc_dir()
+        if csrc is None:
+            state["error"] = "the csrc/ sources are not shipped with this installation"
+        else:
+            gencode, state["cuda_error"] = _cuda_target()
+            start = time.perf_counter()
+            attempts = [gencode, None] if gencode is not None else [None]
+            for target in attempts:
+                try:
+                    state["library"], state["build_dir"] = _compile(csrc, target)
+                except Exception as e:  # no compiler, no ninja, a failed build: fall back, don't crash
+                    message = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
+                    if target is not None:
+                        state["cuda_error"] = f"building the CUDA kernels failed ({message})"
+                        logger.warning("kvfuse native CUDA kernels unavailable, trying a CPU-only build: %s",
+                                       state["cuda_error"])
+                        continue
+                    hint = "" if shutil.which("ninja") else "; ninja is missing (pip install ninja)"
+                    state["error"] = f"building csrc/ failed ({message}{hint})"
+                    break
+                state["cuda"] = target is not None
+                state["gencode"] = target
+                break
+            state["seconds"] = round(time.perf_counter() - start, 1)
+        if state["library"] is not None:
+            for op in _CACHE_OPS:
+                _ops[op] = getattr(torch.ops.kvfuse, op).native
+            logger.info("kvfuse native kernels loaded from %s (%s, %.1f s)", state["library"],
+                        "CPU+CUDA " + state["gencode"] if state["cuda"] else "CPU only", state["seconds"])
+        else:
+            logger.warning("kvfuse native kernels unavailable: %s; falling back to other backends", state["error"])
+        _state.update(state)
+        return _state
+
+
+def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
+    """None if the native backend can run ``op`` on ``device_type``; else why not (may build first)."""
+    if _disabled():
+        return "it is disabled by KVFUSE_NATIVE=0"
+    if op not in _CACHE_OPS:
+        return f"the native backend implements {', '.join(_CACHE_OPS)}, not {op}"
+    if device_type not in ("cpu", "cuda"):
+        return f"native kernels exist for cpu and cuda, not {device_type}"
+    state = _ensure_built()
+    if state["library"] is None:
+        return state["error"]
+    if device_type == "cuda" and not state["cuda"]:
+        return f"its CUDA kernels were not built: {state['cuda_error']}"
+    return None
+
+
+def _require(op: str) -> Any:
+    fn = _ops.get(op)
+    if fn is None:
+        state = _ensure_built()
+        if state["library"] is None:
+            raise RuntimeError(f"kvfuse native kernels are unavailable: {state['error']}")
+        fn = _ops[op]
+    return fn
+
+
+def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`kvfuse.ops.reference.encode_kv`, natively."""
+    return _require("encode_kv")(x, scale, int(kv_quant_mode), cache_dtype)
+
+
+def cache_write(key_rows: torch.Tensor, value_rows: torch.Tensor, kv_cache: torch.Tensor,
+                slot_mapping: torch.Tensor) -> None:
+    """:func:`kvfuse.ops.reference.cache_write`, natively (out-of-range slots: CPU raises, CUDA skips)."""
+    _require("cache_write")(key_rows, value_rows, kv_cache, slot_mapping)
+
+
+def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
+                           kv_quant_mode: int) -> None:
+    """:func:`kvfuse.ops.reference.encode_and_cache_write`, natively, in one pass over memory."""
+    _require("encode_and_cache_write")(key, value, kv_cache, slot_mapping, k_scale, v_scale, int(kv_quant_mode))
+
+
+def parse_kv_cache_dtype(name: str, argument: str = "kv_cache_dtype") -> tuple[KVQuantMode, Optional[torch.dtype]]:
+    """The C++ parser (``csrc/kv_quant_mode.h``), same contract as ``kv_cache._parse_dtype_name``."""
+    _require("encode_kv")
+    mode, native = torch.ops.kvfuse_native.parse_kv_cache_dtype(name, argument)
+    return KVQuantMode(mode), (getattr(torch, native) if native else None)
+
+
+def mode_values() -> dict[str, int]:
+    """The C++ enum's names and values, e.g. ``{"NONE": 0, ...}``."""
+    _require("encode_kv")
+    pairs = (item.split("=") for item in torch.ops.kvfuse_native.mode_values().split(","))
+    return {name: int(value) for name, value in pairs}
+
+
+def build_info(build: bool = False) -> dict[str, Any]:
+    """Where the native library is and what it was built for (for ``python -m kvfuse info``).
+
+    With ``build=True`` the library is built (or loaded from its cache) first.
+    """
+    info: dict[str, Any] = {"enabled": not _disabled(), "sources": str(_csrc_dir()),
+                            "build_root": str(_build_root())}
+    if info["enabled"] and (build or _state):
+        state = _ensure_built()
+        info.update(built=state["library"] is not None, library=state["library"],
+                    build_dir=str(state["build_dir"]) if state["build_dir"] else None, cuda=state["cuda"],
+                    gencode=state["gencode"], build_seconds=state["seconds"], error=state["error"],
+                    cuda_error=state["cuda_error"])
+    else:
+        info["built"] = None  # not attempted in this process
+    return info

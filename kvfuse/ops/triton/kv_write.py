@@ -1,0 +1,423 @@
+"""Triton kernels for ``kvfuse::encode_kv``, ``kvfuse::cache_write`` and ``kvfuse::encode_and_cache_write``.
+
+One kernel family, :func:`_encode_and_cache_write_kernel`, does all three: the cache format is a
+``tl.constexpr`` (``MODE``: NONE cast, FP8 e4m3/e5m2, NVFP4, or COPY of already-encoded rows) and
+``HAS_SLOTS`` says whether rows go to ``slot_mapping`` pages or to a dense ``[T, H, row_dim]`` output.
+The numerics are exactly those of :mod:`kvfuse.ops.reference` (bit for bit on the GPU).
+
+Launchers (argument lists of :mod:`kvfuse.ops.reference`)::
+
+    encode_kv(x, scale, kv_quant_mode, cache_dtype) -> rows
+    cache_write(key_rows, value_rows, kv_cache, slot_mapping)
+    encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode)
+    cache_write_split(key_rows, value_rows, key_cache, value_cache, slot_mapping)
+    encode_and_cache_write_split(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+                                 kv_quant_mode)
+
+The ``_split`` variants take the K and V halves as separate (possibly strided) 4-D views
+``(num_blocks, block_size, num_kv_heads, row_dim)``, as engines that keep two cache tensors do.
+
+Performance notes (H100): each program moves ``BLOCK_T`` tokens x ``BLOCK_H`` heads of K and of V;
+head and row strides are constexprs and no offset flows through a runtime branch, so loads and
+stores vectorise to 16 bytes; per-token offsets are int64 so caches beyond 2**31 elements are
+addressed correctly; tile sizes come from :func:`_launch_config`, cached per (shape, dtype, mode,
+token-count bucket), so a call costs one launch and no Python-side shape math beyond a few
+attribute reads. Casts and FP8 run at 90-95% of copy bandwidth from 16k tokens on; NVFP4 is
+ALU-bound (an IEEE division and the E2M1 rounding per element, ~40 instructions) at ~50-55%.
+See benchmarks/results/cache_write.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ...kv_cache import KVQuantMode, nvfp4_row_dim
+
+__all__ = [
+    "encode_kv",
+    "cache_write",
+    "encode_and_cache_write",
+    "cache_write_split",
+    "encode_and_cache_write_split",
+]
+
+# MODE constexpr values: the KVQuantMode numbers, plus COPY for rows that are already encoded.
+_NONE = tl.constexpr(0)
+_FP8_E4M3 = tl.constexpr(1)
+_FP8_E5M2 = tl.constexpr(2)
+_NVFP4 = tl.constexpr(3)
+_COPY = tl.constexpr(4)
+_MODE_COPY = 4
+
+#: FP8 / bfloat16 rounding in integer ops instead of the hardware converts. On under the Triton
+#: interpreter, whose float8 and bfloat16 conversions do not round to nearest even (see
+#: :func:`_fp8_rne`); tests flip it on the GPU to prove both paths give the same bits.
+SOFT_ROUNDING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+_NUM_SMS_GUESS = 132  # only shapes the grid; a wrong guess costs a little occupancy, not correctness
+
+
+# ----------------------------------------------------------------------------- device helpers
+
+
+@triton.jit
+def _fp8_rne(v, MANT: tl.constexpr, BIAS: tl.constexpr):
+    """Round float32 ``v`` (|v| within the format's finite range, or NaN) to an FP8 code.
+
+    Returns ``(code uint8, value float32)`` for e4m3fn (MANT=3, BIAS=7) or e5m2 (MANT=2, BIAS=15),
+    round to nearest even, sign kept (-0 too), NaN -> ``0x7F | sign`` as PyTorch encodes it.
+    Integer ops instead of the hardware convert, so that the Triton interpreter (whose float8
+    conversion neither rounds to even nor carries into the exponent) gives the GPU's bits.
+    Normal range: round the 23-bit mantissa to MANT bits (a carry into the exponent is the
+    correct result). Subnormal range (step ``2**(1 - BIAS - MANT)``): ``rint(|v| / step)`` by the
+    2**23 trick; the code ``2**MANT`` it may produce is the smallest normal, as wanted.
+    """
+    DROP: tl.constexpr = 23 - MANT
+    bits = v.to(tl.uint32, bitcast=True)
+    sign = bits & 0x80000000
+    mag_bits = bits ^ sign
+    KEEP: tl.constexpr = (0xFFFFFFFF >> DROP) << DROP
+    rounded = (mag_bits + ((1 << (DROP - 1)) - 1) + ((mag_bits >> DROP) & 1)) & KEEP
+    exp = (rounded >> 23).to(tl.int32) - (127 - BIAS)
+    normal_code = (exp << MANT) | ((rounded >> DROP) & ((1 << MANT) - 1)).to(tl.int32)
+    normal_val = rounded.to(tl.float32, bitcast=True)
+    a = mag_bits.to(tl.float32, bitcast=True)
+    INV_STEP: tl.constexpr = float(2 ** (BIAS + MANT - 1))
+    sub = (a * INV_STEP + 8388608.0) - 8388608.0
+    is_sub = a < float(2.0 ** (1 - BIAS))
+    code = tl.where(is_sub, tl.where(is_sub, sub, 0.0).to(tl.int32), normal_code)  # no NaN -> int cast
+    val = tl.where(is_sub, sub * (1.0 / INV_STEP), normal_val)
+    code = tl.where(v != v, 0x7F, code) | (sign >> 24).to(tl.int32)
+    val = tl.where(v != v, v, tl.where(sign != 0, -val, val))
+    return code.to(tl.uint8), val
+
+
+@triton.jit
+def _encode_rows(
+    src_ptr,
+    dst_ptr,
+    scale_ptr,
+    src_tok,  # [BLOCK_T] int64 element offset of each token's row in src
+    dst_tok,  # [BLOCK_T] int64 element offset of each token's row in dst
+    tok_ok,  # [BLOCK_T] bool: write this token
+    h0,
+    H: tl.constexpr,
+    SRC_STRIDE_H: tl.constexpr,
+    DST_STRIDE_H: tl.constexpr,
+    D: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SOFT_ROUNDING: tl.constexpr,
+):
+    """Encode ``[BLOCK_T, BLOCK_H, D]`` of one tensor and store the rows; see the kernel docstring."""
+    offs_h = h0 + tl.arange(0, BLOCK_H)
+    h_ok = offs_h < H
+    if MODE == _NVFP4:
+        NB: tl.constexpr = D // 16
+        BLOCK_NB: tl.constexpr = BLOCK_D // 16
+        offs_b = tl.arange(0, BLOCK_NB)
+        offs_i = tl.arange(0, 16)
+        row_ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_b < NB)[None, None, :]
+        src = (
+            src_tok[:, None, None, None]
+            + (offs_h * SRC_STRIDE_H)[None, :, None, None]
+            + (offs_b * 16)[None, None, :, None]
+            + offs_i[None, None, None, :]
+        )
+        x = tl.load(src_ptr + src, mask=row_ok[:, :, :, None]).to(tl.float32)
+        # NaN encodes as +0 and is ignored by amax: zero it once, here, so that nothing below
+        # needs a per-element NaN test (those selects are what this ALU-bound path pays for).
+        x = tl.where(x == x, x, 0.0)
+        gs = tl.load(scale_ptr)
+        amax = tl.max(tl.abs(x), axis=3)
+        s = tl.minimum(tl.math.div_rn(amax, gs * 6.0), 448.0, propagate_nan=tl.PropagateNan.ALL)
+        s_code, s_val = _fp8_rne(s, 3, 7)
+        # Blocks whose divisor s * gs is not > 0 encode all-zero codes (the reference's q = 0):
+        # per block, a safe divisor and a byte mask applied after packing.
+        pos = s_val * gs > 0
+        denom = tl.where(pos, s_val * gs, 1.0)
+        keep = tl.where(pos, 0xFF, 0).to(tl.uint8)
+        q = tl.math.div_rn(x, denom[:, :, :, None])
+        # E2M1 round-to-nearest-even, saturating at 6, as rint on the binade's grid: steps of 0.5
+        # below 2 (codes 0..4), of 1 in [2, 4) (codes 4..6), of 2 from 4 (codes 6, 7); the grid
+        # points' own ties (0.25, 1.25, 2.5, 5 down; 0.75, 1.75, 3.5 up) are rint's ties to even.
+        # rint is the 1.5 * 2**23 trick (a * m is exact, m a power of two). About half the ALU
+        # work of counting seven thresholds, which is what bounds this kernel.
+        a = tl.abs(q)
+        big = a >= 4.0
+        mid = a >= 2.0
+        m = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
+        c = tl.where(big, 4.0, tl.where(mid, 2.0, 0.0))
+        mag = tl.minimum(((a * m + 12582912.0) - 12582912.0) + c, 7.0).to(tl.uint8)
+        code = mag | tl.where(q < 0, 8, 0).to(tl.uint8)
+        pairs = tl.reshape(code, (code.shape[0], BLOCK_H, BLOCK_NB, 8, 2))
+        lo, hi = tl.split(pairs)
+        packed = (lo | (hi << 4)) & keep[:, :, :, None]
+        offs_j = tl.arange(0, 8)
+        dst_row = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None]
+        # NVFP4 rows are uint8 (caches and encode_kv outputs alike): no pointer cast, which
+        # would hide the pointer's alignment and split the stores into bytes.
+        tl.store(
+            dst_ptr + dst_row[:, :, :, None] + (offs_b * 8)[None, None, :, None] + offs_j[None, None, None, :],
+            packed,
+            mask=row_ok[:, :, :, None],
+        )
+        tl.store(dst_ptr + dst_row + D // 2 + offs_b[None, None, :], s_code, mask=row_ok)
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_d < D)[None, None, :]
+        src = src_tok[:, None, None] + (offs_h * SRC_STRIDE_H)[None, :, None] + offs_d[None, None, :]
+        dst = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None] + offs_d[None, None, :]
+        x = tl.load(src_ptr + src, mask=ok)
+        if MODE == _COPY:
+            tl.store(dst_ptr + dst, x, mask=ok)
+        elif MODE == _NONE:
+            # Through float32 (exact), then Triton's default narrowing, round-to-nearest-even, as
+            # PyTorch converts; the direct fp16 <-> bf16 cast is wrong in the interpreter.
+            xf = x.to(tl.float32)
+            if SOFT_ROUNDING and dst_ptr.dtype.element_ty == tl.bfloat16:
+                # The interpreter truncates float32 -> bfloat16; round to nearest even by hand.
+                b = xf.to(tl.uint32, bitcast=True)
+                b = tl.where(xf != xf, b | 0x400000, b + 0x7FFF + ((b >> 16) & 1))
+                y = (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            else:
+                y = xf.to(dst_ptr.dtype.element_ty)
+            tl.store(dst_ptr + dst, y, mask=ok)
+        else:
+            if MODE == _FP8_E4M3:
+                fp8_max = 448.0
+            else:
+                fp8_max = 57344.0
+            xf = x.to(tl.float32)
+            q = tl.math.div_rn(xf, tl.load(scale_ptr))
+            q_nan = q != q  # NaN input, or 0/0 and inf/inf: min/max below would drop the NaN
+            q = tl.minimum(tl.maximum(q, -fp8_max), fp8_max)
+            if SOFT_ROUNDING:
+                if MODE == _FP8_E4M3:
+                    bits, _ = _fp8_rne(q, 3, 7)
+                else:
+                    bits, _ = _fp8_rne(q, 2, 15)
+            else:
+                # sm89+ lowers this to cvt.rn.satfinite (round to nearest even).
+                bits = q.to(dst_ptr.dtype.element_ty).to(tl.uint8, bitcast=True)
+            # NaN stays NaN, with the input's sign as PyTorch's float8 conversion keeps it (the
+            # hardware convert would give one canonical NaN).
+            sign = ((xf.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
+            bits = tl.where(q_nan, sign | 0x7F, bits)
+            tl.store(dst_ptr + dst, bits.to(dst_ptr.dtype.element_ty, bitcast=True), mask=ok)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _encode_and_cache_write_kernel(
+    key_ptr,
+    value_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    num_tokens,
+    value_cache_off,
+    key_stride_t,
+    value_stride_t,
+    kc_stride_blk,
+    kc_stride_off,
+    vc_stride_blk,
+    vc_stride_off,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    K_STRIDE_H: tl.constexpr,
+    V_STRIDE_H: tl.constexpr,
+    KC_STRIDE_H: tl.constexpr,
+    VC_STRIDE_H: tl.constexpr,
+    PAGE: tl.constexpr,
+    MODE: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+    PAIR: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SOFT_ROUNDING: tl.constexpr,
+):
+    """Encode K and V rows and store them at their cache slots.
+
+    Program ``(i, j)`` handles tokens ``i*BLOCK_T ..`` and heads ``j*BLOCK_H ..`` of K and, with
+    ``PAIR``, of V. For token ``t`` with ``slot = slot_mapping[t] >= 0`` (slot < 0: skipped) the row
+    lands at ``cache[slot // PAGE, slot % PAGE, h]``; with ``HAS_SLOTS=False`` at ``out[t, h]``.
+    Per row ``x`` (``D`` values), by ``MODE``:
+
+    - NONE: ``x`` converted to the cache dtype, round to nearest even;
+    - FP8 (e4m3 max 448, e5m2 max 57344): ``rne(clamp(x / scale, -max, max))``, IEEE division,
+      NaN -> NaN;
+    - NVFP4, per 16-block ``b``: ``amax = max |x_i|`` (NaN ignored),
+      ``s = e4m3_rne(min(amax / (gs * 6), 448))``, ``q_i = x_i / (s * gs)`` (0 if that is 0),
+      E2M1 code of ``q_i`` (RNE, saturating at 6, sign in bit 3, NaN -> +0); the row is
+      ``[D/2 bytes, code 2k in the low nibble of byte k | D/16 e4m3 scales]``;
+    - COPY: rows already in the cache format, stored as they are.
+
+    K and V share a program (rather than a grid axis and a runtime branch) because offsets that
+    flow out of a branch lose Triton's alignment facts, and the stores stop being 16-byte wide.
+    """
+    h0 = tl.program_id(1) * BLOCK_H
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_range = tok < num_tokens
+    tok64 = tok.to(tl.int64)
+    if HAS_SLOTS:
+        slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
+        tok_ok = slot >= 0
+        blk = slot // PAGE
+        off = slot % PAGE
+        k_dst = blk * kc_stride_blk + off * kc_stride_off
+        v_dst = blk * vc_stride_blk + off * vc_stride_off
+    else:
+        tok_ok = in_range
+        k_dst = tok64 * kc_stride_off
+        v_dst = tok64 * vc_stride_off
+    _encode_rows(key_ptr, key_cache_ptr, k_scale_ptr, tok64 * key_stride_t, k_dst, tok_ok, h0,
+                 H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING)
+    if PAIR:
+        _encode_rows(value_ptr, value_cache_ptr + value_cache_off, v_scale_ptr, tok64 * value_stride_t, v_dst,
+                     tok_ok, h0, H, V_STRIDE_H, VC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING)
+
+
+# ----------------------------------------------------------------------------- launch configuration
+
+
+@functools.lru_cache(maxsize=4096)
+def _launch_config(t_bucket: int, num_heads: int, width: int, mode: int, in_bytes: int) -> tuple[int, int, int, int]:
+    """(BLOCK_T, BLOCK_H, BLOCK_D, num_warps) for ``2**(t_bucket-1)``+ tokens of ``num_heads x width``.
+
+    Per program, about 2048 elements of K (and as many of V) at 8 per thread for casts and
+    copies, 1024 at 16 per thread for FP8 / NVFP4 (more independent work per thread hides the
+    division's latency): the best of a sweep on an H100 (benchmarks/cache_write.py --sweep).
+    Small token counts shrink the tile (tokens first, then heads) so the grid covers every SM.
+    """
+    block_d = triton.next_power_of_2(width)
+    if mode == KVQuantMode.NVFP4:
+        block_d = 16 * triton.next_power_of_2(width // 16)
+    quantized = mode in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4)
+    per_thread = 16 if quantized else 8
+    target = (1024 if quantized else 2048) * (2 if in_bytes == 1 else 1)
+    block_h = triton.next_power_of_2(num_heads)
+    block_t = max(1, min(16, target // (block_h * block_d)))
+    tokens = 1 << max(t_bucket - 1, 0)
+    while block_t > 1 and triton.cdiv(tokens, block_t) < 4 * _NUM_SMS_GUESS:
+        block_t //= 2
+    while (block_h > 1 and block_h * block_d > 256
+           and triton.cdiv(tokens, block_t) * triton.cdiv(num_heads, block_h) < 2 * _NUM_SMS_GUESS):
+        block_h //= 2
+    num_warps = max(1, min(8, block_t * block_h * block_d // (32 * per_thread)))
+    return block_t, block_h, block_d, num_warps
+
+
+def _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
+            width, mode, has_slots, kc_strides, vc_strides, num_kv, value_cache_off=0):
+    block_t, block_h, block_d, num_warps = _launch_config(
+        int(num_tokens).bit_length(), num_heads, width, mode, key.element_size()
+    )
+    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(num_heads, block_h))
+    return _encode_and_cache_write_kernel[grid](
+        key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+        num_tokens, value_cache_off, key.stride(0), value.stride(0),
+        kc_strides[0], kc_strides[1], vc_strides[0], vc_strides[1],
+        H=num_heads, D=width,
+        K_STRIDE_H=key.stride(1), V_STRIDE_H=value.stride(1),
+        KC_STRIDE_H=kc_strides[2], VC_STRIDE_H=vc_strides[2],
+        PAGE=key_cache.shape[-3] if has_slots else 1,
+        MODE=mode, HAS_SLOTS=has_slots, PAIR=num_kv == 2,
+        BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=SOFT_ROUNDING,
+        num_warps=num_warps,
+    )
+
+
+def _check_split_caches(key_cache: torch.Tensor, value_cache: torch.Tensor, heads: int, row_dim: int) -> None:
+    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if c.dim() != 4 or tuple(c.shape[2:]) != (heads, row_dim) or c.stride(-1) != 1:
+            raise ValueError(
+                f"{name} must be a (num_blocks, block_size, {heads}, {row_dim}) view with a contiguous "
+                f"last dim, got shape {tuple(c.shape)} strides {tuple(c.stride())}"
+            )
+    if key_cache.shape[:2] != value_cache.shape[:2] or key_cache.dtype != value_cache.dtype:
+        raise ValueError(
+            f"key_cache {tuple(key_cache.shape)} {key_cache.dtype} and value_cache "
+            f"{tuple(value_cache.shape)} {value_cache.dtype} must have the same shape and dtype"
+        )
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dtype: torch.dtype) -> torch.Tensor:
+    """Triton :func:`kvfuse.ops.reference.encode_kv`: ``x [T, H, D]`` -> rows ``[T, H, row_dim]``."""
+    mode = int(kv_quant_mode)
+    num_tokens, num_heads, head_size = x.shape
+    row_dim = nvfp4_row_dim(head_size) if mode == KVQuantMode.NVFP4 else head_size
+    out = torch.empty((num_tokens, num_heads, row_dim), dtype=cache_dtype, device=x.device)
+    if num_tokens == 0:
+        return out
+    strides = (0, out.stride(0), out.stride(1))
+    _launch(x, x, out, out, x, scale, scale, num_tokens, num_heads, head_size, mode, False,
+            strides, strides, 1)
+    return out
+
+
+def cache_write_split(key_rows: torch.Tensor, value_rows: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """:func:`cache_write` into separate K and V halves ``(num_blocks, block_size, H, row_dim)``."""
+    num_tokens, num_heads, row_dim = key_rows.shape
+    _check_split_caches(key_cache, value_cache, num_heads, row_dim)
+    if num_tokens == 0:
+        return
+    # Rows are moved as raw bytes (e.g. NVFP4 uint8, fp8) in their own dtype.
+    _launch(key_rows, value_rows, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping,
+            num_tokens, num_heads, row_dim, _MODE_COPY, True,
+            (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)),
+            (value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)), 2)
+
+
+def cache_write(key_rows: torch.Tensor, value_rows: torch.Tensor, kv_cache: torch.Tensor,
+                slot_mapping: torch.Tensor) -> None:
+    """Triton :func:`kvfuse.ops.reference.cache_write` into an NHD ``(blocks, 2, page, H, row_dim)`` cache."""
+    num_tokens, num_heads, row_dim = key_rows.shape
+    if num_tokens == 0:
+        return
+    s = kv_cache.stride()
+    strides = (s[0], s[2], s[3])
+    # V lives one stride(1) past K in the same tensor: an offset, not a sliced view (saves host time).
+    _launch(key_rows, value_rows, kv_cache, kv_cache, slot_mapping, slot_mapping, slot_mapping,
+            num_tokens, num_heads, row_dim, _MODE_COPY, True, strides, strides, 2, s[1])
+
+
+def encode_and_cache_write_split(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                                 value_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor,
+                                 v_scale: torch.Tensor, kv_quant_mode: int) -> None:
+    """:func:`encode_and_cache_write` into separate K and V halves ``(num_blocks, block_size, H, row_dim)``."""
+    mode = int(kv_quant_mode)
+    num_tokens, num_heads, head_size = key.shape
+    row_dim = nvfp4_row_dim(head_size) if mode == KVQuantMode.NVFP4 else head_size
+    _check_split_caches(key_cache, value_cache, num_heads, row_dim)
+    if num_tokens == 0:
+        return
+    _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
+            head_size, mode, True,
+            (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)),
+            (value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)), 2)
+
+
+def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
+                           kv_quant_mode: int) -> None:
+    """Triton :func:`kvfuse.ops.reference.encode_and_cache_write`: one pass, K and V, any cache format."""
+    num_tokens, num_heads, head_size = key.shape
+    if num_tokens == 0:
+        return
+    s = kv_cache.stride()
+    strides = (s[0], s[2], s[3])
+    _launch(key, value, kv_cache, kv_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
+            head_size, int(kv_quant_mode), True, strides, strides, 2, s[1])

@@ -1,0 +1,45 @@
+"""Runs the native CUDA kernels on the test shapes for ``compute-sanitizer`` (not a pytest module).
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 tests/ops/_native_sanitize.py
+
+Without the caching allocator every tensor is its own allocation, so memcheck sees a write one
+byte past a cache or a row as the out-of-bounds access it is. Each case also checks its bytes
+against the reference, so a silently skipped kernel cannot pass.
+"""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import test_native as t  # noqa: E402
+
+from kvfuse.ops import native  # noqa: E402
+
+
+def main() -> int:
+    reason = native.unavailable_reason("encode_and_cache_write", "cuda", 0)
+    if reason is not None:
+        print(f"native CUDA kernels unavailable: {reason}")
+        return 2
+    count = 0
+    for mode, in_dtype, cache_dtype in t.CASES:
+        for num_tokens, head_size, slot_dtype, strided in ((7, 64, torch.int32, True), (33, 80, torch.int64, False)):
+            t._check_fused(mode, in_dtype, cache_dtype, num_tokens, head_size, "cuda", slot_dtype=slot_dtype,
+                           strided=strided, heads=3, block_size=4)
+            count += 1
+        t.test_cuda_unaligned_and_odd_shapes(mode, in_dtype, cache_dtype)
+        t.test_cuda_encode_kv_and_cache_write_match_reference(mode, in_dtype, cache_dtype)
+        count += 2
+    t.test_cuda_out_of_range_slots_are_skipped_not_written()
+    torch.cuda.synchronize()
+    print(f"sanitize script: {count + 1} native CUDA cases ran and matched the reference")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,410 @@
+"""Native (csrc/) kernels against the pure-PyTorch reference, bit for bit, and the C++ parser
+against the Python one, message for message.
+
+The module builds the library once (CPU, plus CUDA where nvcc and a device exist); it is
+skipped with the build error when no C++ toolchain is present. Caches are pre-filled with a
+sentinel byte so that padding tokens (slot -1) and slots nobody wrote are proven untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvfuse.kv_cache import VALID_KV_CACHE_DTYPES, KVQuantMode, _parse_dtype_name, row_dim_for, storage_dtype
+from kvfuse.ops import backends
+from kvfuse.ops import native
+from kvfuse.ops import reference as ref
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+SENTINEL = 0x5A
+HEAD_SIZES = (64, 80, 128, 256)  # all multiples of 16, so NVFP4 runs on every one
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    if native._disabled():
+        pytest.skip("KVFUSE_NATIVE=0")
+    reason = native.unavailable_reason("encode_kv", "cpu", 0)
+    if reason is not None:
+        pytest.skip(f"native library unavailable here: {reason}")
+    return native.build_info()
+
+
+# ----------------------------------------------------------------------------- parser and enum
+
+_BAD_NAMES = [
+    "", " ", "fp9", "FP8 E4M3", "fp8-e4m3", "nvfp4x", "bf16", "int8", "it's", 'say "hi"', "both ' and \"",
+    "back\\slash", "tab\tinside", "new\nline", "nul\x00", "del\x7f", "esc\x1b[0m", "ｆｐ８", "é", "ß",
+    "\u200bfp8", "fp8\u00ad", "\U0001F600", "\x80\x9f", "fp8\u2028", "\u3000", "fp8;drop", "nvfp4\x0bx",
+]
+_GOOD_VARIANTS = [" FP8 ", "\tbfloat16\n", "Auto", "NVFP4", "\u00a0fp8_e5m2\u3000", "\x85half\x1c", "\u2003float\u2029"]
+
+
+@pytest.mark.parametrize("argument", ["kv_cache_dtype", "checkpoint_kv_cache_dtype"])
+@pytest.mark.parametrize("name", list(VALID_KV_CACHE_DTYPES) + _GOOD_VARIANTS + _BAD_NAMES)
+def test_cpp_parser_matches_python(name, argument):
+    try:
+        expected = _parse_dtype_name(name, argument)
+    except ValueError as e:
+        with pytest.raises(ValueError) as info:
+            native.parse_kv_cache_dtype(name, argument)
+        assert str(info.value) == str(e)
+    else:
+        assert native.parse_kv_cache_dtype(name, argument) == expected
+
+
+def test_parser_corpus_covers_both_outcomes():
+    outcomes = set()
+    for name in VALID_KV_CACHE_DTYPES + tuple(_GOOD_VARIANTS) + tuple(_BAD_NAMES):
+        try:
+            _parse_dtype_name(name)
+            outcomes.add("ok")
+        except ValueError:
+            outcomes.add("error")
+    assert outcomes == {"ok", "error"}
+    assert {native.parse_kv_cache_dtype(n)[0] for n in VALID_KV_CACHE_DTYPES} == set(KVQuantMode)
+
+
+def test_cpp_enum_matches_python():
+    assert native.mode_values() == {m.name: m.value for m in KVQuantMode}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _sentinel_cache(num_blocks, block_size, heads, row_dim, dtype, device):
+    raw = torch.full((num_blocks, 2, block_size, heads, row_dim * dtype.itemsize), SENTINEL, dtype=torch.uint8,
+                     device=device)
+    return raw.view(dtype)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8).reshape(*t.shape, t.dtype.itemsize)
+
+
+def _assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Same bytes everywhere; where the reference holds a NaN, any NaN (torch's own NaN bits differ
+    between its vectorised and scalar paths)."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
+    differ = (_bytes(actual) != _bytes(expected)).any(-1)
+    if actual.dtype != torch.uint8:
+        e_nan, a_nan = expected.float().isnan(), actual.float().isnan()
+        assert torch.equal(e_nan, a_nan), f"{what}: NaN positions differ"
+        differ &= ~e_nan
+    count = int(differ.sum())
+    assert count == 0, f"{what}: {count} elements differ (first at {differ.nonzero()[:4].tolist()})"
+
+
+def _inputs(num_tokens, heads, head_size, dtype, device, strided):
+    """K and V with special values; strided=True makes them views into one fused [T, 3, H, D] buffer."""
+    shape = (num_tokens, 3, heads, head_size) if strided else (2, num_tokens, heads, head_size)
+    buf = torch.randn(shape, device=device) * torch.logspace(-3, 3, head_size, device=device)
+    if num_tokens >= 3:
+        flat = buf.view(-1)
+        idx = torch.randperm(flat.numel(), device=device)[:12]
+        flat[idx] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e6, -1e6, 3e-41, -0.0, 0.0,
+                                  448.0, 464.0, 57344.0, 0.3125], device=device)
+    buf = buf.to(dtype)
+    if strided:
+        return buf[:, 1], buf[:, 2]
+    return buf[0], buf[1]
+
+
+def _slots(num_tokens, capacity, dtype, device):
+    slots = torch.randperm(capacity, device=device)[:num_tokens]
+    pad = torch.rand(num_tokens, device=device) < 0.15
+    return torch.where(pad, torch.full_like(slots, -1), slots).to(dtype)
+
+
+def _scales(mode, device):
+    if mode is KVQuantMode.NVFP4:
+        return torch.tensor(0.0137, device=device), torch.tensor(1.7, device=device)
+    return torch.tensor(0.37, device=device), torch.tensor(3.1, device=device)
+
+
+CASES = [  # (mode, input dtype, cache dtype)
+    (KVQuantMode.NONE, torch.bfloat16, torch.bfloat16),
+    (KVQuantMode.NONE, torch.float32, torch.float16),
+    (KVQuantMode.NONE, torch.float16, torch.float32),
+    (KVQuantMode.FP8_E4M3, torch.bfloat16, torch.float8_e4m3fn),
+    (KVQuantMode.FP8_E4M3, torch.float32, torch.float8_e4m3fn),
+    (KVQuantMode.FP8_E5M2, torch.float16, torch.float8_e5m2),
+    (KVQuantMode.NVFP4, torch.bfloat16, torch.uint8),
+    (KVQuantMode.NVFP4, torch.float32, torch.uint8),
+]
+CASE_IDS = ["bf16", "f32->f16", "f16->f32", "e4m3-bf16", "e4m3-f32", "e5m2-f16", "nvfp4-bf16", "nvfp4-f32"]
+
+
+def _check_fused(mode, in_dtype, cache_dtype, num_tokens, head_size, device, slot_dtype=torch.int64,
+                 strided=True, heads=2, block_size=16, through_op=False):
+    key, value = _inputs(num_tokens, heads, head_size, in_dtype, device, strided)
+    num_blocks = (num_tokens * 3 // 2) // block_size + 2
+    slots = _slots(num_tokens, num_blocks * block_size, slot_dtype, device)
+    k_scale, v_scale = _scales(mode, device)
+    row_dim = row_dim_for(mode, head_size)
+    cache = _sentinel_cache(num_blocks, block_size, heads, row_dim, cache_dtype, device)
+    expected = cache.clone()
+    ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, mode)
+    if through_op:
+        torch.ops.kvfuse.encode_and_cache_write(key, value, cache, slots, k_scale, v_scale, int(mode), "layers.0")
+    else:
+        native.encode_and_cache_write(key, value, cache, slots, k_scale, v_scale, mode)
+    _assert_same(cache, expected, f"{mode.name} {in_dtype}->{cache_dtype} T={num_tokens} D={head_size}")
+    # Not implied by the comparison alone if the reference were wrong too: unwritten slots keep the sentinel.
+    written = torch.zeros(num_blocks * block_size, dtype=torch.bool, device=device)
+    written[slots[slots >= 0].long()] = True
+    untouched = _bytes(cache).permute(0, 2, 1, 3, 4, 5).reshape(num_blocks * block_size, -1)[~written]
+    assert bool((untouched == SENTINEL).all()), "a padding or unrelated slot was written"
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+@pytest.mark.parametrize("mode,in_dtype,cache_dtype", CASES, ids=CASE_IDS)
+def test_cpu_fused_matches_reference(mode, in_dtype, cache_dtype, head_size):
+    _check_fused(mode, in_dtype, cache_dtype, 533, head_size, "cpu")
+
+
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("mode,in_dtype,cache_dtype", CASES, ids=CASE_IDS)
+def test_cpu_few_tokens_slot_dtypes_contiguous(mode, in_dtype, cache_dtype, slot_dtype):
+    _check_fused(mode, in_dtype, cache_dtype, 7, 80, "cpu", slot_dtype=slot_dtype, strided=False, heads=3,
+                 block_size=5)
+
+
+@pytest.mark.parametrize("mode,in_dtype,cache_dtype", CASES[:6], ids=CASE_IDS[:6])
+def test_cpu_odd_head_size(mode, in_dtype, cache_dtype):
+    _check_fused(mode, in_dtype, cache_dtype, 7, 12, "cpu")
+
+
+@pytest.mark.parametrize("mode,in_dtype,cache_dtype", CASES, ids=CASE_IDS)
+def test_cpu_encode_kv_and_cache_write_match_reference(mode, in_dtype, cache_dtype):
+    key, value = _inputs(33, 2, 64, in_dtype, "cpu", strided=True)
+    k_scale, v_scale = _scales(mode, "cpu")
+    k_rows = native.encode_kv(key, k_scale, mode, cache_dtype)
+    _assert_same(k_rows, ref.encode_kv(key, k_scale, mode, cache_dtype), "encode_kv")
+    assert k_rows.is_contiguous() and k_rows.data_ptr() != key.data_ptr()
+    v_rows = ref.encode_kv(value, v_scale, mode, cache_dtype)
+    cache = _sentinel_cache(5, 8, 2, row_dim_for(mode, 64), cache_dtype, "cpu")
+    expected = cache.clone()
+    slots = _slots(33, 40, torch.int32, "cpu")
+    ref.cache_write(k_rows, v_rows, expected, slots)
+    native.cache_write(k_rows, v_rows, cache, slots)
+    _assert_same(cache, expected, "cache_write")
+
+
+def test_cpu_public_op_runs_native_when_forced(monkeypatch):
+    monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
+    backends.clear_cache()
+    try:
+        assert backends.select("encode_and_cache_write", "cpu", KVQuantMode.NVFP4)[0] == "native"
+        _check_fused(KVQuantMode.NVFP4, torch.bfloat16, torch.uint8, 7, 64, "cpu", through_op=True)
+        _check_fused(KVQuantMode.FP8_E4M3, torch.bfloat16, torch.float8_e4m3fn, 7, 64, "cpu", through_op=True)
+    finally:
+        backends.clear_cache()
+
+
+def test_cpu_out_of_range_slot_raises_before_writing():
+    key, value = _inputs(4, 1, 16, torch.float32, "cpu", strided=False)
+    cache = _sentinel_cache(1, 4, 1, 16, torch.float32, "cpu")
+    before = cache.clone()
+    with pytest.raises(IndexError, match="outside the cache"):
+        native.encode_and_cache_write(key, value, cache, torch.tensor([0, 1, 2, 4]), torch.tensor(1.0),
+                                      torch.tensor(1.0), 0)
+    assert torch.equal(_bytes(cache), _bytes(before))
+
+
+def test_cpu_zero_tokens_is_a_no_op():
+    key = torch.empty(0, 2, 64)
+    cache = _sentinel_cache(2, 4, 2, 64, torch.float8_e4m3fn, "cpu")
+    before = cache.clone()
+    native.encode_and_cache_write(key, key, cache, torch.empty(0, dtype=torch.int64), torch.tensor(1.0),
+                                  torch.tensor(1.0), KVQuantMode.FP8_E4M3)
+    assert torch.equal(_bytes(cache), _bytes(before))
+    assert native.encode_kv(key, torch.tensor(1.0), KVQuantMode.NVFP4, torch.uint8).shape == (0, 2, 36)
+
+
+# ----------------------------------------------------------------------------- build, fallback, switches
+
+
+def test_build_info_names_the_build(built):
+    assert built["built"] is True and os.path.isfile(built["library"])
+    assert torch.__version__.split("+")[0].replace(".", "_") in built["build_dir"]
+    if built["cuda"]:
+        major, minor = torch.cuda.get_device_capability()
+        assert built["gencode"].endswith(f"sm_{major}{minor}{'a' if major == 9 else ''}")
+    else:
+        assert built["cuda_error"]
+        assert "CUDA kernels were not built" in native.unavailable_reason("encode_kv", "cuda", 0)
+
+
+def test_disabled_by_env(monkeypatch):
+    monkeypatch.setenv("KVFUSE_NATIVE", "0")
+    assert "KVFUSE_NATIVE=0" in native.unavailable_reason("encode_kv", "cpu", 0)
+    assert native.build_info()["enabled"] is False
+    monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
+    backends.clear_cache()
+    try:
+        with pytest.raises(RuntimeError, match="KVFUSE_NATIVE=0"):
+            backends.select("encode_kv", "cpu", 0)
+        monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND")
+        backends.clear_cache()
+        assert backends.select("encode_kv", "cpu", 0)[0] == "reference"
+    finally:
+        backends.clear_cache()
+
+
+def test_failed_build_falls_back_with_reason(monkeypatch):
+    def no_compiler(csrc, gencode):
+        raise RuntimeError("Error building extension: g++: command not found")
+
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(native, "_ops", {})
+    monkeypatch.setattr(native, "_compile", no_compiler)
+    reason = native.unavailable_reason("encode_and_cache_write", "cpu", 1)
+    assert "building csrc/ failed" in reason and "g++: command not found" in reason
+    with pytest.raises(RuntimeError, match="unavailable"):
+        native.encode_kv(torch.zeros(1, 1, 16), torch.tensor(1.0), 0, torch.float32)
+    backends.clear_cache()
+    try:
+        assert backends.select("encode_and_cache_write", "cpu", 1)[0] == "reference"
+    finally:
+        backends.clear_cache()
+
+
+def test_native_rejects_other_ops_and_devices():
+    assert "paged_attention" in native.unavailable_reason("paged_attention", "cpu", 0)
+    assert "mps" in native.unavailable_reason("encode_kv", "mps", 0)
+
+
+def test_import_builds_nothing():
+    code = ("import kvfuse, kvfuse.ops.native as n, sys; "
+            "assert n._state == {} and not n._ops; assert 'torch.utils.cpp_extension' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "KVFUSE_NATIVE": "1"})
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("num_tokens", [7, 533, 16384])
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+@pytest.mark.parametrize("mode,in_dtype,cache_dtype", CASES, ids=CASE_IDS)
+def test_cuda_fused_matches_reference(mode, in_dtype, cache_dtype, head_size, num_tokens):
+    if native.unavailable_reason("encode_and_cache_write", "cuda", mode) is not None:
+        pytest.skip(native.unavailable_reason("encode_and_cache_write", "cuda", mode))
+    heads = 8 if num_tokens < 16384 else 4
+    _check_fused(mode, in_dtype, cache_dtype, num_tokens, head_size, "cuda", heads=heads,
+                 slot_dtype=torch.int32 if num_tokens == 533 else torch.int64, strided=num_tokens != 533)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode,in_dtype,cache_dtype", CASES, ids=CASE_IDS)
+def test_cuda_unaligned_and_odd_shapes(mode, in_dtype, cache_dtype):
+    """Views whose rows are not 16-byte aligned, and a head size of 12, take the scalar paths."""
+    if native.unavailable_reason("encode_and_cache_write", "cuda", mode) is not None:
+        pytest.skip("no CUDA kernels")
+    head_size = 16 if mode is KVQuantMode.NVFP4 else 12
+    buf = torch.randn(2, 7, 3, head_size + 1, device="cuda").to(in_dtype)
+    key, value = buf[0, :, :, 1:], buf[1, :, :, 1:]  # storage offset of one element
+    k_scale, v_scale = _scales(mode, "cuda")
+    cache = _sentinel_cache(3, 4, 3, row_dim_for(mode, head_size), cache_dtype, "cuda")
+    expected = cache.clone()
+    slots = _slots(7, 12, torch.int32, "cuda")
+    ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, mode)
+    native.encode_and_cache_write(key, value, cache, slots, k_scale, v_scale, mode)
+    _assert_same(cache, expected, "unaligned")
+    rows = native.encode_kv(key, k_scale, mode, cache_dtype)
+    _assert_same(rows, ref.encode_kv(key, k_scale, mode, cache_dtype), "encode_kv unaligned")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode,in_dtype,cache_dtype", CASES, ids=CASE_IDS)
+def test_cuda_encode_kv_and_cache_write_match_reference(mode, in_dtype, cache_dtype):
+    if native.unavailable_reason("encode_kv", "cuda", mode) is not None:
+        pytest.skip("no CUDA kernels")
+    key, value = _inputs(533, 8, 128, in_dtype, "cuda", strided=True)
+    k_scale, _ = _scales(mode, "cuda")
+    rows = native.encode_kv(key, k_scale, mode, cache_dtype)
+    _assert_same(rows, ref.encode_kv(key, k_scale, mode, cache_dtype), "encode_kv")
+    v_rows = ref.encode_kv(value, k_scale, mode, cache_dtype)
+    cache = _sentinel_cache(40, 16, 8, row_dim_for(mode, 128), cache_dtype, "cuda")
+    expected = cache.clone()
+    slots = _slots(533, 640, torch.int64, "cuda")
+    ref.cache_write(rows, v_rows, expected, slots)
+    native.cache_write(rows, v_rows, cache, slots)
+    _assert_same(cache, expected, "cache_write")
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_out_of_range_slots_are_skipped_not_written():
+    if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
+        pytest.skip("no CUDA kernels")
+    key = torch.randn(3, 1, 16, device="cuda")
+    cache = _sentinel_cache(1, 4, 1, 16, torch.float32, "cuda")
+    native.encode_and_cache_write(key, key, cache, torch.tensor([0, 4, 1 << 40], device="cuda"),
+                                  torch.tensor(1.0, device="cuda"), torch.tensor(1.0, device="cuda"), 0)
+    assert torch.equal(cache[0, 0, 0], key[0]) and bool((_bytes(cache[0, :, 1:]) == SENTINEL).all())
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_default_backend_is_native():
+    if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
+        pytest.skip("no CUDA kernels")
+    backends.clear_cache()
+    for mode in KVQuantMode:
+        assert backends.select("encode_and_cache_write", "cuda", mode)[0] == "native"
+        assert backends.select("encode_and_cache_write", "cuda", mode, 1)[0] == "native"
+    assert storage_dtype(KVQuantMode.NVFP4) == torch.uint8
+
+
+# ----------------------------------------------------------------------------- token-count policy
+
+
+def test_native_max_tokens_env_override(monkeypatch):
+    backends.clear_cache()
+    try:
+        assert backends._native_max_tokens(int(KVQuantMode.FP8_E4M3)) == 16384
+        monkeypatch.setenv("KVFUSE_NATIVE_MAX_TOKENS", "7")
+        backends.clear_cache()
+        assert backends._native_max_tokens(int(KVQuantMode.NVFP4)) == 7
+        monkeypatch.setenv("KVFUSE_NATIVE_MAX_TOKENS", "many")
+        backends.clear_cache()
+        with pytest.raises(ValueError, match="KVFUSE_NATIVE_MAX_TOKENS='many'"):
+            backends.select("encode_kv", "cuda", 1, 64)
+        # CPU decisions ignore the token count
+        assert backends.select("encode_kv", "cpu", 1, 1 << 20)[0] == "native"
+    finally:
+        monkeypatch.delenv("KVFUSE_NATIVE_MAX_TOKENS", raising=False)
+        backends.clear_cache()
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_backend_by_token_count(monkeypatch):
+    pytest.importorskip("triton")
+    if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
+        pytest.skip("no CUDA kernels")
+    monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND", raising=False)
+    monkeypatch.delenv("KVFUSE_BACKEND", raising=False)
+    backends.clear_cache()
+    try:
+        for mode in KVQuantMode:
+            assert backends.select("encode_and_cache_write", "cuda", mode, 64)[0] == "native"
+            assert backends.select("encode_and_cache_write", "cuda", mode, 1 << 16)[0] == "triton"
+        monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
+        assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3, 1 << 16)[0] == "native"
+    finally:
+        backends.clear_cache()

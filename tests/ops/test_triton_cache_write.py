@@ -1,0 +1,384 @@
+"""Triton encode / cache-write kernels against the pure-PyTorch reference, bit for bit.
+
+On a CPU host the kernels run under the Triton interpreter (small shapes); on a GPU the same
+checks run at odd and large shapes (``-m gpu``). Caches are pre-filled with a sentinel byte so
+that padding tokens (slot -1) and slots nobody wrote are proven untouched.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton picks interpreted vs compiled when a kernel is defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from kvfuse.kv_cache import KVQuantMode, nvfp4_row_dim  # noqa: E402
+from kvfuse.ops import backends  # noqa: E402
+from kvfuse.ops import reference as ref  # noqa: E402
+from kvfuse.ops.triton import kv_write as tcw  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+SENTINEL = 0x5A  # a byte pattern no encoder writes for the test data by accident in every lane
+
+# (mode, cache storage dtype)
+FORMATS = [
+    (KVQuantMode.NONE, torch.bfloat16),
+    (KVQuantMode.NONE, torch.float16),
+    (KVQuantMode.NONE, torch.float32),
+    (KVQuantMode.FP8_E4M3, torch.float8_e4m3fn),
+    (KVQuantMode.FP8_E5M2, torch.float8_e5m2),
+    (KVQuantMode.NVFP4, torch.uint8),
+]
+FORMAT_IDS = ["bf16", "fp16", "fp32", "e4m3", "e5m2", "nvfp4"]
+
+
+def _row_dim(mode: KVQuantMode, head_size: int) -> int:
+    return nvfp4_row_dim(head_size) if mode is KVQuantMode.NVFP4 else head_size
+
+
+def _sentinel_cache(shape, dtype) -> torch.Tensor:
+    raw = torch.full((*shape[:-1], shape[-1] * dtype.itemsize), SENTINEL, dtype=torch.uint8, device=DEVICE)
+    return raw.view(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Bit equality, except that a NaN may be any NaN for native (bf16/fp16/fp32) dtypes.
+
+    PyTorch itself writes different NaN bit patterns on CPU and CUDA for native casts; FP8 and
+    NVFP4 bytes must match exactly.
+    """
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
+    if actual.dtype.is_floating_point and actual.dtype.itemsize > 1:
+        both_nan = actual.isnan() & expected.isnan()
+        differ = (_bits(actual).view(actual.shape[:-1] + (-1, actual.dtype.itemsize)) !=
+                  _bits(expected).view(expected.shape[:-1] + (-1, expected.dtype.itemsize))).any(-1)
+        differ &= ~both_nan
+    else:
+        differ = _bits(actual) != _bits(expected)
+    count = int(differ.sum())
+    assert count == 0, f"{what}: {count} elements differ from the reference (first at {differ.nonzero()[:4].tolist()})"
+
+
+def _inputs(num_tokens, heads, head_size, dtype, specials=True):
+    key = torch.randn(num_tokens, heads, head_size, device=DEVICE, dtype=torch.float32) * 4
+    value = torch.randn(num_tokens, heads, head_size, device=DEVICE, dtype=torch.float32) * 300
+    if specials and num_tokens >= 3 and head_size >= 16:
+        key[0, 0, 0] = float("nan")
+        key[1, 0, 5] = float("inf")
+        value[1, -1, 3] = -float("inf")
+        value[2, 0, 7] = -0.0
+        key[2, -1, :16] = 0.0  # an all-zero NVFP4 block: scale 0, codes 0
+        value[0, 0, 1] = 1e-30  # underflows every format
+    return key.to(dtype), value.to(dtype)
+
+
+def _slots(num_tokens, capacity, slot_dtype, pad_every=5):
+    slots = torch.randperm(capacity, device=DEVICE)[:num_tokens]
+    if num_tokens > 2:
+        slots[::pad_every] = -1
+    return slots.to(slot_dtype)
+
+
+def _scales(mode):
+    if mode is KVQuantMode.NVFP4:
+        return (torch.tensor(0.37, device=DEVICE), torch.tensor(21.0, device=DEVICE))
+    if mode.is_fp8:
+        return (torch.tensor(0.0625, device=DEVICE), torch.tensor(1.7, device=DEVICE))
+    return (torch.tensor(1.0, device=DEVICE), torch.tensor(1.0, device=DEVICE))
+
+
+def _check_fused(num_tokens, heads, head_size, mode, cache_dtype, in_dtype, slot_dtype, block_size=16):
+    key, value = _inputs(num_tokens, heads, head_size, in_dtype)
+    k_scale, v_scale = _scales(mode)
+    num_blocks = (2 * num_tokens + block_size - 1) // block_size + 1
+    slots = _slots(num_tokens, num_blocks * block_size, slot_dtype)
+    shape = (num_blocks, 2, block_size, heads, _row_dim(mode, head_size))
+    expected = _sentinel_cache(shape, cache_dtype)
+    actual = expected.clone()
+    ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, int(mode))
+    tcw.encode_and_cache_write(key, value, actual, slots, k_scale, v_scale, int(mode))
+    _assert_same_bits(actual, expected, f"encode_and_cache_write {mode.name} {cache_dtype} T={num_tokens}")
+    # The sentinel survives everywhere the slot mapping does not point (padding included).
+    written = torch.zeros(num_blocks * block_size, dtype=torch.bool, device=DEVICE)
+    valid = slots.long()[slots.long() >= 0]
+    written[valid] = True
+    untouched = _bits(actual).view(num_blocks, 2, block_size, -1).transpose(1, 2).reshape(
+        num_blocks * block_size, -1)[~written]
+    assert bool((untouched == SENTINEL).all()), "a slot outside slot_mapping was written"
+    return key, value, slots, actual
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter) + GPU
+
+
+@pytest.mark.parametrize("mode,cache_dtype", FORMATS, ids=FORMAT_IDS)
+def test_fused_matches_reference(mode, cache_dtype):
+    for head_size, slot_dtype in ((64, torch.int64), (80, torch.int32)):
+        _check_fused(7, 2, head_size, mode, cache_dtype, torch.bfloat16, slot_dtype, block_size=4)
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.float32], ids=["fp16_in", "fp32_in"])
+@pytest.mark.parametrize("mode,cache_dtype", FORMATS, ids=FORMAT_IDS)
+def test_other_input_dtypes(mode, cache_dtype, in_dtype):
+    """Native caches of another dtype than the input store converted values (never raw bits)."""
+    _check_fused(5, 3, 32 if mode is not KVQuantMode.NVFP4 else 48, mode, cache_dtype, in_dtype,
+                 torch.int64, block_size=4)
+
+
+@pytest.mark.parametrize("mode,cache_dtype", FORMATS, ids=FORMAT_IDS)
+def test_encode_kv_and_cache_write(mode, cache_dtype):
+    """The unfused pair gives the same rows and the same cache as the reference."""
+    key, value = _inputs(7, 2, 48, torch.bfloat16)
+    k_scale, _ = _scales(mode)
+    rows = tcw.encode_kv(key, k_scale, int(mode), cache_dtype)
+    expected_rows = ref.encode_kv(key, k_scale, int(mode), cache_dtype)
+    _assert_same_bits(rows, expected_rows, f"encode_kv {mode.name}")
+    vrows = ref.encode_kv(value, k_scale, int(mode), cache_dtype)
+    slots = _slots(7, 24, torch.int32)
+    shape = (6, 2, 4, 2, _row_dim(mode, 48))
+    expected = _sentinel_cache(shape, cache_dtype)
+    actual = expected.clone()
+    ref.cache_write(expected_rows, vrows, expected, slots)
+    tcw.cache_write(expected_rows, vrows, actual, slots)
+    _assert_same_bits(actual, expected, f"cache_write {mode.name}")
+
+
+def test_fp8_rounding_edges():
+    """Every e4m3 / e5m2 tie, subnormals, the saturation edge and specials, exactly as PyTorch rounds."""
+    for mode, dtype in ((KVQuantMode.FP8_E4M3, torch.float8_e4m3fn), (KVQuantMode.FP8_E5M2, torch.float8_e5m2)):
+        codes = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+        finite = codes[torch.isfinite(codes)].unique()
+        mids = (finite[1:] + finite[:-1]) / 2  # exact ties, in float32
+        nudged = torch.cat([mids, torch.nextafter(mids, finite[1:]), torch.nextafter(mids, finite[:-1])])
+        extra = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 464.0, 500.0, 6e4, 1e9, -1e9,
+                              float("inf"), -float("inf"), float("nan")])
+        x = torch.cat([finite, nudged, -nudged, extra])
+        pad = (-x.numel()) % 16
+        x = torch.cat([x, torch.zeros(pad)]).reshape(-1, 1, 16).to(DEVICE)
+        one = torch.tensor(1.0, device=DEVICE)
+        expected = ref.encode_kv(x, one, int(mode), dtype)
+        actual = tcw.encode_kv(x, one, int(mode), dtype)
+        _assert_same_bits(actual, expected, f"{mode.name} rounding edges")
+
+
+def test_nvfp4_rounding_edges():
+    """E2M1 thresholds exactly at and next to every tie, per block with a known scale."""
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    vals = torch.cat([ties, torch.nextafter(ties, ties + 1), torch.nextafter(ties, ties - 1),
+                      torch.tensor([6.0, 7.0, 0.0, -0.0, -0.1, float("nan")])])
+    blocks = []
+    for i in range(0, vals.numel(), 15):  # 6.0 in every block pins the block scale to 1 (gs = 1)
+        chunk = vals[i:i + 15]
+        block = torch.cat([torch.tensor([6.0]), chunk, torch.zeros(15 - chunk.numel())])
+        blocks += [block, -block]
+    x = torch.stack(blocks).reshape(-1, 1, 16).to(DEVICE)
+    one = torch.tensor(1.0, device=DEVICE)
+    expected = ref.encode_kv(x, one, int(KVQuantMode.NVFP4), torch.uint8)
+    actual = tcw.encode_kv(x, one, int(KVQuantMode.NVFP4), torch.uint8)
+    _assert_same_bits(actual, expected, "nvfp4 rounding edges")
+
+
+@pytest.mark.parametrize("mode,cache_dtype", [FORMATS[0], FORMATS[3], FORMATS[5]], ids=["bf16", "e4m3", "nvfp4"])
+def test_split_strided_halves_and_strided_input(mode, cache_dtype):
+    """K and V caches as separate strided views, and K/V sliced out of one fused QKV tensor."""
+    heads, head_size, block_size, num_blocks, num_tokens = 2, 32, 4, 5, 9
+    row = _row_dim(mode, head_size)
+    qkv = torch.randn(num_tokens, 4 + 2 * heads, head_size, device=DEVICE).to(torch.bfloat16)
+    key, value = qkv[:, 4:4 + heads], qkv[:, 4 + heads:]
+    assert key.stride(0) != heads * head_size
+    k_scale, v_scale = _scales(mode)
+    slots = _slots(num_tokens, num_blocks * block_size, torch.int64, pad_every=4)
+    # K half: rows padded to a wider head stride; V half: blocks interleaved with another buffer.
+    k_store = _sentinel_cache((num_blocks, block_size, heads, row + 16), cache_dtype)
+    v_store = _sentinel_cache((block_size, num_blocks, 2, heads, row), cache_dtype)
+    key_cache, value_cache = k_store[..., :row], v_store[:, :, 1].transpose(0, 1)
+    v_other_before = v_store[:, :, 0].clone()
+    expected = _sentinel_cache((num_blocks, 2, block_size, heads, row), cache_dtype)
+    ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, int(mode))
+    tcw.encode_and_cache_write_split(key, value, key_cache, value_cache, slots, k_scale, v_scale, int(mode))
+    _assert_same_bits(key_cache, expected[:, 0], "split K half")
+    _assert_same_bits(value_cache, expected[:, 1], "split V half")
+    assert bool((_bits(k_store[..., row:]) == SENTINEL).all()), "row padding of the K half was written"
+    _assert_same_bits(v_store[:, :, 0], v_other_before, "buffer interleaved with the V half")
+
+    k_rows = ref.encode_kv(key, k_scale, int(mode), cache_dtype)
+    v_rows = ref.encode_kv(value, v_scale, int(mode), cache_dtype)
+    key_cache.view(torch.uint8).fill_(SENTINEL)
+    value_cache.view(torch.uint8).fill_(SENTINEL)
+    tcw.cache_write_split(k_rows, v_rows, key_cache, value_cache, slots)
+    _assert_same_bits(key_cache, expected[:, 0], "cache_write_split K half")
+    _assert_same_bits(value_cache, expected[:, 1], "cache_write_split V half")
+
+
+def test_split_rejects_mismatched_halves():
+    key = torch.randn(3, 2, 32, device=DEVICE, dtype=torch.bfloat16)
+    one = torch.tensor(1.0, device=DEVICE)
+    good = torch.zeros(4, 4, 2, 32, device=DEVICE, dtype=torch.bfloat16)
+    slots = torch.arange(3, device=DEVICE)
+    with pytest.raises(ValueError, match="value_cache"):
+        tcw.encode_and_cache_write_split(key, key, good, torch.zeros(4, 4, 2, 16, device=DEVICE,
+                                         dtype=torch.bfloat16), slots, one, one, 0)
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        tcw.encode_and_cache_write_split(key, key, good, torch.zeros(4, 8, 2, 32, device=DEVICE,
+                                         dtype=torch.bfloat16), slots, one, one, 0)
+
+
+def test_zero_tokens_and_all_padding():
+    cache = _sentinel_cache((2, 2, 4, 2, 32), torch.bfloat16)
+    before = cache.clone()
+    one = torch.tensor(1.0, device=DEVICE)
+    empty = torch.empty(0, 2, 32, device=DEVICE, dtype=torch.bfloat16)
+    tcw.encode_and_cache_write(empty, empty, cache, torch.empty(0, dtype=torch.int64, device=DEVICE), one, one, 0)
+    x = torch.randn(3, 2, 32, device=DEVICE, dtype=torch.bfloat16)
+    tcw.encode_and_cache_write(x, x, cache, torch.full((3,), -1, device=DEVICE), one, one, 0)
+    assert torch.equal(_bits(cache), _bits(before))
+    assert tcw.encode_kv(empty, one, 0, torch.bfloat16).shape == (0, 2, 32)
+
+
+def test_through_the_op(monkeypatch):
+    """``torch.ops.kvfuse.encode_and_cache_write`` runs these kernels when the triton backend is chosen."""
+    if DEVICE == "cpu":
+        monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "triton")
+    backends.clear_cache()
+    try:
+        mode = KVQuantMode.FP8_E4M3
+        name, fn = backends.select("encode_and_cache_write", DEVICE, int(mode))
+        if DEVICE == "cuda" and name != "triton":  # a native build may be preferred; force ours
+            monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "triton")
+            backends.clear_cache()
+            name, fn = backends.select("encode_and_cache_write", DEVICE, int(mode))
+        assert name == "triton" and fn is tcw.encode_and_cache_write
+        key, value = _inputs(7, 2, 64, torch.bfloat16)
+        k_scale, v_scale = _scales(mode)
+        slots = _slots(7, 32, torch.int64)
+        expected = _sentinel_cache((8, 2, 4, 2, 64), torch.float8_e4m3fn)
+        actual = expected.clone()
+        ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, int(mode))
+        torch.ops.kvfuse.encode_and_cache_write(key, value, actual, slots, k_scale, v_scale, int(mode), "l.0")
+        _assert_same_bits(actual, expected, "op")
+        rows = torch.ops.kvfuse.encode_kv(key, k_scale, int(mode), torch.float8_e4m3fn, "l.0")
+        _assert_same_bits(rows, ref.encode_kv(key, k_scale, int(mode), torch.float8_e4m3fn), "op encode_kv")
+        vrows = ref.encode_kv(value, v_scale, int(mode), torch.float8_e4m3fn)
+        name, fn = backends.select("cache_write", DEVICE, int(mode))
+        assert name == "triton" and fn is tcw.cache_write  # not the submodule of the same name
+        actual.view(torch.uint8).fill_(SENTINEL)
+        torch.ops.kvfuse.cache_write(rows, vrows, actual, slots, int(mode), "l.0")
+        _assert_same_bits(actual, expected, "op cache_write")
+    finally:
+        backends.clear_cache()
+
+
+# ----------------------------------------------------------------------------- GPU only
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("num_tokens,head_size,slot_dtype", [
+    (7, 128, torch.int64), (533, 64, torch.int32), (533, 80, torch.int64), (533, 128, torch.int32),
+    (533, 256, torch.int64), (16384, 128, torch.int32), (16384, 128, torch.int64),
+], ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("mode,cache_dtype", FORMATS, ids=FORMAT_IDS)
+def test_gpu_fused_bit_exact(num_tokens, head_size, slot_dtype, mode, cache_dtype):
+    _check_fused(num_tokens, 8, head_size, mode, cache_dtype, torch.bfloat16, slot_dtype)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode,cache_dtype", FORMATS, ids=FORMAT_IDS)
+def test_gpu_unfused_and_odd_heads(mode, cache_dtype):
+    for heads, head_size in ((1, 128), (5, 80), (12, 64)):
+        _check_fused(533, heads, head_size, mode, cache_dtype, torch.float16, torch.int64, block_size=32)
+        key, _ = _inputs(533, heads, head_size, torch.bfloat16)
+        scale = _scales(mode)[1]
+        _assert_same_bits(tcw.encode_kv(key, scale, int(mode), cache_dtype),
+                          ref.encode_kv(key, scale, int(mode), cache_dtype), "encode_kv")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode,dtype", [FORMATS[0], FORMATS[3], FORMATS[4]], ids=["bf16", "e4m3", "e5m2"])
+def test_gpu_software_rounding_matches_hardware(mode, dtype, monkeypatch):
+    """The integer rounding used under the interpreter gives the hardware convert's bits."""
+    x = (torch.randn(4096, 8, 128, device="cuda") * torch.logspace(-12, 18, 128, base=2.0, device="cuda"))
+    scale = torch.tensor(0.75, device="cuda")
+    hardware = tcw.encode_kv(x, scale, int(mode), dtype)
+    monkeypatch.setattr(tcw, "SOFT_ROUNDING", True)
+    software = tcw.encode_kv(x, scale, int(mode), dtype)
+    _assert_same_bits(software, hardware, "software vs hardware rounding")
+    _assert_same_bits(hardware, ref.encode_kv(x, scale, int(mode), dtype), "hardware rounding vs reference")
+
+
+def _check_scales(num_tokens, heads, head_size, scales):
+    """FP8 and NVFP4 over scales from tiny to huge, inputs over 48 binades, specials included."""
+    gen = torch.Generator(device=DEVICE).manual_seed(1234)
+    x = torch.randn(num_tokens, heads, head_size, device=DEVICE, generator=gen)
+    x *= torch.logspace(-24, 24, head_size, base=2.0, device=DEVICE)
+    x[0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    for scale in scales:
+        s = torch.tensor(scale, device=DEVICE, dtype=torch.float32)
+        for mode, dtype in ((KVQuantMode.FP8_E4M3, torch.float8_e4m3fn), (KVQuantMode.FP8_E5M2, torch.float8_e5m2),
+                            (KVQuantMode.NVFP4, torch.uint8)):
+            if scale == 0 and mode.is_fp8:
+                # 0/0's NaN sign differs between CPU and CUDA PyTorch; only NaN-ness is defined.
+                got = tcw.encode_kv(x, s, int(mode), dtype).float()
+                want = ref.encode_kv(x, s, int(mode), dtype).float()
+                assert torch.equal(got.isnan(), want.isnan())
+                assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+                continue
+            _assert_same_bits(tcw.encode_kv(x, s, int(mode), dtype), ref.encode_kv(x, s, int(mode), dtype),
+                              f"{mode.name} scale={scale}")
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy at 1e-35
+def test_scales_across_range():
+    _check_scales(16, 2, 64, [0.05, 0.37, 1.0, 3.3e-7, 7e5, 1e-35, 1e35, 0.0])
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_scales_across_range():
+    scales = torch.exp(torch.empty(24).uniform_(-30, 30, generator=torch.Generator().manual_seed(7))).tolist()
+    _check_scales(16384, 8, 128, scales + [1.0, 0.1, 1 / 3, 1e-38, 1e38, 0.0])
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cache_beyond_int32_offsets():
+    """Slots whose byte offset exceeds 2**31 land where the reference puts them."""
+    heads, head_size, block_size = 8, 128, 16
+    num_blocks = (2**31) // (2 * block_size * heads * head_size) + 64  # > 2**31 bytes of FP8
+    cache = torch.zeros(num_blocks, 2, block_size, heads, head_size, dtype=torch.float8_e4m3fn, device="cuda")
+    last = num_blocks * block_size
+    slots = torch.tensor([last - 1, 3, last - 40, -1, last - 17 * 16], device="cuda", dtype=torch.int64)
+    key, value = _inputs(5, heads, head_size, torch.bfloat16)
+    one = torch.tensor(1.0, device="cuda")
+    tcw.encode_and_cache_write(key, value, cache, slots, one, one, int(KVQuantMode.FP8_E4M3))
+    rows_k = ref.encode_kv(key, one, 1, torch.float8_e4m3fn)
+    rows_v = ref.encode_kv(value, one, 1, torch.float8_e4m3fn)
+    for t, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        _assert_same_bits(cache[s // block_size, 0, s % block_size], rows_k[t], f"K slot {s}")
+        _assert_same_bits(cache[s // block_size, 1, s % block_size], rows_v[t], f"V slot {s}")
+    del cache
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_op_picks_triton_when_native_is_absent():
+    backends.clear_cache()
+    name, _ = backends.select("encode_and_cache_write", "cuda", int(KVQuantMode.NVFP4))
+    native_reason = backends.unavailable_reason("native", "encode_and_cache_write", "cuda", 3)
+    assert name == ("triton" if native_reason is not None else "native"), native_reason
