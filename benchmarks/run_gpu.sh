@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
+#
+#   bash benchmarks/run_gpu.sh [tests] [write] [attention]     (no argument: all three)
+#
+# Run from the repository root with the wheels from ../shared/gpu/fetch-wheels.sh --flashinfer in
+# .whl/ (the device has no network). Phases can be split over calls to fit one call's time
+# limit; FlashInfer's JIT builds stay cached while the machine stays warm. Results (JSON, logs)
+# go to $OUT/results.tgz; benchmarks/summary.py prints the table from them.
+set -uo pipefail
+phases=${*:-tests write attention}
+OUT=${OUT:-/tmp/kvfuse-gpu}
+RES=$OUT/results
+mkdir -p "$RES"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export PYTHONUNBUFFERED=1 KVFUSE_COMMIT=${KVFUSE_COMMIT:-unknown} MAX_JOBS=16 FLASHINFER_CUDA_ARCH_LIST=9.0
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$RES/device.txt"
+SECONDS=0
+for phase in $phases; do
+  case $phase in
+    tests)
+      # Native build first, so its time is not charged to a test's timeout.
+      python3 -c "from kvfuse.ops import native; print(native.build_info(build=True))" 2>&1 | tail -3
+      timeout 420 python3 -m pytest -q -m gpu -n 8 tests -p no:cacheprovider \
+        --deselect tests/models/test_memory.py 2>&1 | tail -25 | tee "$RES/gpu_tests.log"
+      timeout 120 python3 -m pytest -q -m gpu tests/models/test_memory.py -p no:cacheprovider 2>&1 \
+        | tail -5 | tee -a "$RES/gpu_tests.log"
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        --kernel-name kns=rows_kernel python3 tests/ops/_native_sanitize.py > "$RES/sanitizer.log" 2>&1
+      echo "compute-sanitizer memcheck rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$RES/sanitizer.log") clean summaries)"
+      ;;
+    write)
+      timeout 300 python3 benchmarks/cache_write.py --out "$RES" 2>&1 | grep -v '^ ' | tail -12
+      timeout 150 python3 benchmarks/host_overhead.py --out "$RES" 2>&1 | tail -6
+      timeout 150 python3 benchmarks/compile_pass.py --skip-compile --out "$RES/gpu_layer" 2>&1 | tail -6
+      ;;
+    attention)
+      timeout 420 python3 benchmarks/attention.py --out "$RES" 2>&1 | grep -v '^ ' | tail -12
+      timeout 150 python3 benchmarks/decode_step.py --out "$RES" 2>&1 | tail -6
+      ;;
+    *) echo "unknown phase $phase (tests | write | attention)"; exit 2 ;;
+  esac
+  echo "[$phase done at ${SECONDS}s]"
+done
+python3 benchmarks/summary.py "$RES"
+(cd "$OUT" && tar czf results.tgz results && rm -rf results)

@@ -1,0 +1,123 @@
+"""Print the short goal table of a GPU run from the results JSON files in one directory.
+
+    python benchmarks/summary.py DIR
+
+Reads whichever of cache_write.json, attention.json, decode_step.json, host_overhead.json and
+compile_pass.json are in DIR; a missing file leaves its lines out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _load(directory: str, name: str):
+    path = os.path.join(directory, f"{name}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _pick(rows, **where):
+    for row in rows:
+        if all(row.get(k) == v for k, v in where.items()):
+            return row
+    return None
+
+
+def _us(row) -> str:
+    return "-" if row is None else f"{row['us']:.1f}"
+
+
+def _frac(row) -> str:
+    return "-" if row is None or row.get("frac_of_copy") is None else f"{100 * row['frac_of_copy']:.0f}%"
+
+
+def cache_write_lines(data) -> list[str]:
+    rows = data["rows"]
+    lines = [f"cache write (copy {data['copy_gb_per_s']:.0f} GB/s); us (% of copy)",
+             f"{'format':<10}{'tokens':>7} {'kvfuse':>14} {'unfused':>9} {'native':>14} {'flashinfer':>14} "
+             f"{'compile':>14}"]
+    for fmt in ("bfloat16", "fp8_e4m3", "fp8_e5m2", "nvfp4"):
+        for tokens in (16, 256, 16384, 65536):
+            cells = {impl: _pick(rows, kv_cache_dtype=fmt, num_tokens=tokens, impl=impl)
+                     for impl in ("kvfuse", "kvfuse_unfused", "kvfuse_native", "flashinfer", "torch_compile")}
+            if cells["kvfuse"] is None:
+                continue
+            lines.append(
+                f"{fmt:<10}{tokens:>7} {_us(cells['kvfuse']):>8} ({_frac(cells['kvfuse']):>4}) "
+                f"{_us(cells['kvfuse_unfused']):>9} {_us(cells['kvfuse_native']):>8} ({_frac(cells['kvfuse_native']):>4})"
+                f" {_us(cells['flashinfer']):>8} ({_frac(cells['flashinfer']):>4})"
+                f" {_us(cells['torch_compile']):>8} ({_frac(cells['torch_compile']):>4})")
+    return lines
+
+
+def attention_lines(data) -> list[str]:
+    rows = data["rows"]
+    lines = [f"attention (copy {data.get('copy_gb_per_s', 0):.0f} GB/s); us (% of copy)",
+             f"{'case':<26} {'kvfuse':>14} {'kvfuse_fi':>10} {'flashinfer':>10} {'fi_tc':>10} {'sdpa':>10}"]
+    cases = [("decode", fmt, 64, 4096) for fmt in ("bfloat16", "fp8_e4m3", "nvfp4")]
+    cases += [("decode", fmt, 16, 16384) for fmt in ("bfloat16", "fp8_e4m3", "nvfp4")]
+    cases += [("prefill", "bfloat16", 1, n) for n in (4096, 16384)]
+    for op, fmt, batch, context in cases:
+        cells = {impl: _pick(rows, op=op, kv_cache_dtype=fmt, batch=batch, context=context, impl=impl)
+                 for impl in ("kvfuse", "kvfuse_flashinfer", "flashinfer", "flashinfer_tc", "torch_sdpa")}
+        if cells["kvfuse"] is None:
+            continue
+        lines.append(
+            f"{op + ' ' + fmt + f' {batch}x{context}':<26} {_us(cells['kvfuse']):>8} ({_frac(cells['kvfuse']):>4})"
+            f" {_us(cells['kvfuse_flashinfer']):>10} {_us(cells['flashinfer']):>10} {_us(cells['flashinfer_tc']):>10}"
+            f" {_us(cells['torch_sdpa']):>10}")
+    return lines
+
+
+def decode_step_lines(data) -> list[str]:
+    lines = ["decode step of the demo model (8 layers, B=64, ctx 4096, CUDA graph)"]
+    for row in data["rows"]:
+        lines.append(f"  {row.get('kv_cache_dtype', row.get('cache')):<10} {row['us']:>9.1f} us  "
+                     f"x{row.get('vs_bf16', float('nan')):.2f} of bf16")
+    return lines
+
+
+def host_overhead_lines(data) -> list[str]:
+    lines = ["host+device us per eager call (1 / 64 tokens)"]
+    by_impl: dict = {}
+    for row in data["rows"]:
+        if row.get("kv_cache_dtype") == "fp8_e4m3":
+            by_impl.setdefault(row["impl"], {})[row["num_tokens"]] = row["us_per_call"]
+    for impl, per in by_impl.items():
+        lines.append(f"  {impl:<28} " + " / ".join(f"{per[n]:.1f}" for n in sorted(per)))
+    return lines
+
+
+def compile_pass_lines(data) -> list[str]:
+    lines = []
+    for entry in data.get("compile", []):
+        if entry.get("fuse"):
+            lines.append(f"compile {entry['layers']} layers: {entry['compile_s']:.1f} s, kvfuse passes "
+                         f"{entry['pass_ms']:.1f} ms = {entry['pass_ms'] / 10 / entry['compile_s']:.2f}%")
+    for name, r in sorted(data.get("layer", {}).items()):
+        lines.append(f"layer {name}: {r['kernels']} kernels, {r['median_us']:.1f} us")
+    return lines
+
+
+def main(directory: str) -> None:
+    sections = (("cache_write", cache_write_lines), ("attention", attention_lines),
+                ("decode_step", decode_step_lines), ("host_overhead", host_overhead_lines),
+                ("compile_pass", compile_pass_lines))
+    for name, render in sections:
+        data = _load(directory, name)
+        if data is None:
+            continue
+        try:
+            print("\n".join(render(data)))
+        except (KeyError, TypeError) as e:
+            print(f"{name}: cannot summarise ({e!r})")
+        print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
