@@ -105,11 +105,23 @@ def bench_us(fn, reps=20, graph=True):
 
 
 def copy_bandwidth():
-    """Device-to-device copy bandwidth in GB/s, (read + write bytes) / time, 1 GiB buffers."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us, _ = bench_us(lambda: dst.copy_(src), reps=10)
-    return 2 * src.numel() / (us * 1e-6) / 1e9
+    """The device-to-device copy ceiling, measured as in every kvfuse benchmark (benchmarks/common.py)."""
+    from benchmarks.common import copy_bandwidth_gb_s
+
+    return copy_bandwidth_gb_s()
+
+
+# kvfuse's cache names in the results files (the same as cache_write.json's kv_cache_dtype).
+KV_CACHE_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+
+
+def _result_row(row):
+    """A row in the shared results format: op, impl, kv_cache_dtype, num_tokens, us, gb_per_s, frac_of_copy."""
+    out = {k: v for k, v in row.items() if k not in ("cache", "gb_s", "frac_copy")}
+    out["kv_cache_dtype"] = KV_CACHE_DTYPE_NAMES.get(row["cache"], row["cache"])
+    if "gb_s" in row:
+        out["gb_per_s"], out["frac_of_copy"] = row["gb_s"], row["frac_copy"]
+    return out
 
 
 def make_cache(mode, batch, context, device="cuda"):
@@ -315,7 +327,8 @@ def tune(log):
 def write_results(rows, meta, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "attention.json"), "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        json.dump(dict(device=meta["device"], date=meta["date"], commit=meta["commit"],
+                       copy_gb_per_s=meta["copy_gb_s"], meta=meta, rows=[_result_row(r) for r in rows]), f, indent=1)
     ok = [r for r in rows if "us" in r]
     lines = [f"### Paged attention ({meta['device']}, {meta['date']}, commit {meta['commit']})", "",
              f"`{meta['command']}`; copy bandwidth {meta['copy_gb_s']:.0f} GB/s (same run). "
@@ -363,6 +376,103 @@ def write_results(rows, meta, out_dir):
         traceback.print_exc()
 
 
+# Decode variants compared by --focus: (name, cache, knob overrides, config overrides).
+FOCUS_VARIANTS = [
+    ("default", "bf16", {}, {}),
+    ("bf16dot n128 w4 s2", "fp8", {"QUANT_DOT_FP16": False}, dict(BLOCK_N=128, num_warps=4, num_stages=2)),
+    ("fp16dot n128 w4 s2", "fp8", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2)),
+    ("fp16dot n128 w8 s2", "fp8", {}, dict(BLOCK_N=128, num_warps=8, num_stages=2)),
+    ("triton bcast n64 w4 s3", "nvfp4", {"USE_INLINE_ASM": False}, dict(BLOCK_N=64, num_warps=4, num_stages=3,
+                                                                        SCALE_GATHER=False)),
+    ("ptx gather n64 w4 s3", "nvfp4", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, SCALE_GATHER=True)),
+    ("ptx bcast n64 w4 s3", "nvfp4", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, SCALE_GATHER=False)),
+    ("ptx bcast n128 w4 s2", "nvfp4", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False)),
+    ("ptx bcast n128 w8 s2", "nvfp4", {}, dict(BLOCK_N=128, num_warps=8, num_stages=2, SCALE_GATHER=False)),
+]
+
+
+def focus(out_dir, copy_bw):
+    """Decode at batch 64 / context 4096 for every FOCUS_VARIANTS entry (plus the kernel before this
+    change when ``benchmarks/_attention_before.py`` exists), then batch 16 / context 16k with the best
+    variant per cache. Rows go to ``attention_decode_focus.json``; a table is printed last."""
+    from kvfuse.ops.triton import attention as ta
+
+    try:
+        import _attention_before as before
+    except ImportError:
+        before = None
+    key_of = {"bf16": "small", "fp8": "small_fp8", "nvfp4": "small_nvfp4"}
+    rows, best = [], {}
+
+    def one(label, mode_name, batch, context, fn_of):
+        mode = MODES[mode_name]
+        cache, bt = make_cache(mode, batch, context)
+        q = torch.randn(batch, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        half = torch.tensor(0.5, device="cuda")
+        args = (q, cache, half, half, bt, lens, qsl, int(mode), 1 / math.sqrt(HEAD), None)
+        nbytes = kv_bytes(mode, batch, context)
+        row = dict(op="decode", impl="kvfuse", variant=label, cache=mode_name, batch=batch, context=context,
+                   num_tokens=batch * context, kv_bytes=nbytes)
+        try:
+            fn = fn_of()
+            us, how = bench_us(lambda: fn(*args), reps=20)
+            gbs = nbytes / (us * 1e-6) / 1e9
+            row.update(us=round(us, 2), gb_s=round(gbs, 1), frac_copy=round(gbs / copy_bw, 3), timing=how)
+        except Exception as e:
+            row.update(error=f"{type(e).__name__}: {str(e)[:300]}")
+            traceback.print_exc()
+        del cache
+        torch.cuda.empty_cache()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        return row
+
+    def variant_fn(knobs, cfg, key):
+        def make():
+            for k, v in knobs.items():
+                setattr(ta, k, v)
+            ta.DECODE_CONFIG[key] = dict(ta.DECODE_CONFIG[key], **cfg)
+            return ta.paged_attention
+        return make
+
+    defaults = {k: dict(v) for k, v in ta.DECODE_CONFIG.items()}
+    knob_defaults = dict(USE_INLINE_ASM=ta.USE_INLINE_ASM, QUANT_DOT_FP16=ta.QUANT_DOT_FP16)
+    only = os.environ.get("KVFUSE_FOCUS_ONLY")  # comma-separated variant labels, for short runs
+    for mode_name in ("bf16", "fp8", "nvfp4"):
+        if before is not None:
+            one("before", mode_name, 64, 4096, lambda: before.paged_attention)
+        for label, m, knobs, cfg in FOCUS_VARIANTS:
+            if m != mode_name or (only and label not in only.split(",")):
+                continue
+            row = one(label, m, 64, 4096, variant_fn(knobs, cfg, key_of[m]))
+            for k, v in knob_defaults.items():
+                setattr(ta, k, v)
+            ta.DECODE_CONFIG[key_of[m]] = dict(defaults[key_of[m]])
+            if "us" in row and (m not in best or row["us"] < best[m][0]):
+                best[m] = (row["us"], label, knobs, cfg)
+    for mode_name, (_, label, knobs, cfg) in best.items():
+        if before is not None:
+            one("before", mode_name, 16, 16384, lambda: before.paged_attention)
+        one(label, mode_name, 16, 16384, variant_fn(knobs, cfg, key_of[mode_name]))
+        for k, v in knob_defaults.items():
+            setattr(ta, k, v)
+        ta.DECODE_CONFIG[key_of[mode_name]] = dict(defaults[key_of[mode_name]])
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "attention_decode_focus.json"), "w") as f:
+        json.dump(dict(copy_gb_s=round(copy_bw, 1), device=torch.cuda.get_device_name(),
+                       commit=os.environ.get("KVFUSE_COMMIT") or _git_commit(), rows=rows), f, indent=1)
+    print(f"\ncopy bandwidth {copy_bw:.0f} GB/s")
+    print(f"{'cache':6} {'B':>3} {'ctx':>6} {'variant':26} {'us':>8} {'GB/s':>7} {'xcopy':>6}")
+    for r in rows:
+        if "us" in r:
+            print(f"{r['cache']:6} {r['batch']:3} {r['context']:6} {r['variant']:26} {r['us']:8.1f} "
+                  f"{r['gb_s']:7.0f} {r['frac_copy']:6.2f}")
+        else:
+            print(f"{r['cache']:6} {r['batch']:3} {r['context']:6} {r['variant']:26} ERROR {r['error'][:80]}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="batch 64 / context 4096 decode + 4k prefill only")
@@ -370,6 +480,8 @@ def main():
     parser.add_argument("--impls", default="kvfuse,kvfuse_flashinfer,flashinfer,flashinfer_tc,torch_sdpa")
     parser.add_argument("--modes", default="bf16,fp8,nvfp4")
     parser.add_argument("--tune", action="store_true", help="sweep Triton block configs first and use the best")
+    parser.add_argument("--focus", action="store_true",
+                        help="only decode at B=64/4k and B=16/16k: kernel variants and configs side by side")
     args = parser.parse_args()
     impls = set(args.impls.split(","))
     try:
@@ -379,6 +491,9 @@ def main():
     torch.manual_seed(0)
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw:.0f} GB/s", flush=True)
+    if args.focus:
+        focus(args.out, copy_bw)
+        return
     batches, contexts, prefills = ([64], [4096], [4096]) if args.quick else ([1, 16, 64, 256], [1024, 4096, 16384],
                                                                            [4096, 16384])
     tuned = tune([]) if args.tune else None

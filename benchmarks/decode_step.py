@@ -118,7 +118,9 @@ def main():
                 model="8 layers, hidden 2048, 16/8 heads, D=128, CUDA graph of the kvfuse.backend-compiled step")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_step.json"), "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        json.dump(dict(device=meta["device"], date=meta["date"], commit=meta["commit"], meta=meta,
+                       rows=[dict(r, kv_cache_dtype={"bf16": "bfloat16", "fp8": "fp8_e4m3"}.get(r["cache"], r["cache"]))
+                             for r in rows]), f, indent=1)
     print(json.dumps(rows))
 
 

@@ -145,12 +145,36 @@ def test_head_size_80_and_page_size_1():
     check(args)
 
 
-def test_nvfp4_rejects_non_power_of_two_head():
-    from kvfuse.ops.triton.attention import paged_attention
+@pytest.mark.parametrize("head_size", [16, 48, 80])
+def test_nvfp4_head_sizes_multiple_of_16(head_size):
+    # Non-power-of-two rows: padded nibble tiles, block scales gathered per byte.
+    args = make_case([5, 27], [1, 3], 4, 2, head_size, KVQuantMode.NVFP4, page=8, pad_rows=1, seed=6)
+    check(args)
 
-    args = make_case([4], [1], 2, 1, 48, KVQuantMode.NVFP4, page=4, seed=6)
-    with pytest.raises(ValueError, match="head_size=48"):
-        paged_attention(**args)
+
+@pytest.mark.parametrize("scale_gather", [True, False], ids=["gather", "broadcast"])
+def test_nvfp4_scale_paths(monkeypatch, scale_gather):
+    # Both ways of applying block scales (per-byte gather, [N, NB, 1] broadcast + reshape).
+    from kvfuse.ops.triton import attention as ta
+
+    for table in (ta.DECODE_CONFIG, ta.PREFILL_CONFIG):
+        for key in table:
+            monkeypatch.setitem(table, key, dict(table[key], SCALE_GATHER=scale_gather))
+    monkeypatch.setattr(ta, "_INTERPRET_CONFIG", dict(ta._INTERPRET_CONFIG, SCALE_GATHER=scale_gather))
+    args = make_case([40, 9], [1, 9], 8, 2, 64, KVQuantMode.NVFP4, page=8, pad_rows=1, seed=8)
+    check(args)
+    check(args, window=5)
+
+
+@pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4],
+                         ids=lambda m: m.name)
+def test_quantized_cache_with_query_beyond_fp16_range(mode):
+    # Quantized caches run fp16 dots; a bf16 query past fp16's max (65504) must be rescaled, not inf.
+    args = make_case([21, 6], [1, 2], 4, 2, 32, mode, page=8, seed=9)
+    args["query"] = args["query"] * 3e5
+    args["sm_scale"] = 1e-6
+    assert args["query"].abs().max() > 65504
+    check(args)
 
 
 def test_through_op_with_forced_backend(monkeypatch):
@@ -223,3 +247,53 @@ def test_gpu_through_op(monkeypatch):
             torch.testing.assert_close(out.cpu().float(), reference_out(args).float(), atol=3e-2, rtol=3e-2)
     finally:
         backends.clear_cache()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_gpu_decode_large_batch_no_split(mode):
+    # Enough sequences that the launcher does not split the context: the big-batch decode path
+    # (fp16 dots for quantized caches, tuned decode configs).
+    lens = [(37 * i) % 3000 + 1 for i in range(48)]
+    args = make_case(lens, [1] * 48, 32, 8, 128, mode, pad_rows=2, seed=22)
+    check(args)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_asm", [True, False], ids=["ptx", "triton"])
+@pytest.mark.parametrize("scale_gather", [True, False], ids=["gather", "broadcast"])
+def test_gpu_nvfp4_decode_variants(monkeypatch, use_asm, scale_gather):
+    # The PTX E2M1 decode and the plain-Triton one, with either block-scale path, at real shapes.
+    from kvfuse.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "USE_INLINE_ASM", use_asm)
+    for table in (ta.DECODE_CONFIG, ta.PREFILL_CONFIG):
+        for key in table:
+            monkeypatch.setitem(table, key, dict(table[key], SCALE_GATHER=scale_gather))
+    # 40 sequences x 8 KV heads fill the GPU without split-KV (the default decode path of big batches).
+    args = make_case([1, 533, 4097, 31] * 10, [1] * 40, 32, 8, 128, KVQuantMode.NVFP4, pad_rows=2, seed=18)
+    check(args)
+    args = make_case([700, 77], [300, 7], 16, 4, 64, KVQuantMode.NVFP4, pad_rows=2, seed=19)
+    check(args, window=129)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4], ids=lambda m: m.name)
+def test_gpu_quantized_bf16_dot_fallback(monkeypatch, mode):
+    # QUANT_DOT_FP16=False keeps bf16 dots for quantized caches.
+    from kvfuse.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "QUANT_DOT_FP16", False)
+    args = make_case([1, 2049, 31] * 12, [1] * 36, 32, 8, 128, mode, pad_rows=1, seed=20)
+    check(args)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_size", [80, 16])
+def test_gpu_nvfp4_head_sizes(head_size):
+    args = make_case([1, 533, 2048], [1, 1, 5], 32, 8, head_size, KVQuantMode.NVFP4, pad_rows=2, seed=21)
+    check(args)
