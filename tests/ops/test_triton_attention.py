@@ -297,3 +297,16 @@ def test_gpu_quantized_bf16_dot_fallback(monkeypatch, mode):
 def test_gpu_nvfp4_head_sizes(head_size):
     args = make_case([1, 533, 2048], [1, 1, 5], 32, 8, head_size, KVQuantMode.NVFP4, pad_rows=2, seed=21)
     check(args)
+
+
+def test_float32_queries_get_tiles_that_fit_hopper_shared_memory(monkeypatch):
+    """fp32 K/V dot tiles at BLOCK_N 128 and 2 stages need 256 KiB (OutOfResources on an H100)."""
+    from kvfuse.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "_interpreting", lambda: False)
+    for num_tokens, num_seqs in ((4096, 2), (64, 64)):  # prefill and decode
+        cfg16, _ = ta._pick_config(num_tokens, num_seqs, 128, 4, KVQuantMode.NONE, 2)
+        cfg32, _ = ta._pick_config(num_tokens, num_seqs, 128, 4, KVQuantMode.NONE, 4)
+        kv_tile_bytes = 2 * cfg32["num_stages"] * cfg32["BLOCK_N"] * 128 * 4
+        assert kv_tile_bytes <= 128 * 1024 < 232448
+        assert cfg32["BLOCK_N"] <= cfg16["BLOCK_N"]

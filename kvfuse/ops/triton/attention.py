@@ -470,8 +470,13 @@ def _paged_attention_reduce_kernel(
 _DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
+# Pipelined K/V tiles of a float32 query's dots take twice the shared memory of 16-bit ones: at
+# BLOCK_N 128 and 2 stages that is 256 KiB, over the H100's 227 KiB (seen on the device).
+_FP32_MAX_BLOCK_N = 64
+
+
 def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
-                 mode: KVQuantMode) -> tuple[dict, bool]:
+                 mode: KVQuantMode, query_itemsize: int = 2) -> tuple[dict, bool]:
     """(config, decode?) from shapes only: few query tokens per sequence -> decode tiles + split-KV."""
     if _interpreting():
         return dict(_INTERPRET_CONFIG), num_tokens <= 4 * max(num_seqs, 1)
@@ -484,6 +489,8 @@ def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
     if decode:
         avg_q = _next_pow2(max(1, -(-num_tokens // max(num_seqs, 1))))
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], min(avg_q * group_pad, 64))
+    if query_itemsize > 2:
+        cfg["BLOCK_N"] = min(cfg["BLOCK_N"], _FP32_MAX_BLOCK_N)
     return cfg, decode
 
 
@@ -520,7 +527,7 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return torch.zeros_like(query)
 
-    cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode)
+    cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode, query.element_size())
     block_m = max(cfg["BLOCK_M"], group_pad, 16)
     block_q = block_m // group_pad
     num_tiles = num_tokens // block_q + num_seqs
