@@ -22,10 +22,12 @@ def _load(directory: str, name: str):
 
 
 def _pick(rows, **where):
+    """The last matching row: files that merge several runs list the newest last."""
+    found = None
     for row in rows:
         if all(row.get(k) == v for k, v in where.items()):
-            return row
-    return None
+            found = row
+    return found
 
 
 def _us(row) -> str:

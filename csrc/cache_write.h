@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <initializer_list>
+
 namespace kvfuse {
 
 at::Tensor encode_kv_cpu(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
@@ -72,6 +74,18 @@ inline void check_cache(const at::Tensor& kv_cache, const at::Tensor& slot_mappi
                     "slot_mapping must be 1-D int32/int64 with ", num_tokens, " entries");
   TORCH_CHECK_VALUE(kv_cache.device() == device && slot_mapping.device() == device,
                     "kv_cache and slot_mapping must be on ", device);
+}
+
+// Already-encoded K/V rows must match the cache row for row: same dtype, heads and row_dim.
+inline void check_rows(const at::Tensor& key_rows, const at::Tensor& value_rows, const at::Tensor& kv_cache) {
+  for (const at::Tensor* rows : {&key_rows, &value_rows}) {
+    TORCH_CHECK_VALUE(rows->dim() == 3 && rows->scalar_type() == kv_cache.scalar_type() &&
+                          rows->size(0) == key_rows.size(0) && rows->size(1) == kv_cache.size(3) &&
+                          rows->size(2) == kv_cache.size(4) && (rows->size(2) <= 1 || rows->stride(2) == 1) &&
+                          rows->device() == kv_cache.device(),
+                      "rows ", rows->sizes(), " ", rows->scalar_type(), " do not fit the cache ", kv_cache.sizes(),
+                      " ", kv_cache.scalar_type());
+  }
 }
 
 }  // namespace kvfuse

@@ -206,14 +206,7 @@ at::Tensor encode_kv_cpu(const at::Tensor& x, const at::Tensor& scale, int64_t k
 void cache_write_cpu(const at::Tensor& key_rows, const at::Tensor& value_rows, const at::Tensor& kv_cache,
                      const at::Tensor& slot_mapping) {
   check_cache(kv_cache, slot_mapping, key_rows.size(0), key_rows.device());
-  for (const at::Tensor* rows : {&key_rows, &value_rows}) {
-    TORCH_CHECK_VALUE(rows->dim() == 3 && rows->scalar_type() == kv_cache.scalar_type() &&
-                          rows->size(0) == key_rows.size(0) && rows->size(1) == kv_cache.size(3) &&
-                          rows->size(2) == kv_cache.size(4) && (rows->size(2) <= 1 || rows->stride(2) == 1) &&
-                          rows->device() == kv_cache.device(),
-                      "rows ", rows->sizes(), " ", rows->scalar_type(), " do not fit the cache ", kv_cache.sizes(),
-                      " ", kv_cache.scalar_type());
-  }
+  check_rows(key_rows, value_rows, kv_cache);
   const Dest dst = cache_dest(kv_cache);
   check_slot_range(slot_mapping, dst.capacity);
   const int64_t row_bytes = kv_cache.size(4) * kv_cache.element_size();

@@ -458,14 +458,7 @@ at::Tensor encode_kv_cuda(const at::Tensor& x, const at::Tensor& scale, int64_t 
 void cache_write_cuda(const at::Tensor& key_rows, const at::Tensor& value_rows, const at::Tensor& kv_cache,
                       const at::Tensor& slot_mapping) {
   check_cache(kv_cache, slot_mapping, key_rows.size(0), key_rows.device());
-  for (const at::Tensor* rows : {&key_rows, &value_rows}) {
-    TORCH_CHECK_VALUE(rows->dim() == 3 && rows->scalar_type() == kv_cache.scalar_type() &&
-                          rows->size(0) == key_rows.size(0) && rows->size(1) == kv_cache.size(3) &&
-                          rows->size(2) == kv_cache.size(4) && (rows->size(2) <= 1 || rows->stride(2) == 1) &&
-                          rows->device() == kv_cache.device(),
-                      "rows ", rows->sizes(), " ", rows->scalar_type(), " do not fit the cache ", kv_cache.sizes(),
-                      " ", kv_cache.scalar_type());
-  }
+  check_rows(key_rows, value_rows, kv_cache);
   check_int32_sizes(key_rows);
   if (key_rows.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(kv_cache.device());
