@@ -21,3 +21,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def reference_backend(monkeypatch):
+    """Pin every op to the CPU reference semantics, whatever other backends are installed."""
+    from kvfuse.ops import backends
+
+    monkeypatch.setenv("KVFUSE_BACKEND", "reference")
+    backends.clear_cache()
+    yield
+    backends.clear_cache()

@@ -5,15 +5,9 @@ import torch
 
 import kvfuse
 from kvfuse import AttentionMetadata, KVCacheConfig, KVQuantMode, PagedAttention, allocate_kv_cache
-from kvfuse.ops import backends
 
 
-@pytest.fixture(autouse=True)
-def _reference_backend(monkeypatch):
-    monkeypatch.setenv("KVFUSE_BACKEND", "reference")
-    backends.clear_cache()
-    yield
-    backends.clear_cache()
+pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
 def _inputs(num_heads, num_kv_heads, head_size, q_lens, seed=0, pad=2):

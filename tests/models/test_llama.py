@@ -7,18 +7,12 @@ from kvfuse import KVCacheConfig, KVQuantMode
 from kvfuse.models import LlamaConfig, LlamaForCausalLM, PagedCacheManager
 from kvfuse.models.demo import DemoBatch, compare_logits, make_batch, run_steps
 from kvfuse.models.llama import apply_rotary
-from kvfuse.ops import backends
 
 TINY = dict(num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2, head_size=32, intermediate_size=128,
             vocab_size=128, sliding_window=6, sliding_window_layers=(1,))
 
 
-@pytest.fixture(autouse=True)
-def _reference_backend(monkeypatch):
-    monkeypatch.setenv("KVFUSE_BACKEND", "reference")
-    backends.clear_cache()
-    yield
-    backends.clear_cache()
+pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
 def test_config_validation():

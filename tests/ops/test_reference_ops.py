@@ -12,7 +12,7 @@ import torch
 
 from kvfuse import KVQuantMode
 from kvfuse.kv_cache import E2M1_VALUES, NVFP4_BLOCK, nvfp4_dequantize_reference, row_dim_for
-from kvfuse.ops import backends, cache_write, encode_and_cache_write, encode_kv, paged_attention
+from kvfuse.ops import cache_write, encode_and_cache_write, encode_kv, paged_attention
 
 OPS = torch.ops.kvfuse
 
@@ -30,13 +30,7 @@ HEAD_SIZES = [64, 80, 128, 256]
 SENTINEL = 0x5A
 
 
-@pytest.fixture(autouse=True)
-def _reference_backend(monkeypatch):
-    # These tests pin the CPU reference semantics, whatever other backends are installed.
-    monkeypatch.setenv("KVFUSE_BACKEND", "reference")
-    backends.clear_cache()
-    yield
-    backends.clear_cache()
+pytestmark = pytest.mark.usefixtures("reference_backend")
 
 
 def _gen(seed):
