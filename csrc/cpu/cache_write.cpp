@@ -217,17 +217,7 @@ void cache_write_cpu(const at::Tensor& key_rows, const at::Tensor& value_rows, c
 void encode_and_cache_write_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                                 const at::Tensor& slot_mapping, const at::Tensor& k_scale,
                                 const at::Tensor& v_scale, int64_t kv_quant_mode) {
-  check_input(key, "key");
-  check_input(value, "value");
-  TORCH_CHECK_VALUE(key.sizes() == value.sizes() && key.scalar_type() == value.scalar_type(),
-                    "key and value must have one shape and dtype");
-  check_scale(k_scale, key, "k_scale");
-  check_scale(v_scale, key, "v_scale");
-  check_cache(kv_cache, slot_mapping, key.size(0), key.device());
-  check_mode_dtype(kv_quant_mode, kv_cache.scalar_type());
-  TORCH_CHECK_VALUE(kv_quant_mode != 3 || key.size(2) % kNvfp4Block == 0, "NVFP4 needs head_size % 16 == 0");
-  TORCH_CHECK_VALUE(kv_cache.size(3) == key.size(1) && kv_cache.size(4) == storage_row_dim(kv_quant_mode, key.size(2)),
-                    "kv_cache ", kv_cache.sizes(), " does not fit key ", key.sizes(), " in mode ", kv_quant_mode);
+  check_encode_and_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode);
   const Dest dst = cache_dest(kv_cache);
   check_slot_range(slot_mapping, dst.capacity);
   const float scales[2] = {scalar_of(k_scale), scalar_of(v_scale)};
