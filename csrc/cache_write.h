@@ -76,6 +76,15 @@ inline void check_cache(const at::Tensor& kv_cache, const at::Tensor& slot_mappi
                     "kv_cache and slot_mapping must be on ", device);
 }
 
+// encode_kv's inputs: a [T, H, D] float input, a scalar scale, and a storage dtype the mode can use.
+inline void check_encode(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
+                         at::ScalarType cache_dtype) {
+  check_input(x, "x");
+  check_scale(scale, x, "scale");
+  check_mode_dtype(kv_quant_mode, cache_dtype);
+  TORCH_CHECK_VALUE(kv_quant_mode != 3 || x.size(2) % 16 == 0, "NVFP4 needs head_size % 16 == 0");
+}
+
 // The fused op's inputs: K/V alike, scalar scales, and a cache whose rows fit them in this mode.
 inline void check_encode_and_write(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                                    const at::Tensor& slot_mapping, const at::Tensor& k_scale,

@@ -188,10 +188,7 @@ void encode_into(const at::Tensor& key, const at::Tensor& value, int halves, con
 
 at::Tensor encode_kv_cpu(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
                          at::ScalarType cache_dtype) {
-  check_input(x, "x");
-  check_scale(scale, x, "scale");
-  check_mode_dtype(kv_quant_mode, cache_dtype);
-  TORCH_CHECK_VALUE(kv_quant_mode != 3 || x.size(2) % kNvfp4Block == 0, "NVFP4 needs head_size % 16 == 0");
+  check_encode(x, scale, kv_quant_mode, cache_dtype);
   const int64_t row_dim = storage_row_dim(kv_quant_mode, x.size(2));
   at::Tensor out = at::empty({x.size(0), x.size(1), row_dim}, x.options().dtype(cache_dtype));
   const int64_t es = out.element_size();

@@ -432,11 +432,8 @@ void check_int32_sizes(const at::Tensor& x) {
 
 at::Tensor encode_kv_cuda(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
                           at::ScalarType cache_dtype) {
-  check_input(x, "x");
-  check_scale(scale, x, "scale");
-  check_mode_dtype(kv_quant_mode, cache_dtype);
+  check_encode(x, scale, kv_quant_mode, cache_dtype);
   check_int32_sizes(x);
-  TORCH_CHECK_VALUE(kv_quant_mode != 3 || x.size(2) % kNvfp4Block == 0, "NVFP4 needs head_size % 16 == 0");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t row_dim = storage_row_dim(kv_quant_mode, x.size(2));
   at::Tensor out = at::empty({x.size(0), x.size(1), row_dim}, x.options().dtype(cache_dtype));
