@@ -147,18 +147,22 @@ def kv_bytes(mode, batch, context):
     return batch * context * HKV * 2 * row_dim_for(mode, HEAD) * storage_dtype(mode, torch.bfloat16).itemsize
 
 
-def run_decode(batch, context, mode_name, impls, rows, copy_bw):
-    from kvfuse.ops.triton.attention import paged_attention as triton_attention
-
-    mode = MODES[mode_name]
+def decode_args(mode, batch, context):
+    """Arguments of ``paged_attention`` for one decode token per sequence over ``context`` tokens."""
     cache, block_table = make_cache(mode, batch, context)
     query = torch.randn(batch, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-    ks = torch.tensor(0.5, device="cuda")
-    vs = torch.tensor(0.5, device="cuda")
-    sm = 1 / math.sqrt(HEAD)
-    args = (query, cache, ks, vs, block_table, seq_lens, qsl, int(mode), sm, None)
+    scale = torch.tensor(0.5, device="cuda")
+    return (query, cache, scale, scale, block_table, seq_lens, qsl, int(mode), 1 / math.sqrt(HEAD), None)
+
+
+def run_decode(batch, context, mode_name, impls, rows, copy_bw):
+    from kvfuse.ops.triton.attention import paged_attention as triton_attention
+
+    mode = MODES[mode_name]
+    args = decode_args(mode, batch, context)
+    query, cache, block_table, seq_lens = args[0], args[1], args[4], args[5]
     nbytes = kv_bytes(mode, batch, context)
     fns = {}
     if "kvfuse" in impls:
@@ -185,7 +189,7 @@ def run_decode(batch, context, mode_name, impls, rows, copy_bw):
             traceback.print_exc()
         rows.append(row)
         print(json.dumps(row), flush=True)
-    del cache
+    del args, cache
     torch.cuda.empty_cache()
 
 
@@ -392,26 +396,16 @@ FOCUS_VARIANTS = [
 
 
 def focus(out_dir, copy_bw):
-    """Decode at batch 64 / context 4096 for every FOCUS_VARIANTS entry (plus the kernel before this
-    change when ``benchmarks/_attention_before.py`` exists), then batch 16 / context 16k with the best
-    variant per cache. Rows go to ``attention_decode_focus.json``; a table is printed last."""
+    """Decode at batch 64 / context 4096 for every FOCUS_VARIANTS entry, then batch 16 / context 16k
+    with the best variant per cache. Rows go to ``attention_decode_focus.json``; a table is printed last."""
     from kvfuse.ops.triton import attention as ta
 
-    try:
-        import _attention_before as before
-    except ImportError:
-        before = None
     key_of = {"bf16": "small", "fp8": "small_fp8", "nvfp4": "small_nvfp4"}
     rows, best = [], {}
 
     def one(label, mode_name, batch, context, fn_of):
         mode = MODES[mode_name]
-        cache, bt = make_cache(mode, batch, context)
-        q = torch.randn(batch, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
-        lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-        qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-        half = torch.tensor(0.5, device="cuda")
-        args = (q, cache, half, half, bt, lens, qsl, int(mode), 1 / math.sqrt(HEAD), None)
+        args = decode_args(mode, batch, context)
         nbytes = kv_bytes(mode, batch, context)
         row = dict(op="decode", impl="kvfuse", variant=label, cache=mode_name, batch=batch, context=context,
                    num_tokens=batch * context, kv_bytes=nbytes)
@@ -423,7 +417,7 @@ def focus(out_dir, copy_bw):
         except Exception as e:
             row.update(error=f"{type(e).__name__}: {str(e)[:300]}")
             traceback.print_exc()
-        del cache
+        del args
         torch.cuda.empty_cache()
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -439,26 +433,23 @@ def focus(out_dir, copy_bw):
 
     defaults = {k: dict(v) for k, v in ta.DECODE_CONFIG.items()}
     knob_defaults = dict(USE_INLINE_ASM=ta.USE_INLINE_ASM, QUANT_DOT_FP16=ta.QUANT_DOT_FP16)
+
+    def restore(key):
+        for k, v in knob_defaults.items():
+            setattr(ta, k, v)
+        ta.DECODE_CONFIG[key] = dict(defaults[key])
     only = os.environ.get("KVFUSE_FOCUS_ONLY")  # comma-separated variant labels, for short runs
     for mode_name in ("bf16", "fp8", "nvfp4"):
-        if before is not None:
-            one("before", mode_name, 64, 4096, lambda: before.paged_attention)
         for label, m, knobs, cfg in FOCUS_VARIANTS:
             if m != mode_name or (only and label not in only.split(",")):
                 continue
             row = one(label, m, 64, 4096, variant_fn(knobs, cfg, key_of[m]))
-            for k, v in knob_defaults.items():
-                setattr(ta, k, v)
-            ta.DECODE_CONFIG[key_of[m]] = dict(defaults[key_of[m]])
+            restore(key_of[m])
             if "us" in row and (m not in best or row["us"] < best[m][0]):
                 best[m] = (row["us"], label, knobs, cfg)
     for mode_name, (_, label, knobs, cfg) in best.items():
-        if before is not None:
-            one("before", mode_name, 16, 16384, lambda: before.paged_attention)
         one(label, mode_name, 16, 16384, variant_fn(knobs, cfg, key_of[mode_name]))
-        for k, v in knob_defaults.items():
-            setattr(ta, k, v)
-        ta.DECODE_CONFIG[key_of[mode_name]] = dict(defaults[key_of[mode_name]])
+        restore(key_of[mode_name])
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "attention_decode_focus.json"), "w") as f:
         json.dump(dict(copy_gb_s=round(copy_bw, 1), device=torch.cuda.get_device_name(),
