@@ -19,7 +19,6 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 import traceback
 
@@ -27,6 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from benchmarks.common import current_commit  # noqa: E402
 from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype  # noqa: E402
 
 HQ, HKV, HEAD, PAGE = 32, 8, 128, 16
@@ -453,7 +453,7 @@ def focus(out_dir, copy_bw):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "attention_decode_focus.json"), "w") as f:
         json.dump(dict(copy_gb_s=round(copy_bw, 1), device=torch.cuda.get_device_name(),
-                       commit=os.environ.get("KVFUSE_COMMIT") or _git_commit(), rows=rows), f, indent=1)
+                       commit=current_commit(), rows=rows), f, indent=1)
     print(f"\ncopy bandwidth {copy_bw:.0f} GB/s")
     print(f"{'cache':6} {'B':>3} {'ctx':>6} {'variant':26} {'us':>8} {'GB/s':>7} {'xcopy':>6}")
     for r in rows:
@@ -504,17 +504,11 @@ def main():
 def _meta(args, copy_bw, tuned):
     return dict(
         date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(),
-        commit=os.environ.get("KVFUSE_COMMIT") or _git_commit(), command="python benchmarks/attention.py"
+        commit=current_commit(), command="python benchmarks/attention.py"
         + (" --quick" if args.quick else "") + (" --tune" if args.tune else ""), copy_gb_s=round(copy_bw, 1),
         torch=torch.__version__, tuned_configs=tuned,
     )
 
-
-def _git_commit():
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -32,19 +32,24 @@ class Timing:
     graphed: bool  # timed from a CUDA graph replay (False: plain launches)
 
 
+def current_commit() -> str:
+    """The commit being measured: env KVFUSE_COMMIT (the device machine has no git history), else git."""
+    commit = os.environ.get("KVFUSE_COMMIT", "").strip()
+    if commit:
+        return commit
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def device_info(command: str = "") -> dict:
     """Device name, UTC date, commit (env KVFUSE_COMMIT, else git), library versions, command."""
-    commit = os.environ.get("KVFUSE_COMMIT", "").strip()
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    timeout=10, check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            commit = "unknown"
     info = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "commit": commit,
+        "commit": current_commit(),
         "torch": torch.__version__,
         "command": command,
     }

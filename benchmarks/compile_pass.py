@@ -16,13 +16,16 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
+import sys
 import time
 
 import torch
 from torch import nn
 
-import kvfuse
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kvfuse  # noqa: E402
+from benchmarks.common import current_commit  # noqa: E402
 from kvfuse import AttentionMetadata, KVCacheConfig, PagedAttention, allocate_kv_cache
 
 
@@ -114,12 +117,7 @@ def main():
     ap.add_argument("--skip-compile", action="store_true")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    commit = os.environ.get("KVFUSE_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-        except Exception:
-            commit = "unknown"
+    commit = current_commit()
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name() if device == "cuda"
               else "cpu", "torch": torch.__version__, "commit": commit,
               "command": "python benchmarks/compile_pass.py " + " ".join(f"--layers {' '.join(map(str, args.layers))}".split())}

@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import traceback
 
@@ -23,6 +22,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import kvfuse  # noqa: E402
+from benchmarks.common import current_commit  # noqa: E402
 from kvfuse.models import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 BATCH, CONTEXT, PAGE = 64, 4096, 16
@@ -108,11 +108,7 @@ def main():
     for r in rows:
         if base and "us" in r:
             r["vs_bf16"] = round(r["us"] / base, 3)
-    try:
-        commit = os.environ.get("KVFUSE_COMMIT") or subprocess.check_output(
-            ["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:
-        commit = "unknown"
+    commit = current_commit()
     meta = dict(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(), commit=commit,
                 command="python benchmarks/decode_step.py" + (" --quick" if args.quick else ""),
                 model="8 layers, hidden 2048, 16/8 heads, D=128, CUDA graph of the kvfuse.backend-compiled step")
