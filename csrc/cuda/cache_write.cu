@@ -69,8 +69,8 @@ template <> struct Word<1> { using type = uint8_t; };
 // residual fma(-q0, d, x) is exact, and one correction step q0 + e*r rounds correctly
 // (Markstein) as long as nothing over- or underflows. Hence the fast path only for normal
 // |d| in [2^-100, 2^100]; beyond 1e30 (where every format saturates) q0 is kept, as it is
-// where the corrected value is zero (q0 holds the sign of a tiny quotient). The Triton
-// kernels use the same sequence, so both backends agree with the reference and each other.
+// where the corrected value is zero (q0 holds the sign of a tiny quotient). The quotient is
+// the correctly rounded one, as the Triton kernels' div_rn and the reference compute it.
 struct Divider {
   float d, r;
   bool fast;
@@ -82,7 +82,7 @@ __device__ __forceinline__ Divider make_divider(float d) {
   return Divider{d, fast ? __frcp_rn(d) : 0.0f, fast};
 }
 
-__device__ __forceinline__ float divide(float x, const Divider& v) {
+__device__ __forceinline__ float divide(float x, const Divider v) {
   if (v.fast) {
     const float q0 = __fmul_rn(x, v.r);
     const float q1 = __fmaf_rn(__fmaf_rn(-q0, v.d, x), v.r, q0);
@@ -95,7 +95,7 @@ __device__ __forceinline__ float divide(float x, const Divider& v) {
 // thread keeps U 16-byte loads in flight (large token counts only; decode uses U = 1 to
 // spread a few tokens over more SMs).
 template <class Op, int U>
-__global__ void __launch_bounds__(kThreads) rows_kernel(const RowParams p) {
+__global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const RowParams p) {
   const int t_base = blockIdx.x * (blockDim.y * U) + threadIdx.y;
   char* dst_tok[U];
   int tok[U];
@@ -142,6 +142,9 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(const RowParams p) {
     const char* src = p.src[half] + h * p.src_head[half];
     const int64_t src_tok = p.src_tok[half];
     const int64_t dst_row = half * p.dst_kv + h * p.dst_head;
+    // Selected by value: a reference to either would take their address and put both in
+    // local memory, which costs the FP8 kernels a third of their bandwidth.
+    const Divider div = half ? div_v : div_k;
     typename Op::Raw raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -149,21 +152,24 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(const RowParams p) {
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (dst_tok[u] != nullptr) Op::store(raw[u], dst_tok[u] + dst_row, c, half ? div_v : div_k, p);
+      if (dst_tok[u] != nullptr) Op::store(raw[u], dst_tok[u] + dst_row, c, div, p);
     }
   }
 }
 
 // ----------------------------------------------------------------------------- row ops
 // Each op: Raw (the registers one work item loads), load(src_row, chunk), store(raw, dst_row,
-// chunk, divider, params).
+// chunk, divider, params), and kMinBlocks, the resident blocks per SM its register budget is
+// set for (4: at most 64 registers, the occupancy that keeps enough bytes in flight for the
+// memory-bound ops).
 
 template <int W>
 struct CopyOp {
   static constexpr bool kUsesScale = false;
+  static constexpr int kMinBlocks = 4;
   using Raw = typename Word<W>::type;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return reinterpret_cast<const Raw*>(s)[c]; }
-  __device__ __forceinline__ static void store(const Raw& raw, char* d, int c, const Divider&, const RowParams&) {
+  __device__ __forceinline__ static void store(const Raw& raw, char* d, int c, const Divider, const RowParams&) {
     reinterpret_cast<Raw*>(d)[c] = raw;
   }
 };
@@ -210,10 +216,12 @@ __device__ __forceinline__ uint16_t fp8x2(float a, float b) {
 template <typename In, typename Out, int N>
 struct EncodeOp {
   static constexpr bool kUsesScale = kIsFp8<Out>;
+  // float32 input holds twice the registers per token in flight; at 64 the compiler spills.
+  static constexpr int kMinBlocks = sizeof(In) > 2 ? 3 : 4;
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
-  __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider& div, const RowParams&) {
+  __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider div, const RowParams&) {
     if constexpr (kIsFp8<Out>) {
       uint8_t* out = reinterpret_cast<uint8_t*>(d) + static_cast<int64_t>(c) * N;
       if constexpr (N == 1) {
@@ -256,25 +264,32 @@ __device__ __forceinline__ uint8_t e4m3_rne(float v) {
 template <typename In, bool kVector>
 struct Nvfp4Op {
   static constexpr bool kUsesScale = true;
+  // The per-block math needs ~70 registers; at 64 the compiler spills.
+  static constexpr int kMinBlocks = 3;
   using Raw = Elements<In, kNvfp4Block, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
-  __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider& global,
+  __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider global,
                                                const RowParams& p) {
+    // NaN encodes as +0 and is ignored by amax: zero it once, so neither loop below tests it.
+    float x[kNvfp4Block];
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < kNvfp4Block; ++k) {
-      const float a = isnan(f[k]) ? 0.0f : fabsf(f[k]);
-      amax = a > amax ? a : amax;
+      x[k] = isnan(f[k]) ? 0.0f : f[k];
+      amax = fmaxf(amax, fabsf(x[k]));
     }
     float denom;
     const uint8_t scale_bits = nvfp4_block_scale(amax, global.d, [](float v) { return e4m3_rne(v); }, &denom);
-    const Divider div = make_divider(denom);
+    const Divider div = make_divider(denom > 0.0f ? denom : 1.0f);
+    // A block whose divisor is not > 0 encodes all-zero codes (the reference's q = 0).
+    const uint32_t keep = denom > 0.0f ? 0xFFFFFFFFu : 0u;
     uint32_t packed[2] = {0u, 0u};
 #pragma unroll
     for (int k = 0; k < kNvfp4Block; ++k) {
-      const uint32_t code = e2m1_code(denom > 0.0f ? divide(f[k], div) : 0.0f);
-      packed[k / 8] |= code << (4 * (k % 8));
+      packed[k / 8] |= static_cast<uint32_t>(e2m1_code(divide(x[k], div))) << (4 * (k % 8));
     }
+    packed[0] &= keep;
+    packed[1] &= keep;
     char* data = d + static_cast<int64_t>(c) * (kNvfp4Block / 2);
     if (p.store_width == 8) {
       *reinterpret_cast<uint2*>(data) = make_uint2(packed[0], packed[1]);
