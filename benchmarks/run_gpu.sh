@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
 #
-#   bash benchmarks/run_gpu.sh [tests] [write] [attention]     (no argument: all three)
+#   bash benchmarks/run_gpu.sh [tests] [write] [attention] [decode]     (no argument: all four)
 #
 # Run from the repository root with the wheels from ../shared/gpu/fetch-wheels.sh --flashinfer in
 # .whl/ (the device has no network). Phases can be split over calls to fit one call's time
 # limit; FlashInfer's JIT builds stay cached while the machine stays warm. Results (JSON, logs)
 # go to $OUT/results.tgz; benchmarks/summary.py prints the table from them.
 set -uo pipefail
-phases=${*:-tests write attention}
+phases=${*:-tests write attention decode}
 OUT=${OUT:-/tmp/kvfuse-gpu}
 RES=$OUT/results
 mkdir -p "$RES"
@@ -44,7 +44,7 @@ for phase in $phases; do
       timeout 240 python3 benchmarks/attention.py --quick --out "$RES" 2>&1 | grep -v '^ ' | tail -4
       timeout 150 python3 benchmarks/decode_step.py --out "$RES" 2>&1 | tail -4
       ;;
-    *) echo "unknown phase $phase (tests | write | attention)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests | write | attention | decode)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done
