@@ -42,7 +42,9 @@ for phase in $phases; do
       timeout 240 python3 benchmarks/attention.py --impls kvfuse --out "$RES/attention_matrix" 2>&1 \
         | grep -v '^ ' | tail -4
       timeout 240 python3 benchmarks/attention.py --quick --out "$RES" 2>&1 | grep -v '^ ' | tail -4
-      timeout 150 python3 benchmarks/decode_step.py --out "$RES" 2>&1 | tail -4
+      ;;
+    decode)
+      timeout 200 python3 benchmarks/decode_step.py --out "$RES" 2>&1 | tail -6
       ;;
     *) echo "unknown phase $phase (tests | write | attention | decode)"; exit 2 ;;
   esac

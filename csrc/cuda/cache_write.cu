@@ -91,38 +91,72 @@ __device__ __forceinline__ float divide(float x, const Divider v) {
   return __fdiv_rn(x, v.d);
 }
 
+// One work item: chunk c of head h of the key (half 0) or value (half 1) rows.
+struct Item {
+  int half, head, chunk;
+};
+
+__device__ __forceinline__ Item locate(int i, int per_half, int chunks) {
+  const int half = i >= per_half ? 1 : 0;
+  const int r = i - half * per_half;
+  const int head = r / chunks;
+  return Item{half, head, r - head * chunks};
+}
+
+template <class Op, int U>
+__device__ __forceinline__ void load_item(typename Op::Raw (&raw)[U], const RowParams& p, const Item& it,
+                                          const int (&tok)[U]) {
+  const char* src = p.src[it.half] + it.head * p.src_head[it.half];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (tok[u] < p.num_tokens) raw[u] = Op::load(src + tok[u] * p.src_tok[it.half], it.chunk);
+  }
+}
+
 // U tokens per thread row: all their loads are issued before any convert or store, so each
 // thread keeps U 16-byte loads in flight (large token counts only; decode uses U = 1 to
-// spread a few tokens over more SMs).
+// spread a few tokens over more SMs). The first item's rows are loaded together with the
+// slots, not after them: the row loads do not depend on the slots, so the two memory
+// latencies overlap instead of adding up (rows of padding tokens are read and dropped).
 template <class Op, int U>
 __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const RowParams p) {
   const int t_base = blockIdx.x * (blockDim.y * U) + threadIdx.y;
-  char* dst_tok[U];
+  const int per_half = p.num_heads * p.chunks;
+  const int items = p.halves * per_half;
   int tok[U];
-  bool any = false;
+  int64_t slot[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int t = t_base + u * static_cast<int>(blockDim.y);
     tok[u] = t;
-    dst_tok[u] = nullptr;
+    slot[u] = -1;
     if (t < p.num_tokens) {
-      int64_t slot = t;
-      if (p.slots != nullptr) {
-        slot = p.slots64 ? static_cast<const int64_t*>(p.slots)[t] : static_cast<const int32_t*>(p.slots)[t];
+      slot[u] = p.slots == nullptr ? t
+                : p.slots64        ? static_cast<const int64_t*>(p.slots)[t]
+                                   : static_cast<const int32_t*>(p.slots)[t];
+    }
+  }
+  typename Op::Raw raw[U];
+  Item item = locate(threadIdx.x, per_half, p.chunks);
+  if (static_cast<int>(threadIdx.x) < items) load_item<Op, U>(raw, p, item, tok);
+
+  char* dst_tok[U];
+  bool any = false;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    dst_tok[u] = nullptr;
+    if (slot[u] >= 0 && slot[u] < p.capacity) {
+      int64_t block, off;
+      if (p.capacity <= INT32_MAX) {  // 32-bit division is several times cheaper
+        const uint32_t s32 = static_cast<uint32_t>(slot[u]), bs = static_cast<uint32_t>(p.block_size);
+        block = s32 / bs;
+        off = s32 - static_cast<uint32_t>(block) * bs;
+      } else {
+        block = slot[u] / p.block_size;
+        off = slot[u] - block * p.block_size;
       }
-      if (slot >= 0 && slot < p.capacity) {
-        int64_t block, off;
-        if (p.capacity <= INT32_MAX) {  // 32-bit division is several times cheaper
-          const uint32_t s32 = static_cast<uint32_t>(slot), bs = static_cast<uint32_t>(p.block_size);
-          block = s32 / bs;
-          off = s32 - static_cast<uint32_t>(block) * bs;
-        } else {
-          block = slot / p.block_size;
-          off = slot - block * p.block_size;
-        }
-        dst_tok[u] = p.dst + block * p.dst_block + off * p.dst_off;
-        any = true;
-      }
+      dst_tok[u] = p.dst + block * p.dst_block + off * p.dst_off;
+      any = true;
     }
   }
   if (!any) return;
@@ -132,27 +166,18 @@ __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const Ro
     div_k = make_divider(__ldg(p.scale[0]));
     div_v = make_divider(__ldg(p.scale[1]));
   }
-  const int per_half = p.num_heads * p.chunks;
-  const int items = p.halves * per_half;
   for (int i = threadIdx.x; i < items; i += blockDim.x) {
-    const int half = i >= per_half ? 1 : 0;
-    const int r = i - half * per_half;
-    const int h = r / p.chunks;
-    const int c = r - h * p.chunks;
-    const char* src = p.src[half] + h * p.src_head[half];
-    const int64_t src_tok = p.src_tok[half];
-    const int64_t dst_row = half * p.dst_kv + h * p.dst_head;
-    // Selected by value: a reference to either would take their address and put both in
-    // local memory, which costs the FP8 kernels a third of their bandwidth.
-    const Divider div = half ? div_v : div_k;
-    typename Op::Raw raw[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (dst_tok[u] != nullptr) raw[u] = Op::load(src + tok[u] * src_tok, c);
+    if (i != static_cast<int>(threadIdx.x)) {
+      item = locate(i, per_half, p.chunks);
+      load_item<Op, U>(raw, p, item, tok);
     }
+    const int64_t dst_row = item.half * p.dst_kv + item.head * p.dst_head;
+    // Selected by value: a reference to either would take their address and put both in
+    // local memory (seen as a 24-byte stack frame in ptxas -v).
+    const Divider div = item.half ? div_v : div_k;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (dst_tok[u] != nullptr) Op::store(raw[u], dst_tok[u] + dst_row, c, div, p);
+      if (dst_tok[u] != nullptr) Op::store(raw[u], dst_tok[u] + dst_row, item.chunk, div, p);
     }
   }
 }
@@ -216,8 +241,9 @@ __device__ __forceinline__ uint16_t fp8x2(float a, float b) {
 template <typename In, typename Out, int N>
 struct EncodeOp {
   static constexpr bool kUsesScale = kIsFp8<Out>;
-  // float32 input holds twice the registers per token in flight; at 64 the compiler spills.
-  static constexpr int kMinBlocks = sizeof(In) > 2 ? 3 : 4;
+  // float32 input holds twice the registers per token in flight, and FP8 adds the dividers;
+  // at 64 registers the compiler spills those.
+  static constexpr int kMinBlocks = sizeof(In) > 2 && kIsFp8<Out> ? 2 : sizeof(In) > 2 || kIsFp8<Out> ? 3 : 4;
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
