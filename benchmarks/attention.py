@@ -392,6 +392,17 @@ FOCUS_VARIANTS = [
     ("ptx bcast n64 w4 s3", "nvfp4", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, SCALE_GATHER=False)),
     ("ptx bcast n128 w4 s2", "nvfp4", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False)),
     ("ptx bcast n128 w8 s2", "nvfp4", {}, dict(BLOCK_N=128, num_warps=8, num_stages=2, SCALE_GATHER=False)),
+    # Scores as (K @ q^T)^T: the key tile becomes the dot's first operand.
+    ("keys-first n128 w4 s2", "bf16", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2, KEYS_FIRST=True)),
+    ("keys-first n128 w4 s2", "fp8", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2, KEYS_FIRST=True)),
+    ("keys-first n64 w4 s3", "fp8", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, KEYS_FIRST=True)),
+    ("keys-first n128 w8 s2", "fp8", {}, dict(BLOCK_N=128, num_warps=8, num_stages=2, KEYS_FIRST=True)),
+    ("keys-first bcast n128 w4 s2", "nvfp4", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False,
+                                                     KEYS_FIRST=True)),
+    ("keys-first bcast n64 w4 s3", "nvfp4", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, SCALE_GATHER=False,
+                                                    KEYS_FIRST=True)),
+    ("keys-first bcast n128 w8 s2", "nvfp4", {}, dict(BLOCK_N=128, num_warps=8, num_stages=2, SCALE_GATHER=False,
+                                                     KEYS_FIRST=True)),
 ]
 
 

@@ -177,6 +177,17 @@ def test_quantized_cache_with_query_beyond_fp16_range(mode):
     check(args)
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_keys_first_scores(monkeypatch, mode):
+    # KEYS_FIRST computes the scores as (K @ q^T)^T; decode, split-KV, prefill and a window.
+    from kvfuse.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "_INTERPRET_CONFIG", dict(ta._INTERPRET_CONFIG, KEYS_FIRST=True))
+    check(make_case([1, 17, 40], [1, 1, 1], 4, 1, 32, mode, page=8, pad_rows=2, seed=23))
+    check(make_case([45], [1], 8, 2, 32, mode, page=16, pad_rows=1, seed=24), window=20)
+    check(make_case([19, 30], [19, 6], 4, 2, 32, mode, page=8, pad_rows=1, seed=25), window=7)
+
+
 def test_through_op_with_forced_backend(monkeypatch):
     monkeypatch.setenv("KVFUSE_ATTENTION_BACKEND", "triton")
     backends.clear_cache()
@@ -277,6 +288,20 @@ def test_gpu_nvfp4_decode_variants(monkeypatch, use_asm, scale_gather):
     check(args)
     args = make_case([700, 77], [300, 7], 16, 4, 64, KVQuantMode.NVFP4, pad_rows=2, seed=19)
     check(args, window=129)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("keys_first", [True, False], ids=["keys_first", "query_first"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_gpu_decode_score_orders(monkeypatch, mode, keys_first):
+    # Both score orders at real decode shapes, with and without split-KV, head sizes 64 and 128.
+    from kvfuse.ops.triton import attention as ta
+
+    for key in ta.DECODE_CONFIG:
+        monkeypatch.setitem(ta.DECODE_CONFIG, key, dict(ta.DECODE_CONFIG[key], KEYS_FIRST=keys_first))
+    check(make_case([1, 533, 4097, 31] * 10, [1] * 40, 32, 8, 128, mode, pad_rows=2, seed=26))
+    check(make_case([4099, 77], [1, 1], 16, 4, 64, mode, pad_rows=1, seed=27), window=1000)
 
 
 @gpu

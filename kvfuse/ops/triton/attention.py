@@ -130,17 +130,26 @@ def _attend_range(
     cache_ptr, bt_row_ptr, kvh, stride_cb, stride_ckv, stride_cs, stride_ch,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    ROW_ALIGN: tl.constexpr,
+    ROW_ALIGN: tl.constexpr, KEYS_FIRST: tl.constexpr,
 ):
-    """Keys ``[lo, hi)`` of a bf16/fp16/fp32 or FP8 cache (FP8 converts exactly to DOT_DTYPE)."""
+    """Keys ``[lo, hi)`` of a bf16/fp16/fp32 or FP8 cache (FP8 converts exactly to DOT_DTYPE).
+
+    KEYS_FIRST: ``q`` is passed transposed ([HEAD_PAD, BLOCK_M]) and the scores are computed as
+    ``(K @ q^T)^T``, see :data:`DECODE_CONFIG`."""
     offs_d = tl.arange(0, HEAD_PAD)
     dmask = offs_d < HEAD
     for start in range(lo, hi, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         kmask = kpos < hi
         off = _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
-        k = tl.load(cache_ptr + off[None, :] + offs_d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
-        s = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * qk_scale
+        if KEYS_FIRST:
+            k = tl.load(cache_ptr + off[:, None] + offs_d[None, :], mask=kmask[:, None] & dmask[None, :],
+                        other=0.0)
+            s = tl.trans(tl.dot(k.to(DOT_DTYPE), q, input_precision=PRECISION)) * qk_scale
+        else:
+            k = tl.load(cache_ptr + off[None, :] + offs_d[:, None], mask=kmask[None, :] & dmask[:, None],
+                        other=0.0)
+            s = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * qk_scale
         allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
         p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
         v = tl.load(cache_ptr + stride_ckv + off[:, None] + offs_d[None, :], mask=kmask[:, None] & dmask[None, :],
@@ -249,19 +258,27 @@ def _attend_range_nvfp4(
     HEAD: tl.constexpr, HALF_PAD: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    KEYS_FIRST: tl.constexpr,
 ):
     """Keys ``[lo, hi)`` of an NVFP4 cache. Even and odd head-dim elements (low and high nibbles)
     stay in separate tiles: ``q . k = q_even . k_lo + q_odd . k_hi`` and ``P @ V`` fills two
-    half-width accumulators, so nothing is interleaved in registers."""
+    half-width accumulators, so nothing is interleaved in registers. KEYS_FIRST: as in
+    :func:`_attend_range`, with ``q_e`` / ``q_o`` passed transposed."""
     HALF: tl.constexpr = HEAD // 2
     for start in range(lo, hi, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         kmask = kpos < hi
         off = _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
-        k_lo, k_hi = _nvfp4_tile(cache_ptr + off, kmask, HALF, HALF_PAD, NB, BLOCK_N, True, SCALE_GATHER,
-                                 USE_ASM)
-        s = tl.dot(q_e, k_lo.to(DOT_DTYPE), input_precision=PRECISION)
-        s = tl.dot(q_o, k_hi.to(DOT_DTYPE), s, input_precision=PRECISION) * qk_scale
+        if KEYS_FIRST:
+            k_lo, k_hi = _nvfp4_tile(cache_ptr + off, kmask, HALF, HALF_PAD, NB, BLOCK_N, False, SCALE_GATHER,
+                                     USE_ASM)
+            s_t = tl.dot(k_lo.to(DOT_DTYPE), q_e, input_precision=PRECISION)
+            s = tl.trans(tl.dot(k_hi.to(DOT_DTYPE), q_o, s_t, input_precision=PRECISION)) * qk_scale
+        else:
+            k_lo, k_hi = _nvfp4_tile(cache_ptr + off, kmask, HALF, HALF_PAD, NB, BLOCK_N, True, SCALE_GATHER,
+                                     USE_ASM)
+            s = tl.dot(q_e, k_lo.to(DOT_DTYPE), input_precision=PRECISION)
+            s = tl.dot(q_o, k_hi.to(DOT_DTYPE), s, input_precision=PRECISION) * qk_scale
         allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
         p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
         v_lo, v_hi = _nvfp4_tile(cache_ptr + stride_ckv + off, kmask, HALF, HALF_PAD, NB, BLOCK_N, False,
@@ -297,6 +314,7 @@ def _paged_attention_kernel(
     GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     Q_RESCALE: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    KEYS_FIRST: tl.constexpr,
 ):
     """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
@@ -375,21 +393,24 @@ def _paged_attention_kernel(
             qk = qk / qs
         q_e = q_e.to(DOT_DTYPE)
         q_o = q_o.to(DOT_DTYPE)
+        if KEYS_FIRST:
+            q_e = tl.trans(q_e)
+            q_o = tl.trans(q_o)
         acc_e = tl.zeros([BLOCK_M, HALF_PAD], tl.float32)
         acc_o = tl.zeros([BLOCK_M, HALF_PAD], tl.float32)
         if HAS_WINDOW:
             acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
                 acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, s_lo, a, window, qk, cache_ptr, bt_row, kvh,
                 stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
-                HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN)
+                HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
             acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, a, c, window, qk, cache_ptr, bt_row, kvh,
             stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, False,
-            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN)
+            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
             acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, c, s_hi, window, qk, cache_ptr, bt_row, kvh,
             stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
-            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN)
+            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o_e = acc_e * inv[:, None]
         o_o = acc_o * inv[:, None]
@@ -410,20 +431,22 @@ def _paged_attention_kernel(
             q = q.to(tl.float32) * qs
             qk = qk / qs
         q = q.to(DOT_DTYPE)
+        if KEYS_FIRST:
+            q = tl.trans(q)
         acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
         if HAS_WINDOW:
             acc, m_i, l_i = _attend_range(
                 acc, m_i, l_i, q, qpos, s_lo, a, window, qk, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
                 stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-                ROW_ALIGN)
+                ROW_ALIGN, KEYS_FIRST)
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, qpos, a, c, window, qk, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN)
+            ROW_ALIGN, KEYS_FIRST)
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, qpos, c, s_hi, window, qk, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN)
+            ROW_ALIGN, KEYS_FIRST)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o = acc * inv[:, None]
         if SPLIT:
@@ -554,6 +577,7 @@ def paged_attention(
     if _interpreting():
         dot_dtype = tl.float32  # the CPU interpreter mis-computes bf16/fp16 tl.dot (triton 3.9)
     use_asm = USE_INLINE_ASM and not _interpreting()
+    keys_first = bool(cfg.get("KEYS_FIRST", False))
     # Broadcasting block scales needs a power-of-two scale count per row; the gather works always.
     scale_gather = cfg.get("SCALE_GATHER", True) or _next_pow2(head_size) != head_size or head_size < 32
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
@@ -590,6 +614,7 @@ def paged_attention(
         BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], PAGE=page, SPLIT=num_splits > 1,
         HAS_WINDOW=has_window, DOT_DTYPE=dot_dtype, PRECISION=precision,
         Q_RESCALE=q_rescale, SCALE_GATHER=scale_gather, USE_ASM=use_asm, ROW_ALIGN=row_align,
+        KEYS_FIRST=keys_first,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
