@@ -184,14 +184,15 @@ __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const Ro
 
 // ----------------------------------------------------------------------------- row ops
 // Each op: Raw (the registers one work item loads), load(src_row, chunk), store(raw, dst_row,
-// chunk, divider, params), and kMinBlocks, the resident blocks per SM its register budget is
-// set for (4: at most 64 registers, the occupancy that keeps enough bytes in flight for the
-// memory-bound ops).
+// chunk, divider, params); kMinBlocks, the resident blocks per SM its register budget is set
+// for (4: at most 64 registers, the occupancy that keeps enough bytes in flight for the
+// memory-bound ops); kUnroll, the tokens per thread at large token counts.
 
 template <int W>
 struct CopyOp {
   static constexpr bool kUsesScale = false;
   static constexpr int kMinBlocks = 4;
+  static constexpr int kUnroll = 4;
   using Raw = typename Word<W>::type;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return reinterpret_cast<const Raw*>(s)[c]; }
   __device__ __forceinline__ static void store(const Raw& raw, char* d, int c, const Divider, const RowParams&) {
@@ -243,7 +244,10 @@ struct EncodeOp {
   static constexpr bool kUsesScale = kIsFp8<Out>;
   // float32 input holds twice the registers per token in flight, and FP8 adds the dividers;
   // at 64 registers the compiler spills those.
-  static constexpr int kMinBlocks = sizeof(In) > 2 && kIsFp8<Out> ? 2 : sizeof(In) > 2 || kIsFp8<Out> ? 3 : 4;
+  static constexpr int kMinBlocks = sizeof(In) > 2 && kIsFp8<Out> ? 3 : 4;
+  // FP8 is bound by instruction latency, not bytes: two tokens per thread keep it under 64
+  // registers, and more resident warps hide the latency better than more loads per warp.
+  static constexpr int kUnroll = kIsFp8<Out> ? 2 : 4;
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
@@ -292,6 +296,7 @@ struct Nvfp4Op {
   static constexpr bool kUsesScale = true;
   // The per-block math needs ~70 registers; at 64 the compiler spills.
   static constexpr int kMinBlocks = 3;
+  static constexpr int kUnroll = 1;
   using Raw = Elements<In, kNvfp4Block, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
   __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider global,
@@ -339,7 +344,7 @@ void launch_unrolled(const RowParams& p, int tx, int ty, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Blocks below which a grid of U = 4 would leave SMs idle (132 SMs x 8 resident blocks).
+// Blocks below which an unrolled grid would leave SMs idle (132 SMs x 8 resident blocks).
 constexpr int kWideGrid = 1024;
 
 template <class Op, bool kUnroll = true>
@@ -348,8 +353,8 @@ void launch(const RowParams& p, cudaStream_t stream) {
   int tx = 1;
   while (tx < items && tx < kThreads) tx <<= 1;
   const int ty = kThreads / tx;
-  if constexpr (kUnroll) {
-    if (p.num_tokens / (ty * 4) >= kWideGrid) return launch_unrolled<Op, 4>(p, tx, ty, stream);
+  if constexpr (kUnroll && Op::kUnroll > 1) {
+    if (p.num_tokens / (ty * Op::kUnroll) >= kWideGrid) return launch_unrolled<Op, Op::kUnroll>(p, tx, ty, stream);
   }
   launch_unrolled<Op, 1>(p, tx, ty, stream);
 }

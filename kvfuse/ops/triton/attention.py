@@ -63,6 +63,8 @@ PREFILL_CONFIG = {
     "small": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
     "large": dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
 }
+# Optional entries: KEYS_FIRST (scores as (K @ q^T)^T, the key tile as the dot's first operand)
+# and MAXNREG (a register cap per thread: more resident programs per SM, at the risk of spills).
 _INTERPRET_CONFIG = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
 # NVFP4 unpacking through PTX (one cvt per two values); False selects the plain-Triton decode, which
 # the CPU interpreter always uses. Benchmarks and tests flip these.
@@ -616,6 +618,7 @@ def paged_attention(
         Q_RESCALE=q_rescale, SCALE_GATHER=scale_gather, USE_ASM=use_asm, ROW_ALIGN=row_align,
         KEYS_FIRST=keys_first,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"maxnreg": cfg["MAXNREG"]} if cfg.get("MAXNREG") and not _interpreting() else {}),
     )
     if num_splits > 1:
         _paged_attention_reduce_kernel[(num_tokens, num_q_heads)](
