@@ -335,3 +335,18 @@ def test_float32_queries_get_tiles_that_fit_hopper_shared_memory(monkeypatch):
         kv_tile_bytes = 2 * cfg32["num_stages"] * cfg32["BLOCK_N"] * 128 * 4
         assert kv_tile_bytes <= 128 * 1024 < 232448
         assert cfg32["BLOCK_N"] <= cfg16["BLOCK_N"]
+
+
+def test_decode_configs_per_format_and_split(monkeypatch):
+    """Each cache format gets its own decode tiles; a split launch takes the `_split` entry if any."""
+    from kvfuse.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "_interpreting", lambda: False)
+    for mode, key in ((KVQuantMode.NONE, "small"), (KVQuantMode.FP8_E4M3, "small_fp8"),
+                      (KVQuantMode.FP8_E5M2, "small_fp8"), (KVQuantMode.NVFP4, "small_nvfp4")):
+        cfg, decode = ta._pick_config(64, 64, 128, 4, mode)
+        assert decode and cfg == ta.DECODE_CONFIG[key]
+        cfg, _ = ta._pick_config(64, 64, 128, 4, mode, split=True)
+        assert cfg == ta.DECODE_CONFIG.get(key + "_split", ta.DECODE_CONFIG[key])
+    cfg, decode = ta._pick_config(4096, 2, 128, 4, KVQuantMode.FP8_E4M3, split=True)
+    assert not decode and cfg == ta.PREFILL_CONFIG["small"]

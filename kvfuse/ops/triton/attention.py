@@ -51,12 +51,16 @@ _LOG2E = 1.4426950408889634
 DECODE_CONFIG = {
     # head_size <= 128, by cache format: narrower K/V rows want more keys per iteration so each
     # program keeps enough bytes in flight.
-    # Picked by `benchmarks/attention.py --tune` on an H100 (batch 64, context 4096).
+    # Picked by `benchmarks/attention.py --tune` / `--focus` on an H100 (batch 64, context 4096).
     "small": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
-    "small_fp8": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
-    # NVFP4: H100, B=64, ctx 4096 (2026-11-20): broadcast scales n128/w4/s2 394 us; n128/w8/s2 406;
-    # n64/w4/s3 571; per-byte scale gather n64/w4/s3 712.
-    "small_nvfp4": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False),
+    # FP8, 32/8 heads (2026-11-21): n64/w4/s3 capped at 128 registers 229 us; n128/w4/s2 273 us
+    # uncapped (255 registers: 2 programs per SM), 234 us capped; 16/8 heads alike (230 vs 273).
+    "small_fp8": dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3, MAXNREG=128),
+    # With split-KV (small batches, bf16 dots) the uncapped n128 tiles as measured before the caps.
+    "small_fp8_split": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
+    # NVFP4: broadcast scales n128/w4/s2 capped at 128 registers 340 us (uncapped 391, 168: 444);
+    # n64/w4/s3 568; per-byte scale gather n64/w4/s3 715. Batch 16, context 16k: 411 vs 462 us.
+    "small_nvfp4": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False, MAXNREG=128),
     "large": dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=3),
 }
 PREFILL_CONFIG = {
@@ -501,8 +505,11 @@ _FP32_MAX_BLOCK_N = 64
 
 
 def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
-                 mode: KVQuantMode, query_itemsize: int = 2) -> tuple[dict, bool]:
-    """(config, decode?) from shapes only: few query tokens per sequence -> decode tiles + split-KV."""
+                 mode: KVQuantMode, query_itemsize: int = 2, split: bool = False) -> tuple[dict, bool]:
+    """(config, decode?) from shapes only: few query tokens per sequence -> decode tiles + split-KV.
+
+    ``split``: the launch splits the context; a ``<key>_split`` entry, where present, replaces the
+    key's (every decode entry has the same BLOCK_M, so the split decision does not change)."""
     if _interpreting():
         return dict(_INTERPRET_CONFIG), num_tokens <= 4 * max(num_seqs, 1)
     size = "small" if head_size <= 128 else "large"
@@ -510,6 +517,8 @@ def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
     key = size
     if decode and size == "small" and mode is not KVQuantMode.NONE:
         key = "small_nvfp4" if mode is KVQuantMode.NVFP4 else "small_fp8"
+    if decode and split and key + "_split" in DECODE_CONFIG:
+        key += "_split"
     cfg = dict((DECODE_CONFIG if decode else PREFILL_CONFIG)[key])
     if decode:
         avg_q = _next_pow2(max(1, -(-num_tokens // max(num_seqs, 1))))
@@ -563,6 +572,8 @@ def paged_attention(
         target = _PROGRAMS_PER_SM * _num_sms(query.device.index or 0)
         if programs < target // 2:
             num_splits = min(_MAX_SPLITS, -(-target // programs))
+            cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode, query.element_size(),
+                                       split=True)
     elif decode and _interpreting() and num_seqs == 1:
         num_splits = 2  # exercise the split path in the CPU tests
 
