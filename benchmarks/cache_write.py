@@ -69,12 +69,13 @@ def plain_encode_and_write(key, value, kv_cache, slots, k_scale, v_scale, mode: 
     """The torch.compile anchor: the hand-written cast / FP8 quantize and a scatter by (block, offset)."""
     from kvfuse.kv_cache import KVQuantMode
 
-    if KVQuantMode(mode) is KVQuantMode.NVFP4:
+    quant = KVQuantMode(mode)
+    if quant is KVQuantMode.NVFP4:
         return torch_encode_and_write(key, value, kv_cache, slots, k_scale, v_scale, mode)
     block_size = kv_cache.shape[2]
     block, offset = slots // block_size, slots % block_size
     for half, (x, scale) in enumerate(((key, k_scale), (value, v_scale))):
-        if KVQuantMode(mode).is_fp8:
+        if quant.is_fp8:
             limit = torch.finfo(kv_cache.dtype).max
             x = (x.float() / scale).clamp(-limit, limit)
         x = x.to(kv_cache.dtype)

@@ -20,9 +20,10 @@ from kvfuse.ops import backends
 from kvfuse.ops import native
 from kvfuse.ops import reference as ref
 
+from _cache_formats import SENTINEL, sentinel_cache
+
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-SENTINEL = 0x5A
 HEAD_SIZES = (64, 80, 128, 256)  # all multiples of 16, so NVFP4 runs on every one
 
 
@@ -79,9 +80,7 @@ def test_cpp_enum_matches_python():
 
 
 def _sentinel_cache(num_blocks, block_size, heads, row_dim, dtype, device):
-    raw = torch.full((num_blocks, 2, block_size, heads, row_dim * dtype.itemsize), SENTINEL, dtype=torch.uint8,
-                     device=device)
-    return raw.view(dtype)
+    return sentinel_cache((num_blocks, 2, block_size, heads, row_dim), dtype, device)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -14,20 +14,11 @@ from kvfuse import KVQuantMode
 from kvfuse.kv_cache import E2M1_VALUES, NVFP4_BLOCK, nvfp4_dequantize_reference, row_dim_for
 from kvfuse.ops import cache_write, encode_and_cache_write, encode_kv, paged_attention
 
-OPS = torch.ops.kvfuse
+from _cache_formats import FORMAT_IDS, FORMATS, SENTINEL, sentinel_cache
 
-# (mode, storage dtype) of every cache format.
-FORMATS = [
-    (KVQuantMode.NONE, torch.bfloat16),
-    (KVQuantMode.NONE, torch.float16),
-    (KVQuantMode.NONE, torch.float32),
-    (KVQuantMode.FP8_E4M3, torch.float8_e4m3fn),
-    (KVQuantMode.FP8_E5M2, torch.float8_e5m2),
-    (KVQuantMode.NVFP4, torch.uint8),
-]
-FORMAT_IDS = [f"{m.name}-{str(d).replace('torch.', '')}" for m, d in FORMATS]
 HEAD_SIZES = [64, 80, 128, 256]
-SENTINEL = 0x5A
+
+OPS = torch.ops.kvfuse
 
 
 pytestmark = pytest.mark.usefixtures("reference_backend")
@@ -42,9 +33,7 @@ def _randn(shape, dtype, seed, scale=1.0):
 
 
 def _sentinel_cache(num_blocks, block_size, heads, row_dim, dtype, byte=SENTINEL):
-    cache = torch.empty(num_blocks, 2, block_size, heads, row_dim, dtype=dtype)
-    cache.view(torch.uint8).fill_(byte)
-    return cache
+    return sentinel_cache((num_blocks, 2, block_size, heads, row_dim), dtype, byte=byte)
 
 
 def _bits(t):

@@ -17,35 +17,20 @@ if not torch.cuda.is_available():  # Triton picks interpreted vs compiled when a
 
 pytest.importorskip("triton")
 
-from kvfuse.kv_cache import KVQuantMode, nvfp4_row_dim  # noqa: E402
+from kvfuse.kv_cache import KVQuantMode, row_dim_for  # noqa: E402
 from kvfuse.ops import backends  # noqa: E402
 from kvfuse.ops import reference as ref  # noqa: E402
 from kvfuse.ops.triton import kv_write as tcw  # noqa: E402
 
+from _cache_formats import FORMAT_IDS, FORMATS, SENTINEL, sentinel_cache  # noqa: E402
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-SENTINEL = 0x5A  # a byte pattern no encoder writes for the test data by accident in every lane
-
-# (mode, cache storage dtype)
-FORMATS = [
-    (KVQuantMode.NONE, torch.bfloat16),
-    (KVQuantMode.NONE, torch.float16),
-    (KVQuantMode.NONE, torch.float32),
-    (KVQuantMode.FP8_E4M3, torch.float8_e4m3fn),
-    (KVQuantMode.FP8_E5M2, torch.float8_e5m2),
-    (KVQuantMode.NVFP4, torch.uint8),
-]
-FORMAT_IDS = ["bf16", "fp16", "fp32", "e4m3", "e5m2", "nvfp4"]
-
-
-def _row_dim(mode: KVQuantMode, head_size: int) -> int:
-    return nvfp4_row_dim(head_size) if mode is KVQuantMode.NVFP4 else head_size
 
 
 def _sentinel_cache(shape, dtype) -> torch.Tensor:
-    raw = torch.full((*shape[:-1], shape[-1] * dtype.itemsize), SENTINEL, dtype=torch.uint8, device=DEVICE)
-    return raw.view(dtype)
+    return sentinel_cache(shape, dtype, DEVICE)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -103,7 +88,7 @@ def _check_fused(num_tokens, heads, head_size, mode, cache_dtype, in_dtype, slot
     k_scale, v_scale = _scales(mode)
     num_blocks = (2 * num_tokens + block_size - 1) // block_size + 1
     slots = _slots(num_tokens, num_blocks * block_size, slot_dtype)
-    shape = (num_blocks, 2, block_size, heads, _row_dim(mode, head_size))
+    shape = (num_blocks, 2, block_size, heads, row_dim_for(mode, head_size))
     expected = _sentinel_cache(shape, cache_dtype)
     actual = expected.clone()
     ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, int(mode))
@@ -146,7 +131,7 @@ def test_encode_kv_and_cache_write(mode, cache_dtype):
     _assert_same_bits(rows, expected_rows, f"encode_kv {mode.name}")
     vrows = ref.encode_kv(value, k_scale, int(mode), cache_dtype)
     slots = _slots(7, 24, torch.int32)
-    shape = (6, 2, 4, 2, _row_dim(mode, 48))
+    shape = (6, 2, 4, 2, row_dim_for(mode, 48))
     expected = _sentinel_cache(shape, cache_dtype)
     actual = expected.clone()
     ref.cache_write(expected_rows, vrows, expected, slots)
@@ -193,7 +178,7 @@ def test_nvfp4_rounding_edges():
 def test_split_strided_halves_and_strided_input(mode, cache_dtype):
     """K and V caches as separate strided views, and K/V sliced out of one fused QKV tensor."""
     heads, head_size, block_size, num_blocks, num_tokens = 2, 32, 4, 5, 9
-    row = _row_dim(mode, head_size)
+    row = row_dim_for(mode, head_size)
     qkv = torch.randn(num_tokens, 4 + 2 * heads, head_size, device=DEVICE).to(torch.bfloat16)
     key, value = qkv[:, 4:4 + heads], qkv[:, 4 + heads:]
     assert key.stride(0) != heads * head_size
