@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
 #
-#   bash benchmarks/run_gpu.sh [tests] [write] [attention] [decode]     (no argument: all four)
+#   bash benchmarks/run_gpu.sh [tests] [write] [attention] [decode] [native]
+#
+# No argument: the first four. `native` is the native kernels' own loop: their GPU tests and the
+# launch-constant sweep (benchmarks/native_sweep.py).
 #
 # Run from the repository root with the wheels from ../shared/gpu/fetch-wheels.sh --flashinfer in
 # .whl/ (the device has no network). Phases can be split over calls to fit one call's time
@@ -46,7 +49,13 @@ for phase in $phases; do
     decode)
       timeout 200 python3 benchmarks/decode_step.py --out "$RES" 2>&1 | tail -6
       ;;
-    *) echo "unknown phase $phase (tests | write | attention | decode)"; exit 2 ;;
+    native)
+      python3 -c "from kvfuse.ops import native; print(native.build_info(build=True))" 2>&1 | tail -3
+      timeout 240 python3 -m pytest -q -m gpu -n 8 tests/ops/test_native.py -p no:cacheprovider 2>&1 \
+        | tail -8 | tee "$RES/native_tests.log"
+      timeout 480 python3 benchmarks/native_sweep.py --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
+      ;;
+    *) echo "unknown phase $phase (tests | write | attention | decode | native)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done

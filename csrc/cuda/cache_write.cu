@@ -1,20 +1,24 @@
 // CUDA kernels of kvfuse's cache ops: encode K/V rows (cast, FP8, NVFP4) and scatter them
 // into a paged cache (num_blocks, 2, block_size, heads, row_dim) in one pass.
 //
-// One kernel shape serves every op: a 2-D thread block holds blockDim.y tokens, and the
-// blockDim.x threads of a token stride over its (half, head, chunk) work items. A chunk is
-// 16 bytes of input where the layout allows it (8 elements for cast / FP8, one 16-element
-// NVFP4 block) and one element otherwise, so odd head sizes and unaligned views still work.
+// One kernel serves every op. A token's row work is cut into items: (half, head, chunk), a chunk
+// being 16 or 32 bytes of input where the layout allows it (8 or 16 elements for cast / FP8, one
+// 16-element NVFP4 block) and one element otherwise, so odd head sizes and unaligned views still
+// work. A thread block covers whole tokens, and its threads walk the flat (token, item) space
+// kUnits units apart: each thread issues all its row loads (and the slot loads) before it converts
+// or stores anything, so a thread keeps kUnits loads in flight, and adjacent threads touch
+// adjacent bytes of a row.
 //
 // Numerics (bit-identical to kvfuse/ops/reference.py, see csrc/encode_math.h):
 //   - cast: c10's float -> half / bfloat16 conversions, the ones torch's .to() uses;
-//   - FP8: q = x / scale (IEEE division; this file must never be built with fast math), then
-//     the saturating hardware convert cvt.rn.satfinite, which equals clamp(q, -max, max)
-//     followed by round-to-nearest-even (both send |q| beyond the largest finite value to
-//     it, inf included); NaN keeps its sign bit as c10's conversion does;
+//   - FP8: q = x / scale (correctly rounded division; this file must never be built with fast
+//     math), then the saturating hardware convert cvt.rn.satfinite, which equals clamp(q, -max,
+//     max) followed by round-to-nearest-even (both send |q| beyond the largest finite value to
+//     it, inf included); NaN stays NaN;
 //   - NVFP4: the reference's float32 math per 16-block, E2M1 rounding in software.
 // Slots equal to -1 (and, instead of a fault, slots beyond the cache) are skipped.
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -23,16 +27,41 @@
 #include <c10/util/Half.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "../cache_write.h"
 #include "../encode_math.h"
 
+// Tuning knobs (benchmarks/native_sweep.py rebuilds the library with other values): threads per
+// block, units per thread and the resident blocks per SM the register budget is set for, per op
+// family. The defaults are the best of that sweep on an H100 (BENCHMARKS.md).
+#ifndef KVFUSE_THREADS
+#define KVFUSE_THREADS 256
+#endif
+#ifndef KVFUSE_COPY_UNITS
+#define KVFUSE_COPY_UNITS 4
+#endif
+#ifndef KVFUSE_COPY_MIN_BLOCKS
+#define KVFUSE_COPY_MIN_BLOCKS 4
+#endif
+#ifndef KVFUSE_FP8_UNITS
+#define KVFUSE_FP8_UNITS 2
+#endif
+#ifndef KVFUSE_FP8_MIN_BLOCKS
+#define KVFUSE_FP8_MIN_BLOCKS 4
+#endif
+#ifndef KVFUSE_FP8_CHUNK
+#define KVFUSE_FP8_CHUNK 16
+#endif
+
 namespace kvfuse {
 namespace {
 
-constexpr int kThreads = 256;
+using at::cuda::detail::IntDivider;
+
+constexpr int kThreads = KVFUSE_THREADS;
 
 // Byte strides throughout: the same kernel moves bf16, fp8 and packed NVFP4 rows.
 struct RowParams {
@@ -45,8 +74,13 @@ struct RowParams {
   int64_t capacity;
   const void* slots;  // nullptr: token t writes row t (encode_kv's output)
   const float* scale[2];
+  // Dividers by multiply-high and shift, set up on the host: a token's items, a head's chunks,
+  // the page size (used while the cache holds < 2^31 slots).
+  IntDivider<uint32_t> items, chunks, page;
+  int per_half;  // items of one half (K or V) of a token
+  int tokens_per_block;
   int slots64;
-  int num_tokens, num_heads, chunks, halves;
+  int num_tokens, num_heads, num_chunks, halves;
   int head_size;
   int store_width;  // NVFP4 packed-data store: 8, 4 or 1 bytes at a time
 };
@@ -64,13 +98,17 @@ template <> struct Word<4> { using type = uint32_t; };
 template <> struct Word<2> { using type = uint16_t; };
 template <> struct Word<1> { using type = uint8_t; };
 
-// x / d rounded to nearest even, bit for bit what div.rn.f32 (and so torch) computes, in three
-// FMA-pipe ops instead of div.rn's ~10: with r = rn(1/d), q0 = x*r is within an ulp, the
-// residual fma(-q0, d, x) is exact, and one correction step q0 + e*r rounds correctly
-// (Markstein) as long as nothing over- or underflows. Hence the fast path only for normal
-// |d| in [2^-100, 2^100]; beyond 1e30 (where every format saturates) q0 is kept, as it is
-// where the corrected value is zero (q0 holds the sign of a tiny quotient). The quotient is
-// the correctly rounded one, as the Triton kernels' div_rn and the reference compute it.
+// x / d correctly rounded (what div.rn.f32, and so torch, computes) in three FMA-pipe ops instead
+// of div.rn's ~10: with r = rn(1/d), q0 = rn(x*r) is within an ulp of x/d, the residual
+// fma(-q0, d, x) is exact, and one correction step q1 = rn(q0 + e*r) is the correctly rounded
+// quotient (Markstein). The premises hold while nothing under- or overflows, which the fast
+// window |d| in [2^-64, 2^64] ensures for every quotient an encoding can tell apart: FP8 and
+// E2M1 send |q| < 2^-17 to a signed zero, and there the residual is still a normal number.
+// Outside the window, div.rn. Two things are left to the caller, as they are cheaper in bulk:
+//   - q1 of a tiny quotient may be +0 where x/d is -0 or -tiny: copysign(q1, q0) (q0 always
+//     holds the quotient's sign);
+//   - an infinite q0 (x = inf, or x/d beyond float range) makes q1 NaN where x/d is inf: the
+//     caller keeps q0 there (FP8 finds those among its NaN bytes, in a rarely taken branch).
 struct Divider {
   float d, r;
   bool fast;
@@ -78,123 +116,129 @@ struct Divider {
 
 __device__ __forceinline__ Divider make_divider(float d) {
   const float a = fabsf(d);
-  const bool fast = a >= 0x1p-100f && a <= 0x1p100f;
+  const bool fast = a >= 0x1p-64f && a <= 0x1p64f;
   return Divider{d, fast ? __frcp_rn(d) : 0.0f, fast};
 }
 
-__device__ __forceinline__ float divide(float x, const Divider v) {
-  if (v.fast) {
+struct Quotient {
+  float q0, q1;  // rn(x * r) and the corrected quotient; equal on the div.rn path
+};
+
+// kFast: the divider is known to be in the fast window (checked once per block, not per value).
+template <bool kFast>
+__device__ __forceinline__ Quotient divide_parts(float x, const Divider v) {
+  if constexpr (kFast) {
     const float q0 = __fmul_rn(x, v.r);
-    const float q1 = __fmaf_rn(__fmaf_rn(-q0, v.d, x), v.r, q0);
-    return (q1 == 0.0f || fabsf(q0) > 1e30f) ? q0 : q1;
+    return {q0, __fmaf_rn(__fmaf_rn(-q0, v.d, x), v.r, q0)};
+  } else {
+    const float q = __fdiv_rn(x, v.d);
+    return {q, q};
   }
-  return __fdiv_rn(x, v.d);
 }
 
-// One work item: chunk c of head h of the key (half 0) or value (half 1) rows.
+// x / d correctly rounded, the fix-ups above applied per value.
+__device__ __forceinline__ float divide(float x, const Divider v) {
+  const Quotient q = v.fast ? divide_parts<true>(x, v) : divide_parts<false>(x, v);
+  return isnan(q.q1) ? q.q0 : copysignf(q.q1, q.q0);
+}
+
+// Work item i of a token: chunk c of head h of the key (half 0) or value (half 1) row.
 struct Item {
   int half, head, chunk;
 };
 
-__device__ __forceinline__ Item locate(int i, int per_half, int chunks) {
-  const int half = i >= per_half ? 1 : 0;
-  const int r = i - half * per_half;
-  const int head = r / chunks;
-  return Item{half, head, r - head * chunks};
+__device__ __forceinline__ Item locate(uint32_t i, const RowParams& p) {
+  const int half = static_cast<int>(i) >= p.per_half ? 1 : 0;
+  const auto hc = p.chunks.divmod(i - static_cast<uint32_t>(half * p.per_half));
+  return Item{half, static_cast<int>(hc.div), static_cast<int>(hc.mod)};
 }
 
-template <class Op, int U>
-__device__ __forceinline__ void load_item(typename Op::Raw (&raw)[U], const RowParams& p, const Item& it,
-                                          const int (&tok)[U]) {
-  const char* src = p.src[it.half] + it.head * p.src_head[it.half];
+template <class Op, int kUnits, bool kFast>
+__device__ __forceinline__ void store_units(const RowParams& p, const typename Op::Raw (&raw)[kUnits],
+                                            const int64_t (&slot)[kUnits], const int64_t (&dst_item)[kUnits],
+                                            const int (&chunk)[kUnits], const bool (&value_half)[kUnits],
+                                            const Divider div_k, const Divider div_v) {
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (tok[u] < p.num_tokens) raw[u] = Op::load(src + tok[u] * p.src_tok[it.half], it.chunk);
+  for (int m = 0; m < kUnits; ++m) {
+    if (slot[m] < 0 || slot[m] >= p.capacity) continue;
+    int64_t block, off;
+    if (p.capacity <= INT32_MAX) {
+      const auto bo = p.page.divmod(static_cast<uint32_t>(slot[m]));
+      block = bo.div;
+      off = bo.mod;
+    } else {
+      block = slot[m] / p.block_size;
+      off = slot[m] - block * p.block_size;
+    }
+    char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_item[m];
+    // Selected by value: a reference to either would put both in local memory.
+    Op::template store<kFast>(raw[m], dst, chunk[m], value_half[m] ? div_v : div_k, p);
   }
 }
 
-// U tokens per thread row: all their loads are issued before any convert or store, so each
-// thread keeps U 16-byte loads in flight (large token counts only; decode uses U = 1 to
-// spread a few tokens over more SMs). The first item's rows are loaded together with the
-// slots, not after them: the row loads do not depend on the slots, so the two memory
-// latencies overlap instead of adding up (rows of padding tokens are read and dropped).
-template <class Op, int U>
+// Block b covers tokens [b * tokens_per_block, ...): units u = (token, item) in row-major order,
+// thread x taking u = x, x + T, ..., x + (kUnits - 1) T (and again from kUnits T on, when one
+// token has more items than a block's threads take at once). All of a thread's row and slot
+// loads are issued before any of its stores: the loads do not depend on the slots, so both
+// memory latencies overlap, and nothing is stored for units whose slot is -1 or out of range.
+template <class Op, int kUnits>
 __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const RowParams p) {
-  const int t_base = blockIdx.x * (blockDim.y * U) + threadIdx.y;
-  const int per_half = p.num_heads * p.chunks;
-  const int items = p.halves * per_half;
-  int tok[U];
-  int64_t slot[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int t = t_base + u * static_cast<int>(blockDim.y);
-    tok[u] = t;
-    slot[u] = -1;
-    if (t < p.num_tokens) {
-      slot[u] = p.slots == nullptr ? t
-                : p.slots64        ? static_cast<const int64_t*>(p.slots)[t]
-                                   : static_cast<const int32_t*>(p.slots)[t];
-    }
-  }
-  typename Op::Raw raw[U];
-  Item item = locate(threadIdx.x, per_half, p.chunks);
-  if (static_cast<int>(threadIdx.x) < items) load_item<Op, U>(raw, p, item, tok);
-
-  char* dst_tok[U];
-  bool any = false;
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    dst_tok[u] = nullptr;
-    if (slot[u] >= 0 && slot[u] < p.capacity) {
-      int64_t block, off;
-      if (p.capacity <= INT32_MAX) {  // 32-bit division is several times cheaper
-        const uint32_t s32 = static_cast<uint32_t>(slot[u]), bs = static_cast<uint32_t>(p.block_size);
-        block = s32 / bs;
-        off = s32 - static_cast<uint32_t>(block) * bs;
-      } else {
-        block = slot[u] / p.block_size;
-        off = slot[u] - block * p.block_size;
-      }
-      dst_tok[u] = p.dst + block * p.dst_block + off * p.dst_off;
-      any = true;
-    }
-  }
-  if (!any) return;
+  const int t0 = blockIdx.x * p.tokens_per_block;
+  const uint32_t units = static_cast<uint32_t>(min(p.tokens_per_block, p.num_tokens - t0)) * p.items.divisor;
   // Two values, not an array: a runtime-indexed array would live in local memory.
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
   if constexpr (Op::kUsesScale) {
     div_k = make_divider(__ldg(p.scale[0]));
     div_v = make_divider(__ldg(p.scale[1]));
   }
-  for (int i = threadIdx.x; i < items; i += blockDim.x) {
-    if (i != static_cast<int>(threadIdx.x)) {
-      item = locate(i, per_half, p.chunks);
-      load_item<Op, U>(raw, p, item, tok);
-    }
-    const int64_t dst_row = item.half * p.dst_kv + item.head * p.dst_head;
-    // Selected by value: a reference to either would take their address and put both in
-    // local memory (seen as a 24-byte stack frame in ptxas -v).
-    const Divider div = item.half ? div_v : div_k;
+  for (uint32_t base = threadIdx.x; base < units; base += kUnits * kThreads) {
+    typename Op::Raw raw[kUnits];
+    int64_t slot[kUnits];
+    int64_t dst_item[kUnits];  // byte offset of the unit's chunk row within its token's slot
+    int chunk[kUnits];
+    bool value_half[kUnits];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (dst_tok[u] != nullptr) Op::store(raw[u], dst_tok[u] + dst_row, item.chunk, div, p);
+    for (int m = 0; m < kUnits; ++m) {
+      const uint32_t u = base + m * kThreads;
+      slot[m] = -1;
+      if (u < units) {
+        const auto ti = p.items.divmod(u);
+        const int tok = t0 + static_cast<int>(ti.div);
+        const Item it = locate(ti.mod, p);
+        slot[m] = p.slots == nullptr ? tok
+                  : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
+                                     : __ldg(static_cast<const int32_t*>(p.slots) + tok);
+        // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
+        const char* src = it.half ? p.src[1] + tok * p.src_tok[1] + it.head * p.src_head[1]
+                                  : p.src[0] + tok * p.src_tok[0] + it.head * p.src_head[0];
+        raw[m] = Op::load(src, it.chunk);
+        dst_item[m] = it.half * p.dst_kv + it.head * p.dst_head;
+        chunk[m] = it.chunk;
+        value_half[m] = it.half;
+      }
+    }
+    // One branch per block instead of one per value: the division's fast path is a template.
+    if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
+      store_units<Op, kUnits, true>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
+    } else {
+      store_units<Op, kUnits, false>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
     }
   }
 }
 
 // ----------------------------------------------------------------------------- row ops
-// Each op: Raw (the registers one work item loads), load(src_row, chunk), store(raw, dst_row,
-// chunk, divider, params); kMinBlocks, the resident blocks per SM its register budget is set
-// for (4: at most 64 registers, the occupancy that keeps enough bytes in flight for the
-// memory-bound ops); kUnroll, the tokens per thread at large token counts.
+// Each op: Raw (the registers one unit loads), load(src_row, chunk), store(raw, dst_row, chunk,
+// divider, params); kMinBlocks, the resident blocks per SM its register budget is set for
+// (4 at 256 threads: at most 64 registers); kUnits, the units per thread at large token counts.
 
 template <int W>
 struct CopyOp {
   static constexpr bool kUsesScale = false;
-  static constexpr int kMinBlocks = 4;
-  static constexpr int kUnroll = 4;
+  static constexpr int kMinBlocks = KVFUSE_COPY_MIN_BLOCKS;
+  static constexpr int kUnits = KVFUSE_COPY_UNITS;
   using Raw = typename Word<W>::type;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return reinterpret_cast<const Raw*>(s)[c]; }
+  template <bool kFast>
   __device__ __forceinline__ static void store(const Raw& raw, char* d, int c, const Divider, const RowParams&) {
     reinterpret_cast<Raw*>(d)[c] = raw;
   }
@@ -225,53 +269,80 @@ struct Elements {
   __device__ __forceinline__ float operator[](int k) const { return static_cast<float>(e[k]); }
 };
 
-__device__ __forceinline__ uint8_t fix_nan(uint8_t bits, float q) {
-  // The hardware writes its canonical NaN; c10 (and so the reference) keeps the sign.
-  return isnan(q) ? static_cast<uint8_t>(0x7F | (signbit(q) ? 0x80 : 0)) : bits;
+template <typename Fp8>
+constexpr __nv_fp8_interpretation_t kFp8Interp = std::is_same_v<Fp8, E4M3> ? __NV_E4M3 : __NV_E5M2;
+template <typename Fp8>
+constexpr uint32_t kFp8MaxCode = std::is_same_v<Fp8, E4M3> ? 0x7Eu : 0x7Bu;  // 448, 57344
+
+// The FP8 byte of a quotient the fast path could not settle (a NaN byte): NaN when q0 is NaN,
+// keeping its sign as c10's conversion does (the hardware writes one canonical NaN); otherwise
+// q0 is infinite (x = inf, or x / d beyond float range) and the byte saturates.
+template <typename Fp8>
+__device__ __forceinline__ uint32_t fp8_special(float q0) {
+  const uint32_t sign = (__float_as_uint(q0) >> 24) & 0x80u;
+  return sign | (isnan(q0) ? 0x7Fu : kFp8MaxCode<Fp8>);
 }
 
 // Four quotients as four FP8 bytes of one word. The saturating convert sends finite overflow and
-// inf to the largest finite value, so a byte whose low seven bits are all ones came from NaN;
-// those get the sign bit of their quotient (as fix_nan does) in a rarely taken branch, and the
-// common path pays a few word-wide operations per four values instead of a test per value.
+// inf to the largest finite value, so a byte whose low seven bits are all ones came from a NaN
+// q1: a NaN input, or an infinite q0. Those are found word-wide and redone in a rarely taken
+// branch; the common path pays a copysign per value and a few word-wide operations per four.
 template <typename Fp8>
-__device__ __forceinline__ uint32_t fp8x4(float q0, float q1, float q2, float q3) {
-  constexpr __nv_fp8_interpretation_t kInterp = std::is_same_v<Fp8, E4M3> ? __NV_E4M3 : __NV_E5M2;
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(q0, q1), __NV_SATFINITE, kInterp);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(q2, q3), __NV_SATFINITE, kInterp);
-  const uint32_t bytes = __byte_perm(lo, hi, 0x5410);
+__device__ __forceinline__ uint32_t fp8x4(const Quotient (&q)[4]) {
+  float c[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) c[k] = copysignf(q[k].q1, q[k].q0);
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(c[0], c[1]), __NV_SATFINITE, kFp8Interp<Fp8>);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c[2], c[3]), __NV_SATFINITE, kFp8Interp<Fp8>);
+  uint32_t bytes = __byte_perm(lo, hi, 0x5410);
   const uint32_t low7_clear = ~bytes & 0x7F7F7F7Fu;  // 0 exactly in the NaN bytes
   const uint32_t is_nan = ~(low7_clear + 0x7F7F7F7Fu) & 0x80808080u;  // no carry crosses a byte
-  if (__builtin_expect(is_nan == 0, 1)) return bytes;
-  const uint32_t signs = __byte_perm(__byte_perm(__float_as_uint(q0), __float_as_uint(q1), 0x0073),
-                                     __byte_perm(__float_as_uint(q2), __float_as_uint(q3), 0x0073), 0x5410);
-  return (bytes & ~is_nan) | (signs & is_nan);
+  if (__builtin_expect(is_nan != 0, 0)) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (is_nan & (0x80u << (8 * k))) bytes = (bytes & ~(0xFFu << (8 * k))) | (fp8_special<Fp8>(q[k].q0) << (8 * k));
+    }
+  }
+  return bytes;
 }
 
 template <typename In, typename Out, int N>
 struct EncodeOp {
   static constexpr bool kUsesScale = kIsFp8<Out>;
-  // float32 input holds twice the registers per token in flight; at 64 the compiler spills.
-  static constexpr int kMinBlocks = sizeof(In) > 2 && kIsFp8<Out> ? 3 : 4;
-  // Four tokens per thread: measured on the H100 (FP8, 65536 tokens) 193 us, against 214 us with
-  // two tokens and 229 us with one.
-  static constexpr int kUnroll = 4;
+  // float32 input holds twice the registers per unit: one block fewer, or the compiler spills.
+  static constexpr int kMinBlocks = !kIsFp8<Out>     ? KVFUSE_COPY_MIN_BLOCKS
+                                    : sizeof(In) > 2 ? (KVFUSE_FP8_MIN_BLOCKS > 2 ? KVFUSE_FP8_MIN_BLOCKS - 1 : 2)
+                                                     : KVFUSE_FP8_MIN_BLOCKS;
+  // FP8 units are twice as wide (16 values) as cast units.
+  static constexpr int kUnits = kIsFp8<Out> ? KVFUSE_FP8_UNITS : KVFUSE_COPY_UNITS;
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
+  template <bool kFast>
   __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider div, const RowParams&) {
     if constexpr (kIsFp8<Out>) {
       uint8_t* out = reinterpret_cast<uint8_t*>(d) + static_cast<int64_t>(c) * N;
       if constexpr (N == 1) {
-        const float q = divide(f[0], div);
-        constexpr __nv_fp8_interpretation_t kInterp = std::is_same_v<Out, E4M3> ? __NV_E4M3 : __NV_E5M2;
-        out[0] = fix_nan(static_cast<uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, kInterp)), q);
+        const Quotient q = divide_parts<kFast>(f[0], div);
+        const float v = copysignf(q.q1, q.q0);
+        out[0] = isnan(v) ? fp8_special<Out>(q.q0)
+                          : static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kFp8Interp<Out>));
       } else {
-        static_assert(N == 8, "one 8-byte store per chunk");
-        float q[8];
+        static_assert(N % 8 == 0, "whole 8-byte stores per unit");
+        uint32_t words[N / 4];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) q[k] = divide(f[k], div);
-        *reinterpret_cast<uint2*>(out) = make_uint2(fp8x4<Out>(q[0], q[1], q[2], q[3]), fp8x4<Out>(q[4], q[5], q[6], q[7]));
+        for (int w = 0; w < N / 4; ++w) {
+          Quotient q[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) q[k] = divide_parts<kFast>(f[4 * w + k], div);
+          words[w] = fp8x4<Out>(q);
+        }
+        if constexpr (N == 16) {
+          *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
+        } else {
+#pragma unroll
+          for (int w = 0; w < N / 8; ++w) reinterpret_cast<uint2*>(out)[w] = make_uint2(words[2 * w], words[2 * w + 1]);
+        }
       }
     } else {
       Out* out = reinterpret_cast<Out*>(d) + static_cast<int64_t>(c) * N;
@@ -301,11 +372,13 @@ __device__ __forceinline__ uint8_t e4m3_rne(float v) {
 template <typename In, bool kVector>
 struct Nvfp4Op {
   static constexpr bool kUsesScale = true;
-  // The per-block math needs ~70 registers; at 64 the compiler spills.
+  // The per-block math needs ~70 registers; at 64 the compiler spills. One unit per thread: the
+  // math needs the registers more than extra loads in flight.
   static constexpr int kMinBlocks = 3;
-  static constexpr int kUnroll = 1;
+  static constexpr int kUnits = 1;
   using Raw = Elements<In, kNvfp4Block, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
+  template <bool kFast>
   __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider global,
                                                const RowParams& p) {
     // NaN encodes as +0 and is ignored by amax: zero it once, so neither loop below tests it.
@@ -344,26 +417,31 @@ struct Nvfp4Op {
 
 // ----------------------------------------------------------------------------- launch
 
-template <class Op, int U>
-void launch_unrolled(const RowParams& p, int tx, int ty, cudaStream_t stream) {
-  const dim3 grid((p.num_tokens + ty * U - 1) / (ty * U));
-  rows_kernel<Op, U><<<grid, dim3(tx, ty), 0, stream>>>(p);
+template <class Op, int kUnits>
+void launch_units(RowParams p, cudaStream_t stream) {
+  p.tokens_per_block = std::max(1, static_cast<int>(kUnits * kThreads / p.items.divisor));
+  const dim3 grid((p.num_tokens + p.tokens_per_block - 1) / p.tokens_per_block);
+  rows_kernel<Op, kUnits><<<grid, kThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Blocks below which an unrolled grid would leave SMs idle (132 SMs x 8 resident blocks).
-constexpr int kWideGrid = 1024;
+// Grids below this many blocks take one unit per thread: more, smaller blocks reach more SMs
+// (132 SMs x 8 resident blocks of 256 threads on an H100).
+constexpr int64_t kWideGrid = 1024;
 
-template <class Op, bool kUnroll = true>
-void launch(const RowParams& p, cudaStream_t stream) {
-  const int items = p.halves * p.num_heads * p.chunks;
-  int tx = 1;
-  while (tx < items && tx < kThreads) tx <<= 1;
-  const int ty = kThreads / tx;
-  if constexpr (kUnroll && Op::kUnroll > 1) {
-    if (p.num_tokens / (ty * Op::kUnroll) >= kWideGrid) return launch_unrolled<Op, Op::kUnroll>(p, tx, ty, stream);
+// Rows cut into `chunks` units per head: sets up the item dividers and picks units per thread.
+template <class Op, bool kMultiUnit = true>
+void launch(RowParams p, int chunks, cudaStream_t stream) {
+  p.num_chunks = chunks;
+  p.per_half = p.num_heads * chunks;
+  const int64_t items = int64_t{p.halves} * p.per_half;
+  p.items = IntDivider<uint32_t>(static_cast<uint32_t>(items));
+  p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(chunks));
+  p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
+  if constexpr (kMultiUnit && Op::kUnits > 1) {
+    if (int64_t{p.num_tokens} * items / (Op::kUnits * kThreads) >= kWideGrid) return launch_units<Op, Op::kUnits>(p, stream);
   }
-  launch_unrolled<Op, 1>(p, tx, ty, stream);
+  launch_units<Op, 1>(p, stream);
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
@@ -390,13 +468,13 @@ bool dst_aligned(const RowParams& p, int64_t bytes) {
 void launch_copy(RowParams p, int64_t row_bytes, cudaStream_t stream) {
   for (const int w : {16, 8, 4, 2, 1}) {
     if (row_bytes % w || !src_aligned(p, w) || !dst_aligned(p, w)) continue;
-    p.chunks = static_cast<int>(row_bytes / w);
+    const int chunks = static_cast<int>(row_bytes / w);
     switch (w) {
-      case 16: return launch<CopyOp<16>>(p, stream);
-      case 8: return launch<CopyOp<8>>(p, stream);
-      case 4: return launch<CopyOp<4>>(p, stream);
-      case 2: return launch<CopyOp<2>>(p, stream);
-      default: return launch<CopyOp<1>>(p, stream);
+      case 16: return launch<CopyOp<16>>(p, chunks, stream);
+      case 8: return launch<CopyOp<8>>(p, chunks, stream);
+      case 4: return launch<CopyOp<4>>(p, chunks, stream);
+      case 2: return launch<CopyOp<2>>(p, chunks, stream);
+      default: return launch<CopyOp<1>>(p, chunks, stream);
     }
   }
 }
@@ -405,13 +483,16 @@ template <typename In, typename Out>
 void launch_encode_to(RowParams p, cudaStream_t stream) {
   constexpr int64_t kOutBytes = kIsFp8<Out> ? 1 : sizeof(Out);
   constexpr int64_t kDstAlign = 8 * kOutBytes < 16 ? 8 * kOutBytes : 16;
-  if (p.head_size % 8 == 0 && src_aligned(p, 16) && dst_aligned(p, kDstAlign)) {
-    p.chunks = p.head_size / 8;
-    launch<EncodeOp<In, Out, 8>>(p, stream);
-  } else {
-    p.chunks = p.head_size;
-    launch<EncodeOp<In, Out, 1>, false>(p, stream);
+  if constexpr (kIsFp8<Out> && KVFUSE_FP8_CHUNK == 16) {
+    // 16 values per unit: one 16-byte store of FP8 codes.
+    if (p.head_size % 16 == 0 && src_aligned(p, 16) && dst_aligned(p, 16)) {
+      return launch<EncodeOp<In, Out, 16>>(p, p.head_size / 16, stream);
+    }
   }
+  if (p.head_size % 8 == 0 && src_aligned(p, 16) && dst_aligned(p, kDstAlign)) {
+    return launch<EncodeOp<In, Out, 8>>(p, p.head_size / 8, stream);
+  }
+  launch<EncodeOp<In, Out, 1>, false>(p, p.head_size, stream);
 }
 
 template <typename In>
@@ -420,11 +501,9 @@ void launch_encode_from(RowParams p, int64_t mode, at::ScalarType out, cudaStrea
     case 1: return launch_encode_to<In, E4M3>(p, stream);
     case 2: return launch_encode_to<In, E5M2>(p, stream);
     case 3: {
-      p.chunks = p.head_size / kNvfp4Block;
       p.store_width = dst_aligned(p, 8) ? 8 : dst_aligned(p, 4) ? 4 : 1;
-      // No token unrolling: the per-block math needs the registers more than extra loads in flight.
-      if (src_aligned(p, 16)) return launch<Nvfp4Op<In, true>, false>(p, stream);
-      return launch<Nvfp4Op<In, false>, false>(p, stream);
+      if (src_aligned(p, 16)) return launch<Nvfp4Op<In, true>>(p, p.head_size / kNvfp4Block, stream);
+      return launch<Nvfp4Op<In, false>>(p, p.head_size / kNvfp4Block, stream);
     }
     default:
       switch (out) {

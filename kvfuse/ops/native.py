@@ -14,6 +14,9 @@ declared in :mod:`kvfuse.ops`. Importing this module compiles nothing and does n
   built and every call falls back. The reason is logged once and returned by
   :func:`unavailable_reason`, so ``backends.select`` skips this backend with it.
 - ``KVFUSE_NATIVE=0`` disables the backend entirely (no build is attempted).
+- ``KVFUSE_NATIVE_CUDA_FLAGS`` (tuning only): extra nvcc flags, e.g. ``-DKVFUSE_FP8_UNITS=4`` to
+  override a launch constant of ``csrc/cuda/cache_write.cu``; such a build gets its own directory
+  (``benchmarks/native_sweep.py`` uses this).
 
 Functions :func:`encode_kv`, :func:`cache_write` and :func:`encode_and_cache_write` take the
 argument lists of :mod:`kvfuse.ops.reference`; arguments are validated by the op layer before
@@ -22,6 +25,7 @@ they get here (the C++ side re-checks only what memory safety needs).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -96,12 +100,19 @@ def _cuda_target() -> tuple[Optional[str], Optional[str]]:
     return f"-gencode=arch=compute_{arch},code=sm_{arch}", None
 
 
+def _extra_cuda_flags() -> list[str]:
+    return os.environ.get("KVFUSE_NATIVE_CUDA_FLAGS", "").split()
+
+
 def _tag(gencode: Optional[str]) -> str:
     parts = [f"torch{torch.__version__}"]
     if gencode is None:
         parts.append("cpu")
     else:
         parts += [f"cu{torch.version.cuda}", "sm" + gencode.rsplit("_", 1)[-1]]
+        extra = _extra_cuda_flags()
+        if extra:  # a tuning build never shares (or clobbers) the default build's directory
+            parts.append("x" + hashlib.sha1(" ".join(extra).encode()).hexdigest()[:10])
     return re.sub(r"[^A-Za-z0-9]+", "_", "_".join(parts)).strip("_")
 
 
@@ -118,7 +129,7 @@ def _compile(csrc: Path, gencode: Optional[str]) -> tuple[str, Path]:
     if gencode is not None:
         sources += [str(csrc / s) for s in _CUDA_SOURCES]
         cflags.append("-DKVFUSE_WITH_CUDA")
-        cuda_flags = ["-DKVFUSE_WITH_CUDA", gencode, *_NVCC_FLAGS]
+        cuda_flags = ["-DKVFUSE_WITH_CUDA", gencode, *_NVCC_FLAGS, *_extra_cuda_flags()]
     with FileLock(str(build_dir) + ".lock"):
         library = cpp_extension.load(
             name=name,
@@ -242,6 +253,8 @@ def build_info(build: bool = False) -> dict[str, Any]:
     """
     info: dict[str, Any] = {"enabled": not _disabled(), "sources": str(_csrc_dir()),
                             "build_root": str(_build_root())}
+    if _extra_cuda_flags():
+        info["extra_cuda_flags"] = " ".join(_extra_cuda_flags())
     if info["enabled"] and (build or _state):
         state = _ensure_built()
         info.update(built=state["library"] is not None, library=state["library"],
