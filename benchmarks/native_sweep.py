@@ -28,14 +28,16 @@ sys.path.insert(0, ROOT)
 # Name -> nvcc flags. "default" is the committed configuration.
 VARIANTS = {
     "default": "",
-    "fp8_u1": "-DKVFUSE_FP8_UNITS=1",
-    "fp8_u2_b3": "-DKVFUSE_FP8_MIN_BLOCKS=3",
-    "fp8_u2_b2": "-DKVFUSE_FP8_MIN_BLOCKS=2",
-    "fp8_u4_b2": "-DKVFUSE_FP8_UNITS=4 -DKVFUSE_FP8_MIN_BLOCKS=2",
-    "fp8_c8_u4": "-DKVFUSE_FP8_CHUNK=8 -DKVFUSE_FP8_UNITS=4",
-    "t128": "-DKVFUSE_THREADS=128 -DKVFUSE_COPY_MIN_BLOCKS=8 -DKVFUSE_FP8_MIN_BLOCKS=8",
+    "default_again": "-DKVFUSE_SWEEP_REPEAT=1",  # the same kernels: run-to-run noise
+    "wide2048": "-DKVFUSE_WIDE_GRID=2048",
+    "wide4096": "-DKVFUSE_WIDE_GRID=4096",
     "copy_u2": "-DKVFUSE_COPY_UNITS=2",
-    "copy_u8_b2": "-DKVFUSE_COPY_UNITS=8 -DKVFUSE_COPY_MIN_BLOCKS=2",
+    "waves1": "-DKVFUSE_WAVES=1",
+    "waves2": "-DKVFUSE_WAVES=2",
+    "load_hint": "-DKVFUSE_LOAD_HINT=1",
+    "store_hint": "-DKVFUSE_STORE_HINT=1",
+    "both_hints": "-DKVFUSE_LOAD_HINT=1 -DKVFUSE_STORE_HINT=1",
+    "t512": "-DKVFUSE_THREADS=512 -DKVFUSE_COPY_MIN_BLOCKS=2 -DKVFUSE_FP8_MIN_BLOCKS=2",
 }
 
 
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="replace the built-in variant list (repeatable)")
     parser.add_argument("--build-root", default=os.path.join(os.path.expanduser("~"), ".cache", "kvfuse", "sweep"))
-    parser.add_argument("--jobs", type=int, default=8, help="parallel builds")
+    parser.add_argument("--jobs", type=int, default=12, help="parallel builds")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--anchors", action="store_true", help=argparse.SUPPRESS)

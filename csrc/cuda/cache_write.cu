@@ -55,6 +55,21 @@
 #ifndef KVFUSE_FP8_CHUNK
 #define KVFUSE_FP8_CHUNK 16
 #endif
+// Grids of fewer blocks than this take fewer units per thread (more, smaller blocks).
+#ifndef KVFUSE_WIDE_GRID
+#define KVFUSE_WIDE_GRID 1024
+#endif
+// > 0: at most this many waves of resident blocks, each block looping over token groups.
+#ifndef KVFUSE_WAVES
+#define KVFUSE_WAVES 0
+#endif
+// 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores.
+#ifndef KVFUSE_LOAD_HINT
+#define KVFUSE_LOAD_HINT 0
+#endif
+#ifndef KVFUSE_STORE_HINT
+#define KVFUSE_STORE_HINT 0
+#endif
 
 namespace kvfuse {
 namespace {
@@ -78,7 +93,7 @@ struct RowParams {
   // the page size (used while the cache holds < 2^31 slots).
   IntDivider<uint32_t> items, chunks, page;
   int per_half;  // items of one half (K or V) of a token
-  int tokens_per_block;
+  int tokens_per_block, token_blocks;
   int slots64;
   int num_tokens, num_heads, num_chunks, halves;
   int head_size;
@@ -183,14 +198,15 @@ __device__ __forceinline__ void store_units(const RowParams& p, const typename O
 // memory latencies overlap, and nothing is stored for units whose slot is -1 or out of range.
 template <class Op, int kUnits>
 __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const RowParams p) {
-  const int t0 = blockIdx.x * p.tokens_per_block;
-  const uint32_t units = static_cast<uint32_t>(min(p.tokens_per_block, p.num_tokens - t0)) * p.items.divisor;
   // Two values, not an array: a runtime-indexed array would live in local memory.
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
   if constexpr (Op::kUsesScale) {
     div_k = make_divider(__ldg(p.scale[0]));
     div_v = make_divider(__ldg(p.scale[1]));
   }
+  for (int group = blockIdx.x; group < p.token_blocks; group += gridDim.x) {  // once, unless KVFUSE_WAVES
+  const int t0 = group * p.tokens_per_block;
+  const uint32_t units = static_cast<uint32_t>(min(p.tokens_per_block, p.num_tokens - t0)) * p.items.divisor;
   for (uint32_t base = threadIdx.x; base < units; base += kUnits * kThreads) {
     typename Op::Raw raw[kUnits];
     int64_t slot[kUnits];
@@ -224,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const Ro
       store_units<Op, kUnits, false>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
     }
   }
+  }
 }
 
 // ----------------------------------------------------------------------------- row ops
@@ -237,10 +254,17 @@ struct CopyOp {
   static constexpr int kMinBlocks = KVFUSE_COPY_MIN_BLOCKS;
   static constexpr int kUnits = KVFUSE_COPY_UNITS;
   using Raw = typename Word<W>::type;
-  __device__ __forceinline__ static Raw load(const char* s, int c) { return reinterpret_cast<const Raw*>(s)[c]; }
+  __device__ __forceinline__ static Raw load(const char* s, int c) {
+    if constexpr (W == 16 && KVFUSE_LOAD_HINT) return __ldcs(reinterpret_cast<const Raw*>(s) + c);
+    return reinterpret_cast<const Raw*>(s)[c];
+  }
   template <bool kFast>
   __device__ __forceinline__ static void store(const Raw& raw, char* d, int c, const Divider, const RowParams&) {
-    reinterpret_cast<Raw*>(d)[c] = raw;
+    if constexpr (W == 16 && KVFUSE_STORE_HINT) {
+      __stcs(reinterpret_cast<Raw*>(d) + c, raw);
+    } else {
+      reinterpret_cast<Raw*>(d)[c] = raw;
+    }
   }
 };
 
@@ -259,7 +283,9 @@ struct Elements {
     if constexpr (kVector) {
       static_assert((N * sizeof(In)) % 16 == 0, "vector loads move whole 16-byte words");
 #pragma unroll
-      for (int w = 0; w < kWords; ++w) out.words[w] = reinterpret_cast<const uint4*>(p)[w];
+      for (int w = 0; w < kWords; ++w) {
+        out.words[w] = KVFUSE_LOAD_HINT ? __ldcs(reinterpret_cast<const uint4*>(p) + w) : reinterpret_cast<const uint4*>(p)[w];
+      }
     } else {
 #pragma unroll
       for (int k = 0; k < N; ++k) out.e[k] = p[k];
@@ -338,7 +364,12 @@ struct EncodeOp {
           words[w] = fp8x4<Out>(q);
         }
         if constexpr (N == 16) {
-          *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
+          const uint4 word = make_uint4(words[0], words[1], words[2], words[3]);
+          if constexpr (KVFUSE_STORE_HINT) {
+            __stcs(reinterpret_cast<uint4*>(out), word);
+          } else {
+            *reinterpret_cast<uint4*>(out) = word;
+          }
         } else {
 #pragma unroll
           for (int w = 0; w < N / 8; ++w) reinterpret_cast<uint2*>(out)[w] = make_uint2(words[2 * w], words[2 * w + 1]);
@@ -354,7 +385,11 @@ struct EncodeOp {
           Out* e = reinterpret_cast<Out*>(&word);
 #pragma unroll
           for (int k = 0; k < kPerWord; ++k) e[k] = static_cast<Out>(f[w * kPerWord + k]);
-          reinterpret_cast<uint4*>(out)[w] = word;
+          if constexpr (KVFUSE_STORE_HINT) {
+            __stcs(reinterpret_cast<uint4*>(out) + w, word);
+          } else {
+            reinterpret_cast<uint4*>(out)[w] = word;
+          }
         }
       } else {
 #pragma unroll
@@ -420,16 +455,28 @@ struct Nvfp4Op {
 template <class Op, int kUnits>
 void launch_units(RowParams p, cudaStream_t stream) {
   p.tokens_per_block = std::max(1, static_cast<int>(kUnits * kThreads / p.items.divisor));
-  const dim3 grid((p.num_tokens + p.tokens_per_block - 1) / p.tokens_per_block);
+  p.token_blocks = (p.num_tokens + p.tokens_per_block - 1) / p.tokens_per_block;
+  int grid = p.token_blocks;
+  if constexpr (KVFUSE_WAVES > 0) {
+    // Per process, not per device: a tuning knob, measured on one GPU.
+    static const int slots = [] {
+      int blocks = 1, sms = 1, device = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, rows_kernel<Op, kUnits>, kThreads, 0));
+      C10_CUDA_CHECK(cudaGetDevice(&device));
+      C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      return std::max(blocks, 1) * sms;
+    }();
+    grid = std::min(grid, KVFUSE_WAVES * slots);
+  }
   rows_kernel<Op, kUnits><<<grid, kThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Grids below this many blocks take one unit per thread: more, smaller blocks reach more SMs
-// (132 SMs x 8 resident blocks of 256 threads on an H100).
-constexpr int64_t kWideGrid = 1024;
+constexpr int64_t kWideGrid = KVFUSE_WIDE_GRID;
 
-// Rows cut into `chunks` units per head: sets up the item dividers and picks units per thread.
+// Rows cut into `chunks` units per head: sets up the item dividers and picks units per thread,
+// the most (up to Op::kUnits) that still leave a grid of kWideGrid blocks: at small token counts
+// more, smaller blocks reach more SMs (132 SMs x 8 resident blocks of 256 threads on an H100).
 template <class Op, bool kMultiUnit = true>
 void launch(RowParams p, int chunks, cudaStream_t stream) {
   p.num_chunks = chunks;
@@ -438,8 +485,12 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
   p.items = IntDivider<uint32_t>(static_cast<uint32_t>(items));
   p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(chunks));
   p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
-  if constexpr (kMultiUnit && Op::kUnits > 1) {
-    if (int64_t{p.num_tokens} * items / (Op::kUnits * kThreads) >= kWideGrid) return launch_units<Op, Op::kUnits>(p, stream);
+  const int64_t units = int64_t{p.num_tokens} * items;
+  if constexpr (kMultiUnit && Op::kUnits >= 4) {
+    if (units / (4 * kThreads) >= kWideGrid) return launch_units<Op, 4>(p, stream);
+  }
+  if constexpr (kMultiUnit && Op::kUnits >= 2) {
+    if (units / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2>(p, stream);
   }
   launch_units<Op, 1>(p, stream);
 }
