@@ -29,15 +29,13 @@ sys.path.insert(0, ROOT)
 VARIANTS = {
     "default": "",
     "default_again": "-DKVFUSE_SWEEP_REPEAT=1",  # the same kernels: run-to-run noise
+    "small64_u1": "-DKVFUSE_SMALL_UNITS=1",
+    "small128_u2": "-DKVFUSE_SMALL_THREADS=128",
+    "small128_u1": "-DKVFUSE_SMALL_THREADS=128 -DKVFUSE_SMALL_UNITS=1",
+    "small256_u1": "-DKVFUSE_SMALL_THREADS=256 -DKVFUSE_SMALL_UNITS=1",
+    "wide512": "-DKVFUSE_WIDE_GRID=512",
     "wide2048": "-DKVFUSE_WIDE_GRID=2048",
-    "wide4096": "-DKVFUSE_WIDE_GRID=4096",
-    "copy_u2": "-DKVFUSE_COPY_UNITS=2",
-    "waves1": "-DKVFUSE_WAVES=1",
-    "waves2": "-DKVFUSE_WAVES=2",
-    "load_hint": "-DKVFUSE_LOAD_HINT=1",
-    "store_hint": "-DKVFUSE_STORE_HINT=1",
-    "both_hints": "-DKVFUSE_LOAD_HINT=1 -DKVFUSE_STORE_HINT=1",
-    "t512": "-DKVFUSE_THREADS=512 -DKVFUSE_COPY_MIN_BLOCKS=2 -DKVFUSE_FP8_MIN_BLOCKS=2",
+    "no_hints": "-DKVFUSE_LOAD_HINT=0 -DKVFUSE_STORE_HINT=0",
 }
 
 
@@ -85,6 +83,9 @@ def _measure(args) -> int:
                 dst = [torch.empty_like(s) for s in src]
                 row["copy_us"] = common.bench([lambda i=i: dst[i].copy_(src[i]) for i in range(sets)]).us
                 del src, dst
+                # The same call with each rotation's slots sorted: how much the random scatter costs.
+                case.slots = [s.sort().values for s in case.slots]
+                row["native_sorted_us"] = common.bench(cw.make_kvfuse_native(case, native_cache)).us
             results.append(row)
             del case, native_cache, triton_cache
             torch.cuda.empty_cache()
@@ -94,8 +95,8 @@ def _measure(args) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", default="1024,4096,16384,65536")
-    parser.add_argument("--formats", default="bfloat16,fp8_e4m3")
+    parser.add_argument("--tokens", default="1,64,256,1024,4096,16384,65536")
+    parser.add_argument("--formats", default="bfloat16,fp8_e4m3,nvfp4")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="replace the built-in variant list (repeatable)")
     parser.add_argument("--build-root", default=os.path.join(os.path.expanduser("~"), ".cache", "kvfuse", "sweep"))
@@ -139,20 +140,19 @@ def main(argv=None) -> int:
 
     copy_gb_s = common.copy_bandwidth_gb_s()
     first = next(iter(table.values()), [])
-    header = f"{'variant':12s} " + " ".join(f"{r['format'][:5]}@{r['tokens']:<6d}" for r in first)
     print(f"\nus per call (% of the 1 GiB copy ceiling {copy_gb_s:.0f} GB/s); x = not bit-exact with Triton")
-    print(header)
 
-    def cells(key):
-        return " ".join(f"{r[key]:6.1f} {r['bytes'] / (r[key] * 1e-6) / 1e9 / copy_gb_s:4.0%}" for r in first)
+    def cell(r, key):
+        return f"{r[key]:6.1f} {r['bytes'] / (r[key] * 1e-6) / 1e9 / copy_gb_s:4.0%}" + ("" if r.get("exact", True) or key != "native_us" else "x")
 
-    if first and "copy_us" in first[0]:
-        print(f"{'same-size copy':12s} " + cells("copy_us"))
-        print(f"{'triton':12s} " + cells("triton_us"))
-    for name, rows in table.items():
-        print(f"{name:12s} " + " ".join(
-            f"{r['native_us']:6.1f} {r['bytes'] / (r['native_us'] * 1e-6) / 1e9 / copy_gb_s:4.0%}"
-            + ("" if r["exact"] else "x") for r in rows))
+    for fmt in dict.fromkeys(r["format"] for r in first):
+        cols = [i for i, r in enumerate(first) if r["format"] == fmt]
+        print(f"\n{fmt:14s} " + " ".join(f"{first[i]['tokens']:>11d}" for i in cols))
+        if "copy_us" in first[cols[0]]:
+            for label, key in (("same-size copy", "copy_us"), ("triton", "triton_us"), ("sorted slots", "native_sorted_us")):
+                print(f"{label:14s} " + " ".join(cell(first[i], key) for i in cols))
+        for name, rows in table.items():
+            print(f"{name:14s} " + " ".join(cell(rows[i], "native_us") for i in cols))
     os.makedirs(args.out, exist_ok=True)
     info = common.device_info("python benchmarks/native_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv))
     common.write_json(os.path.join(args.out, "native_sweep.json"),

@@ -59,16 +59,19 @@
 #ifndef KVFUSE_WIDE_GRID
 #define KVFUSE_WIDE_GRID 1024
 #endif
-// > 0: at most this many waves of resident blocks, each block looping over token groups.
-#ifndef KVFUSE_WAVES
-#define KVFUSE_WAVES 0
+// Small grids: threads per block and units per thread.
+#ifndef KVFUSE_SMALL_THREADS
+#define KVFUSE_SMALL_THREADS 64
+#endif
+#ifndef KVFUSE_SMALL_UNITS
+#define KVFUSE_SMALL_UNITS 2
 #endif
 // 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores.
 #ifndef KVFUSE_LOAD_HINT
-#define KVFUSE_LOAD_HINT 0
+#define KVFUSE_LOAD_HINT 1
 #endif
 #ifndef KVFUSE_STORE_HINT
-#define KVFUSE_STORE_HINT 0
+#define KVFUSE_STORE_HINT 1
 #endif
 
 namespace kvfuse {
@@ -93,7 +96,7 @@ struct RowParams {
   // the page size (used while the cache holds < 2^31 slots).
   IntDivider<uint32_t> items, chunks, page;
   int per_half;  // items of one half (K or V) of a token
-  int tokens_per_block, token_blocks;
+  int tokens_per_block;
   int slots64;
   int num_tokens, num_heads, num_chunks, halves;
   int head_size;
@@ -196,18 +199,17 @@ __device__ __forceinline__ void store_units(const RowParams& p, const typename O
 // token has more items than a block's threads take at once). All of a thread's row and slot
 // loads are issued before any of its stores: the loads do not depend on the slots, so both
 // memory latencies overlap, and nothing is stored for units whose slot is -1 or out of range.
-template <class Op, int kUnits>
-__global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const RowParams p) {
+template <class Op, int kUnits, int kBlock>
+__global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) rows_kernel(const RowParams p) {
   // Two values, not an array: a runtime-indexed array would live in local memory.
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
   if constexpr (Op::kUsesScale) {
     div_k = make_divider(__ldg(p.scale[0]));
     div_v = make_divider(__ldg(p.scale[1]));
   }
-  for (int group = blockIdx.x; group < p.token_blocks; group += gridDim.x) {  // once, unless KVFUSE_WAVES
-  const int t0 = group * p.tokens_per_block;
+  const int t0 = blockIdx.x * p.tokens_per_block;
   const uint32_t units = static_cast<uint32_t>(min(p.tokens_per_block, p.num_tokens - t0)) * p.items.divisor;
-  for (uint32_t base = threadIdx.x; base < units; base += kUnits * kThreads) {
+  for (uint32_t base = threadIdx.x; base < units; base += kUnits * kBlock) {
     typename Op::Raw raw[kUnits];
     int64_t slot[kUnits];
     int64_t dst_item[kUnits];  // byte offset of the unit's chunk row within its token's slot
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const Ro
     bool value_half[kUnits];
 #pragma unroll
     for (int m = 0; m < kUnits; ++m) {
-      const uint32_t u = base + m * kThreads;
+      const uint32_t u = base + m * kBlock;
       slot[m] = -1;
       if (u < units) {
         const auto ti = p.items.divmod(u);
@@ -239,7 +241,6 @@ __global__ void __launch_bounds__(kThreads, Op::kMinBlocks) rows_kernel(const Ro
     } else {
       store_units<Op, kUnits, false>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
     }
-  }
   }
 }
 
@@ -452,23 +453,11 @@ struct Nvfp4Op {
 
 // ----------------------------------------------------------------------------- launch
 
-template <class Op, int kUnits>
+template <class Op, int kUnits, int kBlock>
 void launch_units(RowParams p, cudaStream_t stream) {
-  p.tokens_per_block = std::max(1, static_cast<int>(kUnits * kThreads / p.items.divisor));
-  p.token_blocks = (p.num_tokens + p.tokens_per_block - 1) / p.tokens_per_block;
-  int grid = p.token_blocks;
-  if constexpr (KVFUSE_WAVES > 0) {
-    // Per process, not per device: a tuning knob, measured on one GPU.
-    static const int slots = [] {
-      int blocks = 1, sms = 1, device = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, rows_kernel<Op, kUnits>, kThreads, 0));
-      C10_CUDA_CHECK(cudaGetDevice(&device));
-      C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      return std::max(blocks, 1) * sms;
-    }();
-    grid = std::min(grid, KVFUSE_WAVES * slots);
-  }
-  rows_kernel<Op, kUnits><<<grid, kThreads, 0, stream>>>(p);
+  p.tokens_per_block = std::max(1, static_cast<int>(kUnits * kBlock / p.items.divisor));
+  const dim3 grid((p.num_tokens + p.tokens_per_block - 1) / p.tokens_per_block);
+  rows_kernel<Op, kUnits, kBlock><<<grid, kBlock, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -487,12 +476,12 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
   p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
   const int64_t units = int64_t{p.num_tokens} * items;
   if constexpr (kMultiUnit && Op::kUnits >= 4) {
-    if (units / (4 * kThreads) >= kWideGrid) return launch_units<Op, 4>(p, stream);
+    if (units / (4 * kThreads) >= kWideGrid) return launch_units<Op, 4, kThreads>(p, stream);
   }
   if constexpr (kMultiUnit && Op::kUnits >= 2) {
-    if (units / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2>(p, stream);
+    if (units / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads>(p, stream);
   }
-  launch_units<Op, 1>(p, stream);
+  launch_units<Op, kMultiUnit ? std::min(Op::kUnits, KVFUSE_SMALL_UNITS) : 1, KVFUSE_SMALL_THREADS>(p, stream);
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
