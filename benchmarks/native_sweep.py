@@ -30,12 +30,11 @@ VARIANTS = {
     "default": "",
     "default_again": "-DKVFUSE_SWEEP_REPEAT=1",  # the same kernels: run-to-run noise
     "small64_u1": "-DKVFUSE_SMALL_UNITS=1",
-    "small128_u2": "-DKVFUSE_SMALL_THREADS=128",
     "small128_u1": "-DKVFUSE_SMALL_THREADS=128 -DKVFUSE_SMALL_UNITS=1",
+    "small128_u2": "-DKVFUSE_SMALL_THREADS=128",
     "small256_u1": "-DKVFUSE_SMALL_THREADS=256 -DKVFUSE_SMALL_UNITS=1",
     "wide512": "-DKVFUSE_WIDE_GRID=512",
     "wide2048": "-DKVFUSE_WIDE_GRID=2048",
-    "no_hints": "-DKVFUSE_LOAD_HINT=0 -DKVFUSE_STORE_HINT=0",
 }
 
 

@@ -96,7 +96,8 @@ struct RowParams {
   // the page size (used while the cache holds < 2^31 slots).
   IntDivider<uint32_t> items, chunks, page;
   int per_half;  // items of one half (K or V) of a token
-  int tokens_per_block;
+  uint32_t units;  // (token, item) units of this launch, < 2^31
+  int64_t first_token;  // this launch's first token
   int slots64;
   int num_tokens, num_heads, num_chunks, halves;
   int head_size;
@@ -194,11 +195,12 @@ __device__ __forceinline__ void store_units(const RowParams& p, const typename O
   }
 }
 
-// Block b covers tokens [b * tokens_per_block, ...): units u = (token, item) in row-major order,
-// thread x taking u = x, x + T, ..., x + (kUnits - 1) T (and again from kUnits T on, when one
-// token has more items than a block's threads take at once). All of a thread's row and slot
-// loads are issued before any of its stores: the loads do not depend on the slots, so both
-// memory latencies overlap, and nothing is stored for units whose slot is -1 or out of range.
+// Units u = (token, item) in row-major order, u < p.units: block b takes the kUnits * kBlock
+// units from b * kUnits * kBlock on, thread x of it the units x, x + kBlock, ... A block need not
+// hold whole tokens, so any block size serves any row width without idle threads or a loop. All
+// of a thread's row and slot loads are issued before any of its stores: the loads do not depend
+// on the slots, so both memory latencies overlap, and nothing is stored for units whose slot is
+// -1 or out of range.
 template <class Op, int kUnits, int kBlock>
 __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) rows_kernel(const RowParams p) {
   // Two values, not an array: a runtime-indexed array would live in local memory.
@@ -207,40 +209,37 @@ __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) ro
     div_k = make_divider(__ldg(p.scale[0]));
     div_v = make_divider(__ldg(p.scale[1]));
   }
-  const int t0 = blockIdx.x * p.tokens_per_block;
-  const uint32_t units = static_cast<uint32_t>(min(p.tokens_per_block, p.num_tokens - t0)) * p.items.divisor;
-  for (uint32_t base = threadIdx.x; base < units; base += kUnits * kBlock) {
-    typename Op::Raw raw[kUnits];
-    int64_t slot[kUnits];
-    int64_t dst_item[kUnits];  // byte offset of the unit's chunk row within its token's slot
-    int chunk[kUnits];
-    bool value_half[kUnits];
+  const uint32_t first = blockIdx.x * (kUnits * kBlock) + threadIdx.x;
+  typename Op::Raw raw[kUnits];
+  int64_t slot[kUnits];
+  int64_t dst_item[kUnits];  // byte offset of the unit's chunk row within its token's slot
+  int chunk[kUnits];
+  bool value_half[kUnits];
 #pragma unroll
-    for (int m = 0; m < kUnits; ++m) {
-      const uint32_t u = base + m * kBlock;
-      slot[m] = -1;
-      if (u < units) {
-        const auto ti = p.items.divmod(u);
-        const int tok = t0 + static_cast<int>(ti.div);
-        const Item it = locate(ti.mod, p);
-        slot[m] = p.slots == nullptr ? tok
-                  : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
-                                     : __ldg(static_cast<const int32_t*>(p.slots) + tok);
-        // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
-        const char* src = it.half ? p.src[1] + tok * p.src_tok[1] + it.head * p.src_head[1]
-                                  : p.src[0] + tok * p.src_tok[0] + it.head * p.src_head[0];
-        raw[m] = Op::load(src, it.chunk);
-        dst_item[m] = it.half * p.dst_kv + it.head * p.dst_head;
-        chunk[m] = it.chunk;
-        value_half[m] = it.half;
-      }
+  for (int m = 0; m < kUnits; ++m) {
+    const uint32_t u = first + m * kBlock;
+    slot[m] = -1;
+    if (u < p.units) {
+      const auto ti = p.items.divmod(u);
+      const int64_t tok = p.first_token + ti.div;
+      const Item it = locate(ti.mod, p);
+      slot[m] = p.slots == nullptr ? tok
+                : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
+                                   : __ldg(static_cast<const int32_t*>(p.slots) + tok);
+      // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
+      const char* src = it.half ? p.src[1] + tok * p.src_tok[1] + it.head * p.src_head[1]
+                                : p.src[0] + tok * p.src_tok[0] + it.head * p.src_head[0];
+      raw[m] = Op::load(src, it.chunk);
+      dst_item[m] = it.half * p.dst_kv + it.head * p.dst_head;
+      chunk[m] = it.chunk;
+      value_half[m] = it.half;
     }
-    // One branch per block instead of one per value: the division's fast path is a template.
-    if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
-      store_units<Op, kUnits, true>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
-    } else {
-      store_units<Op, kUnits, false>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
-    }
+  }
+  // One branch per block instead of one per value: the division's fast path is a template.
+  if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
+    store_units<Op, kUnits, true>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
+  } else {
+    store_units<Op, kUnits, false>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
   }
 }
 
@@ -453,19 +452,28 @@ struct Nvfp4Op {
 
 // ----------------------------------------------------------------------------- launch
 
+// Launches over tokens [0, num_tokens): one grid, unless the (token, item) units pass 2^31 (the
+// dividers' range), then one grid per slice of tokens.
 template <class Op, int kUnits, int kBlock>
 void launch_units(RowParams p, cudaStream_t stream) {
-  p.tokens_per_block = std::max(1, static_cast<int>(kUnits * kBlock / p.items.divisor));
-  const dim3 grid((p.num_tokens + p.tokens_per_block - 1) / p.tokens_per_block);
-  rows_kernel<Op, kUnits, kBlock><<<grid, kBlock, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  constexpr int64_t kPerBlock = int64_t{kUnits} * kBlock;
+  const int64_t items = p.items.divisor;
+  const int64_t slice = (INT32_MAX - kPerBlock) / items;  // >= 1: items < 2^30 (check_int32_sizes)
+  for (int64_t t = 0; t < p.num_tokens; t += slice) {
+    p.first_token = t;
+    p.units = static_cast<uint32_t>(std::min(slice, p.num_tokens - t) * items);
+    const dim3 grid(static_cast<unsigned>((p.units + kPerBlock - 1) / kPerBlock));
+    rows_kernel<Op, kUnits, kBlock><<<grid, kBlock, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 }
 
 constexpr int64_t kWideGrid = KVFUSE_WIDE_GRID;
 
-// Rows cut into `chunks` units per head: sets up the item dividers and picks units per thread,
-// the most (up to Op::kUnits) that still leave a grid of kWideGrid blocks: at small token counts
-// more, smaller blocks reach more SMs (132 SMs x 8 resident blocks of 256 threads on an H100).
+// Rows cut into `chunks` units per head: sets up the item dividers and picks the launch shape.
+// Large grids: kThreads-thread blocks with as many units per thread (up to Op::kUnits) as still
+// leave kWideGrid blocks, so each thread keeps several loads in flight. Below that, where a
+// launch is mostly latency, KVFUSE_SMALL_THREADS-thread blocks of KVFUSE_SMALL_UNITS units.
 template <class Op, bool kMultiUnit = true>
 void launch(RowParams p, int chunks, cudaStream_t stream) {
   p.num_chunks = chunks;
