@@ -29,12 +29,12 @@ sys.path.insert(0, ROOT)
 VARIANTS = {
     "default": "",
     "default_again": "-DKVFUSE_SWEEP_REPEAT=1",  # the same kernels: run-to-run noise
-    "small64_u1": "-DKVFUSE_SMALL_UNITS=1",
-    "small128_u1": "-DKVFUSE_SMALL_THREADS=128 -DKVFUSE_SMALL_UNITS=1",
-    "small128_u2": "-DKVFUSE_SMALL_THREADS=128",
-    "small256_u1": "-DKVFUSE_SMALL_THREADS=256 -DKVFUSE_SMALL_UNITS=1",
-    "wide512": "-DKVFUSE_WIDE_GRID=512",
-    "wide2048": "-DKVFUSE_WIDE_GRID=2048",
+    "small64": "-DKVFUSE_SMALL_THREADS=64",
+    "small256": "-DKVFUSE_SMALL_THREADS=256",
+    "copy_u1": "-DKVFUSE_COPY_UNITS=1",
+    "fp8_u2_b2": "-DKVFUSE_FP8_UNITS=2 -DKVFUSE_FP8_MIN_BLOCKS=2",
+    "wide1024": "-DKVFUSE_WIDE_GRID=1024",
+    "wide4096": "-DKVFUSE_WIDE_GRID=4096",
 }
 
 

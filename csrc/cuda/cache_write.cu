@@ -41,13 +41,13 @@
 #define KVFUSE_THREADS 256
 #endif
 #ifndef KVFUSE_COPY_UNITS
-#define KVFUSE_COPY_UNITS 4
+#define KVFUSE_COPY_UNITS 2
 #endif
 #ifndef KVFUSE_COPY_MIN_BLOCKS
 #define KVFUSE_COPY_MIN_BLOCKS 4
 #endif
 #ifndef KVFUSE_FP8_UNITS
-#define KVFUSE_FP8_UNITS 2
+#define KVFUSE_FP8_UNITS 1
 #endif
 #ifndef KVFUSE_FP8_MIN_BLOCKS
 #define KVFUSE_FP8_MIN_BLOCKS 4
@@ -57,14 +57,14 @@
 #endif
 // Grids of fewer blocks than this take fewer units per thread (more, smaller blocks).
 #ifndef KVFUSE_WIDE_GRID
-#define KVFUSE_WIDE_GRID 1024
+#define KVFUSE_WIDE_GRID 2048
 #endif
 // Small grids: threads per block and units per thread.
 #ifndef KVFUSE_SMALL_THREADS
-#define KVFUSE_SMALL_THREADS 64
+#define KVFUSE_SMALL_THREADS 128
 #endif
 #ifndef KVFUSE_SMALL_UNITS
-#define KVFUSE_SMALL_UNITS 2
+#define KVFUSE_SMALL_UNITS 1
 #endif
 // 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores.
 #ifndef KVFUSE_LOAD_HINT
@@ -92,14 +92,13 @@ struct RowParams {
   int64_t capacity;
   const void* slots;  // nullptr: token t writes row t (encode_kv's output)
   const float* scale[2];
-  // Dividers by multiply-high and shift, set up on the host: a token's items, a head's chunks,
-  // the page size (used while the cache holds < 2^31 slots).
+  // Dividers by multiply-high and shift, set up on the host: a token's units (heads x chunks), a
+  // head's chunks, the page size (used while the cache holds < 2^31 slots).
   IntDivider<uint32_t> items, chunks, page;
-  int per_half;  // items of one half (K or V) of a token
-  uint32_t units;  // (token, item) units of this launch, < 2^31
+  uint32_t units;  // (token, head, chunk) units of this launch, < 2^31
   int64_t first_token;  // this launch's first token
   int slots64;
-  int num_tokens, num_heads, num_chunks, halves;
+  int num_tokens, num_heads, halves;
   int head_size;
   int store_width;  // NVFP4 packed-data store: 8, 4 or 1 bytes at a time
 };
@@ -161,22 +160,16 @@ __device__ __forceinline__ float divide(float x, const Divider v) {
   return isnan(q.q1) ? q.q0 : copysignf(q.q1, q.q0);
 }
 
-// Work item i of a token: chunk c of head h of the key (half 0) or value (half 1) row.
-struct Item {
-  int half, head, chunk;
+// One unit's registers: the chunk as loaded from the key row and (for two halves) the value row.
+template <class Op>
+struct Pair {
+  typename Op::Raw half[2];
 };
 
-__device__ __forceinline__ Item locate(uint32_t i, const RowParams& p) {
-  const int half = static_cast<int>(i) >= p.per_half ? 1 : 0;
-  const auto hc = p.chunks.divmod(i - static_cast<uint32_t>(half * p.per_half));
-  return Item{half, static_cast<int>(hc.div), static_cast<int>(hc.mod)};
-}
-
 template <class Op, int kUnits, bool kFast>
-__device__ __forceinline__ void store_units(const RowParams& p, const typename Op::Raw (&raw)[kUnits],
-                                            const int64_t (&slot)[kUnits], const int64_t (&dst_item)[kUnits],
-                                            const int (&chunk)[kUnits], const bool (&value_half)[kUnits],
-                                            const Divider div_k, const Divider div_v) {
+__device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
+                                            const int64_t (&slot)[kUnits], const int64_t (&dst_head)[kUnits],
+                                            const int (&chunk)[kUnits], const Divider div_k, const Divider div_v) {
 #pragma unroll
   for (int m = 0; m < kUnits; ++m) {
     if (slot[m] < 0 || slot[m] >= p.capacity) continue;
@@ -189,57 +182,54 @@ __device__ __forceinline__ void store_units(const RowParams& p, const typename O
       block = slot[m] / p.block_size;
       off = slot[m] - block * p.block_size;
     }
-    char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_item[m];
-    // Selected by value: a reference to either would put both in local memory.
-    Op::template store<kFast>(raw[m], dst, chunk[m], value_half[m] ? div_v : div_k, p);
+    char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_head[m];
+    Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
+    if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
   }
 }
 
-// Units u = (token, item) in row-major order, u < p.units: block b takes the kUnits * kBlock
-// units from b * kUnits * kBlock on, thread x of it the units x, x + kBlock, ... A block need not
-// hold whole tokens, so any block size serves any row width without idle threads or a loop. All
-// of a thread's row and slot loads are issued before any of its stores: the loads do not depend
-// on the slots, so both memory latencies overlap, and nothing is stored for units whose slot is
-// -1 or out of range.
+// A unit is (token, head, chunk), row-major, u < p.units; it covers the chunk in the key row and,
+// with two halves, in the value row, so both share one slot lookup and one address computation.
+// Block b takes the kUnits * kBlock units from b * kUnits * kBlock on, thread x of it the units
+// x, x + kBlock, ... A block need not hold whole tokens, so any block size serves any row width
+// without idle threads or a loop. All of a thread's row and slot loads are issued before any of
+// its stores: the loads do not depend on the slots, so both memory latencies overlap, and nothing
+// is stored for units whose slot is -1 or out of range.
 template <class Op, int kUnits, int kBlock>
 __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) rows_kernel(const RowParams p) {
-  // Two values, not an array: a runtime-indexed array would live in local memory.
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
   if constexpr (Op::kUsesScale) {
     div_k = make_divider(__ldg(p.scale[0]));
     div_v = make_divider(__ldg(p.scale[1]));
   }
   const uint32_t first = blockIdx.x * (kUnits * kBlock) + threadIdx.x;
-  typename Op::Raw raw[kUnits];
+  Pair<Op> raw[kUnits];
   int64_t slot[kUnits];
-  int64_t dst_item[kUnits];  // byte offset of the unit's chunk row within its token's slot
+  int64_t dst_head[kUnits];  // byte offset of the unit's head row within its token's key row
   int chunk[kUnits];
-  bool value_half[kUnits];
 #pragma unroll
   for (int m = 0; m < kUnits; ++m) {
     const uint32_t u = first + m * kBlock;
     slot[m] = -1;
     if (u < p.units) {
-      const auto ti = p.items.divmod(u);
-      const int64_t tok = p.first_token + ti.div;
-      const Item it = locate(ti.mod, p);
+      const auto tr = p.items.divmod(u);
+      const auto hc = p.chunks.divmod(tr.mod);
+      const int64_t tok = p.first_token + tr.div;
+      const int head = static_cast<int>(hc.div);
+      chunk[m] = static_cast<int>(hc.mod);
       slot[m] = p.slots == nullptr ? tok
                 : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
                                    : __ldg(static_cast<const int32_t*>(p.slots) + tok);
-      // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
-      const char* src = it.half ? p.src[1] + tok * p.src_tok[1] + it.head * p.src_head[1]
-                                : p.src[0] + tok * p.src_tok[0] + it.head * p.src_head[0];
-      raw[m] = Op::load(src, it.chunk);
-      dst_item[m] = it.half * p.dst_kv + it.head * p.dst_head;
-      chunk[m] = it.chunk;
-      value_half[m] = it.half;
+      raw[m].half[0] = Op::load(p.src[0] + tok * p.src_tok[0] + head * p.src_head[0], chunk[m]);
+      if (p.halves == 2) raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head * p.src_head[1], chunk[m]);
+      dst_head[m] = head * p.dst_head;
     }
   }
   // One branch per block instead of one per value: the division's fast path is a template.
   if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
-    store_units<Op, kUnits, true>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
+    store_units<Op, kUnits, true>(p, raw, slot, dst_head, chunk, div_k, div_v);
   } else {
-    store_units<Op, kUnits, false>(p, raw, slot, dst_item, chunk, value_half, div_k, div_v);
+    store_units<Op, kUnits, false>(p, raw, slot, dst_head, chunk, div_k, div_v);
   }
 }
 
@@ -452,7 +442,7 @@ struct Nvfp4Op {
 
 // ----------------------------------------------------------------------------- launch
 
-// Launches over tokens [0, num_tokens): one grid, unless the (token, item) units pass 2^31 (the
+// Launches over tokens [0, num_tokens): one grid, unless the (token, head, chunk) units pass 2^31 (the
 // dividers' range), then one grid per slice of tokens.
 template <class Op, int kUnits, int kBlock>
 void launch_units(RowParams p, cudaStream_t stream) {
@@ -476,9 +466,7 @@ constexpr int64_t kWideGrid = KVFUSE_WIDE_GRID;
 // launch is mostly latency, KVFUSE_SMALL_THREADS-thread blocks of KVFUSE_SMALL_UNITS units.
 template <class Op, bool kMultiUnit = true>
 void launch(RowParams p, int chunks, cudaStream_t stream) {
-  p.num_chunks = chunks;
-  p.per_half = p.num_heads * chunks;
-  const int64_t items = int64_t{p.halves} * p.per_half;
+  const int64_t items = int64_t{p.num_heads} * chunks;
   p.items = IntDivider<uint32_t>(static_cast<uint32_t>(items));
   p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(chunks));
   p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
