@@ -29,12 +29,12 @@ sys.path.insert(0, ROOT)
 VARIANTS = {
     "default": "",
     "default_again": "-DKVFUSE_SWEEP_REPEAT=1",  # the same kernels: run-to-run noise
-    "small64": "-DKVFUSE_SMALL_THREADS=64",
+    "unpaired_below256": "-DKVFUSE_UNPAIRED_BELOW=256",
+    "unpaired_below4096": "-DKVFUSE_UNPAIRED_BELOW=4096",
+    "never_unpaired": "-DKVFUSE_UNPAIRED_BELOW=0",
     "small256": "-DKVFUSE_SMALL_THREADS=256",
-    "copy_u1": "-DKVFUSE_COPY_UNITS=1",
-    "fp8_u2_b2": "-DKVFUSE_FP8_UNITS=2 -DKVFUSE_FP8_MIN_BLOCKS=2",
-    "wide1024": "-DKVFUSE_WIDE_GRID=1024",
-    "wide4096": "-DKVFUSE_WIDE_GRID=4096",
+    "small64": "-DKVFUSE_SMALL_THREADS=64",
+    "copy_u4_b2": "-DKVFUSE_COPY_UNITS=4 -DKVFUSE_COPY_MIN_BLOCKS=2",
 }
 
 

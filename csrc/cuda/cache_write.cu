@@ -59,12 +59,14 @@
 #ifndef KVFUSE_WIDE_GRID
 #define KVFUSE_WIDE_GRID 2048
 #endif
-// Small grids: threads per block and units per thread.
+// Threads per block of one-unit launches (grids below the wide ones).
 #ifndef KVFUSE_SMALL_THREADS
 #define KVFUSE_SMALL_THREADS 128
 #endif
-#ifndef KVFUSE_SMALL_UNITS
-#define KVFUSE_SMALL_UNITS 1
+// FP8 / NVFP4 launches of fewer blocks than this (of one paired unit per thread) take unpaired
+// units instead: twice the threads, each with half the arithmetic.
+#ifndef KVFUSE_UNPAIRED_BELOW
+#define KVFUSE_UNPAIRED_BELOW 1024
 #endif
 // 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores.
 #ifndef KVFUSE_LOAD_HINT
@@ -95,7 +97,8 @@ struct RowParams {
   // Dividers by multiply-high and shift, set up on the host: a token's units (heads x chunks), a
   // head's chunks, the page size (used while the cache holds < 2^31 slots).
   IntDivider<uint32_t> items, chunks, page;
-  uint32_t units;  // (token, head, chunk) units of this launch, < 2^31
+  uint32_t per_half;  // heads x chunks: the units of one half of a token
+  uint32_t units;  // units of this launch, < 2^31
   int64_t first_token;  // this launch's first token
   int slots64;
   int num_tokens, num_heads, halves;
@@ -160,16 +163,17 @@ __device__ __forceinline__ float divide(float x, const Divider v) {
   return isnan(q.q1) ? q.q0 : copysignf(q.q1, q.q0);
 }
 
-// One unit's registers: the chunk as loaded from the key row and (for two halves) the value row.
+// One unit's registers: the chunk as loaded from the key row and, in a paired unit, the value row.
 template <class Op>
 struct Pair {
   typename Op::Raw half[2];
 };
 
-template <class Op, int kUnits, bool kFast>
+template <class Op, int kUnits, bool kPaired, bool kFast>
 __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
-                                            const int64_t (&slot)[kUnits], const int64_t (&dst_head)[kUnits],
-                                            const int (&chunk)[kUnits], const Divider div_k, const Divider div_v) {
+                                            const int64_t (&slot)[kUnits], const int64_t (&dst_row)[kUnits],
+                                            const int (&chunk)[kUnits], const bool (&is_value)[kUnits],
+                                            const Divider div_k, const Divider div_v) {
 #pragma unroll
   for (int m = 0; m < kUnits; ++m) {
     if (slot[m] < 0 || slot[m] >= p.capacity) continue;
@@ -182,20 +186,27 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
       block = slot[m] / p.block_size;
       off = slot[m] - block * p.block_size;
     }
-    char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_head[m];
-    Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
-    if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
+    char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_row[m];
+    if constexpr (kPaired) {
+      Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
+      if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
+    } else {
+      // Selected by value: a reference to either would put both dividers in local memory.
+      Op::template store<kFast>(raw[m].half[0], dst, chunk[m], is_value[m] ? div_v : div_k, p);
+    }
   }
 }
 
-// A unit is (token, head, chunk), row-major, u < p.units; it covers the chunk in the key row and,
-// with two halves, in the value row, so both share one slot lookup and one address computation.
+// Units in row-major order, u < p.units: a paired unit is (token, head, chunk) and covers the
+// chunk in the key row and, with two halves, in the value row, so both share one slot lookup and
+// one address computation; an unpaired unit is (token, half, head, chunk), half the work per
+// thread for twice the threads (shorter per-thread arithmetic in small FP8 / NVFP4 launches).
 // Block b takes the kUnits * kBlock units from b * kUnits * kBlock on, thread x of it the units
 // x, x + kBlock, ... A block need not hold whole tokens, so any block size serves any row width
 // without idle threads or a loop. All of a thread's row and slot loads are issued before any of
 // its stores: the loads do not depend on the slots, so both memory latencies overlap, and nothing
 // is stored for units whose slot is -1 or out of range.
-template <class Op, int kUnits, int kBlock>
+template <class Op, int kUnits, int kBlock, bool kPaired>
 __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) rows_kernel(const RowParams p) {
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
   if constexpr (Op::kUsesScale) {
@@ -205,31 +216,44 @@ __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) ro
   const uint32_t first = blockIdx.x * (kUnits * kBlock) + threadIdx.x;
   Pair<Op> raw[kUnits];
   int64_t slot[kUnits];
-  int64_t dst_head[kUnits];  // byte offset of the unit's head row within its token's key row
+  int64_t dst_row[kUnits];  // byte offset of the unit's head row within its slot's key row
   int chunk[kUnits];
+  bool is_value[kUnits];
 #pragma unroll
   for (int m = 0; m < kUnits; ++m) {
     const uint32_t u = first + m * kBlock;
     slot[m] = -1;
     if (u < p.units) {
       const auto tr = p.items.divmod(u);
-      const auto hc = p.chunks.divmod(tr.mod);
       const int64_t tok = p.first_token + tr.div;
-      const int head = static_cast<int>(hc.div);
-      chunk[m] = static_cast<int>(hc.mod);
       slot[m] = p.slots == nullptr ? tok
                 : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
                                    : __ldg(static_cast<const int32_t*>(p.slots) + tok);
-      raw[m].half[0] = Op::load(p.src[0] + tok * p.src_tok[0] + head * p.src_head[0], chunk[m]);
-      if (p.halves == 2) raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head * p.src_head[1], chunk[m]);
-      dst_head[m] = head * p.dst_head;
+      if constexpr (kPaired) {
+        const auto hc = p.chunks.divmod(tr.mod);
+        const int head = static_cast<int>(hc.div);
+        chunk[m] = static_cast<int>(hc.mod);
+        raw[m].half[0] = Op::load(p.src[0] + tok * p.src_tok[0] + head * p.src_head[0], chunk[m]);
+        if (p.halves == 2) raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head * p.src_head[1], chunk[m]);
+        dst_row[m] = head * p.dst_head;
+      } else {
+        is_value[m] = tr.mod >= p.per_half;
+        const auto hc = p.chunks.divmod(is_value[m] ? tr.mod - p.per_half : tr.mod);
+        const int head = static_cast<int>(hc.div);
+        chunk[m] = static_cast<int>(hc.mod);
+        // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
+        const char* src = is_value[m] ? p.src[1] + tok * p.src_tok[1] + head * p.src_head[1]
+                                      : p.src[0] + tok * p.src_tok[0] + head * p.src_head[0];
+        raw[m].half[0] = Op::load(src, chunk[m]);
+        dst_row[m] = head * p.dst_head + (is_value[m] ? p.dst_kv : 0);
+      }
     }
   }
   // One branch per block instead of one per value: the division's fast path is a template.
   if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
-    store_units<Op, kUnits, true>(p, raw, slot, dst_head, chunk, div_k, div_v);
+    store_units<Op, kUnits, kPaired, true>(p, raw, slot, dst_row, chunk, is_value, div_k, div_v);
   } else {
-    store_units<Op, kUnits, false>(p, raw, slot, dst_head, chunk, div_k, div_v);
+    store_units<Op, kUnits, kPaired, false>(p, raw, slot, dst_row, chunk, is_value, div_k, div_v);
   }
 }
 
@@ -442,42 +466,48 @@ struct Nvfp4Op {
 
 // ----------------------------------------------------------------------------- launch
 
-// Launches over tokens [0, num_tokens): one grid, unless the (token, head, chunk) units pass 2^31 (the
-// dividers' range), then one grid per slice of tokens.
-template <class Op, int kUnits, int kBlock>
+// Launches over tokens [0, num_tokens): one grid, unless the units pass 2^31 (the dividers'
+// range), then one grid per slice of tokens.
+template <class Op, int kUnits, int kBlock, bool kPaired>
 void launch_units(RowParams p, cudaStream_t stream) {
   constexpr int64_t kPerBlock = int64_t{kUnits} * kBlock;
-  const int64_t items = p.items.divisor;
-  const int64_t slice = (INT32_MAX - kPerBlock) / items;  // >= 1: items < 2^30 (check_int32_sizes)
+  const int64_t items = kPaired ? int64_t{p.per_half} : int64_t{p.halves} * p.per_half;
+  p.items = IntDivider<uint32_t>(static_cast<uint32_t>(items));
+  const int64_t slice = (INT32_MAX - kPerBlock) / items;  // >= 1: items < 2^31 (check_int32_sizes)
   for (int64_t t = 0; t < p.num_tokens; t += slice) {
     p.first_token = t;
     p.units = static_cast<uint32_t>(std::min(slice, p.num_tokens - t) * items);
     const dim3 grid(static_cast<unsigned>((p.units + kPerBlock - 1) / kPerBlock));
-    rows_kernel<Op, kUnits, kBlock><<<grid, kBlock, 0, stream>>>(p);
+    rows_kernel<Op, kUnits, kBlock, kPaired><<<grid, kBlock, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
 
 constexpr int64_t kWideGrid = KVFUSE_WIDE_GRID;
+constexpr int64_t kUnpairedBelow = KVFUSE_UNPAIRED_BELOW;
 
-// Rows cut into `chunks` units per head: sets up the item dividers and picks the launch shape.
-// Large grids: kThreads-thread blocks with as many units per thread (up to Op::kUnits) as still
-// leave kWideGrid blocks, so each thread keeps several loads in flight. Below that, where a
-// launch is mostly latency, KVFUSE_SMALL_THREADS-thread blocks of KVFUSE_SMALL_UNITS units.
+// Rows cut into `chunks` units per head: sets up the dividers and picks the launch shape. Large
+// grids: kThreads-thread blocks of paired units, as many per thread (up to Op::kUnits) as still
+// leave kWideGrid blocks, so each thread keeps several loads in flight. Below that,
+// KVFUSE_SMALL_THREADS-thread blocks of one unit per thread, and in the smallest FP8 / NVFP4
+// launches, which are mostly latency, unpaired units: the per-thread arithmetic is the critical
+// path there. All measured on an H100 (benchmarks/native_sweep.py, BENCHMARKS.md).
 template <class Op, bool kMultiUnit = true>
 void launch(RowParams p, int chunks, cudaStream_t stream) {
-  const int64_t items = int64_t{p.num_heads} * chunks;
-  p.items = IntDivider<uint32_t>(static_cast<uint32_t>(items));
+  p.per_half = static_cast<uint32_t>(int64_t{p.num_heads} * chunks);
   p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(chunks));
   p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
-  const int64_t units = int64_t{p.num_tokens} * items;
+  const int64_t pairs = int64_t{p.num_tokens} * p.per_half;
   if constexpr (kMultiUnit && Op::kUnits >= 4) {
-    if (units / (4 * kThreads) >= kWideGrid) return launch_units<Op, 4, kThreads>(p, stream);
+    if (pairs / (4 * kThreads) >= kWideGrid) return launch_units<Op, 4, kThreads, true>(p, stream);
   }
   if constexpr (kMultiUnit && Op::kUnits >= 2) {
-    if (units / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads>(p, stream);
+    if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true>(p, stream);
   }
-  launch_units<Op, kMultiUnit ? std::min(Op::kUnits, KVFUSE_SMALL_UNITS) : 1, KVFUSE_SMALL_THREADS>(p, stream);
+  if constexpr (Op::kUsesScale) {
+    if (pairs / KVFUSE_SMALL_THREADS < kUnpairedBelow) return launch_units<Op, 1, KVFUSE_SMALL_THREADS, false>(p, stream);
+  }
+  launch_units<Op, 1, KVFUSE_SMALL_THREADS, true>(p, stream);
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
