@@ -61,7 +61,7 @@
 #endif
 // Threads per block of one-unit launches (grids below the wide ones).
 #ifndef KVFUSE_SMALL_THREADS
-#define KVFUSE_SMALL_THREADS 128
+#define KVFUSE_SMALL_THREADS 256
 #endif
 // FP8 / NVFP4 launches of fewer blocks than this (of one paired unit per thread) take unpaired
 // units instead: twice the threads, each with half the arithmetic.

@@ -25,6 +25,8 @@ import os
 from types import ModuleType
 from typing import Optional
 
+from ..kv_cache import KVQuantMode
+
 logger = logging.getLogger(__name__)
 
 BACKEND_MODULES = {
@@ -92,12 +94,15 @@ def unavailable_reason(name: str, op: str, device_type: str, mode: int) -> Optio
     return reason
 
 
-# When a CUDA cache op prefers Triton to native (measured on H100, BENCHMARKS.md). Eager calls
-# are bound by host overhead, where native costs ~0.4x Triton's (25 vs 63 us per call); that
-# outweighs Triton's faster kernels (FP8 at 16384 tokens: 40 vs 56 us) up to these token counts.
-# Inside CUDA-graph capture the host cost is paid once, so device time decides: Triton is as fast
-# at decode sizes and faster from ~1K tokens on. ``KVFUSE_NATIVE_MAX_TOKENS`` overrides the counts.
-_NATIVE_MAX_TOKENS = {0: 16384, 1: 16384, 2: 16384, 3: 16384}
+# When a CUDA cache op prefers Triton to native (H100, BENCHMARKS.md). Casts and FP8: never; the
+# native kernels are as fast on the device at every token count (FP8 faster: 36 vs 38 us at 16384
+# tokens, 2.0 vs 2.2 us at 1) and cost ~0.4x Triton's host time per eager call. NVFP4: Triton's
+# kernel is faster on the device from ~4K tokens (17.3 vs 18.4 us at 4096) and at 1-64 tokens by
+# ~0.2 us. Eager calls are bound by host overhead up to ~16K tokens, so native runs below that;
+# inside CUDA-graph capture only device time counts, so Triton runs. KVFUSE_NATIVE_MAX_TOKENS
+# overrides the token counts (for every mode).
+_NATIVE_MAX_TOKENS = {int(KVQuantMode.NVFP4): 16384}
+_TRITON_WHEN_CAPTURED = frozenset({int(KVQuantMode.NVFP4)})
 
 
 @functools.lru_cache(maxsize=None)
@@ -152,18 +157,26 @@ def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
+def _prefers_triton(mode: int, num_tokens: Optional[int], capturing: bool) -> bool:
+    """Whether a CUDA cache call should try Triton before native (see ``_NATIVE_MAX_TOKENS``)."""
+    limit = _native_max_tokens(mode)
+    if num_tokens is not None and limit is not None and num_tokens >= limit:
+        return True
+    return capturing and mode in _TRITON_WHEN_CAPTURED
+
+
 def select(op: str, device_type: str, mode: int, num_tokens: Optional[int] = None) -> tuple[str, object]:
     """(backend name, function) for ``op`` on ``device_type`` with cache mode ``mode``.
 
-    CUDA cache ops prefer Triton over native for calls of at least ``_native_max_tokens(mode)``
-    tokens (``num_tokens``) and while a CUDA graph is being captured.
+    CUDA cache ops prefer Triton over native where ``_prefers_triton`` says so: NVFP4 calls of at
+    least ``_native_max_tokens(mode)`` tokens (``num_tokens``) or under CUDA-graph capture.
     """
     mode = int(mode)
     forced = forced_backend(op)
     bulk = False
     if forced is None and device_type == "cuda" and op in CACHE_OPS:
-        limit = _native_max_tokens(mode)
-        bulk = (num_tokens is not None and limit is not None and num_tokens >= limit) or _capturing()
+        # The capture query only where it matters: it costs host time on every call.
+        bulk = _prefers_triton(mode, num_tokens, mode in _TRITON_WHEN_CAPTURED and _capturing())
     return _select(op, device_type, mode, forced, bulk)
 
 
@@ -178,8 +191,6 @@ def describe_backends(device_type: str = "cuda") -> list[tuple[str, str, str, st
 
     For ``python -m kvfuse info``; imports the candidate backends but launches nothing.
     """
-    from ..kv_cache import KVQuantMode
-
     rows = []
     for op in CACHE_OPS + ATTENTION_OPS:
         for mode in KVQuantMode:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from kvfuse.kv_cache import VALID_KV_CACHE_DTYPES, KVQuantMode, _parse_dtype_name, row_dim_for, storage_dtype
+from kvfuse import ops as kv_ops
 from kvfuse.ops import backends
 from kvfuse.ops import native
 from kvfuse.ops import reference as ref
@@ -375,10 +376,12 @@ def test_cuda_default_backend_is_native():
 def test_native_max_tokens_env_override(monkeypatch):
     backends.clear_cache()
     try:
-        assert backends._native_max_tokens(int(KVQuantMode.FP8_E4M3)) == 16384
+        assert backends._native_max_tokens(int(KVQuantMode.FP8_E4M3)) is None
+        assert backends._native_max_tokens(int(KVQuantMode.NVFP4)) == 16384
         monkeypatch.setenv("KVFUSE_NATIVE_MAX_TOKENS", "7")
         backends.clear_cache()
         assert backends._native_max_tokens(int(KVQuantMode.NVFP4)) == 7
+        assert backends._native_max_tokens(int(KVQuantMode.NONE)) == 7
         monkeypatch.setenv("KVFUSE_NATIVE_MAX_TOKENS", "many")
         backends.clear_cache()
         with pytest.raises(ValueError, match="KVFUSE_NATIVE_MAX_TOKENS='many'"):
@@ -388,6 +391,20 @@ def test_native_max_tokens_env_override(monkeypatch):
     finally:
         monkeypatch.delenv("KVFUSE_NATIVE_MAX_TOKENS", raising=False)
         backends.clear_cache()
+
+
+def test_triton_preference_by_mode_token_count_and_capture():
+    backends.clear_cache()
+    for mode in (KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2):
+        for num_tokens in (None, 1, 1 << 14, 1 << 20):
+            for capturing in (False, True):
+                assert not backends._prefers_triton(int(mode), num_tokens, capturing), (mode, num_tokens, capturing)
+    nvfp4 = int(KVQuantMode.NVFP4)
+    assert not backends._prefers_triton(nvfp4, 64, False)
+    assert not backends._prefers_triton(nvfp4, None, False)
+    assert backends._prefers_triton(nvfp4, 16384, False)
+    assert backends._prefers_triton(nvfp4, 64, True)
+    assert backends._prefers_triton(nvfp4, None, True)
 
 
 @pytest.mark.gpu
@@ -402,8 +419,27 @@ def test_cuda_backend_by_token_count(monkeypatch):
     try:
         for mode in KVQuantMode:
             assert backends.select("encode_and_cache_write", "cuda", mode, 64)[0] == "native"
-            assert backends.select("encode_and_cache_write", "cuda", mode, 1 << 16)[0] == "triton"
-        monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
-        assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3, 1 << 16)[0] == "native"
+            expected = "triton" if mode is KVQuantMode.NVFP4 else "native"
+            assert backends.select("encode_and_cache_write", "cuda", mode, 1 << 16)[0] == expected
+        # Under CUDA-graph capture: native for casts and FP8, Triton for NVFP4.
+        x = torch.randn(4, 2, 64, device="cuda", dtype=torch.bfloat16)
+        scale = torch.ones((), device="cuda")
+        calls = {m: (lambda m=m: kv_ops.encode_kv(x, scale, m, storage_dtype(m, x.dtype))) for m in KVQuantMode}
+        for call in calls.values():  # warm-up (Triton compiles) outside capture
+            call()
+        torch.cuda.synchronize()
+        chosen, outputs = {}, {}
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for mode, call in calls.items():
+                chosen[mode] = backends.select("encode_kv", "cuda", mode, 4)[0]
+                outputs[mode] = call()
+        graph.replay()
+        for mode, out in outputs.items():
+            _assert_same(out, ref.encode_kv(x, scale, mode, storage_dtype(mode, x.dtype)), f"captured {mode.name}")
+        assert chosen == {m: "triton" if m is KVQuantMode.NVFP4 else "native" for m in KVQuantMode}
+        monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "triton")
+        backends.clear_cache()
+        assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3, 64)[0] == "triton"
     finally:
         backends.clear_cache()
