@@ -68,11 +68,12 @@
 #ifndef KVFUSE_UNPAIRED_BELOW
 #define KVFUSE_UNPAIRED_BELOW 1024
 #endif
-// Launches that read fewer bytes of K/V than this load their rows with the streaming hint
-// (ld.global.cs): measured faster up to 16 MiB (1024 tokens: 4.0 vs 4.2 us bf16, 4.3 vs 4.5 us
-// FP8), slower from 64 MiB (65536 tokens: 190.4 vs 188.4 us bf16, 142.7 vs 139.2 us FP8).
-#ifndef KVFUSE_STREAM_LOADS_BELOW
-#define KVFUSE_STREAM_LOADS_BELOW (32 << 20)
+// 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores.
+#ifndef KVFUSE_LOAD_HINT
+#define KVFUSE_LOAD_HINT 1
+#endif
+#ifndef KVFUSE_STORE_HINT
+#define KVFUSE_STORE_HINT 1
 #endif
 
 namespace kvfuse {
@@ -205,7 +206,7 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
 // without idle threads or a loop. All of a thread's row and slot loads are issued before any of
 // its stores: the loads do not depend on the slots, so both memory latencies overlap, and nothing
 // is stored for units whose slot is -1 or out of range.
-template <class Op, int kUnits, int kBlock, bool kPaired, bool kStream>
+template <class Op, int kUnits, int kBlock, bool kPaired>
 __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) rows_kernel(const RowParams p) {
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
   if constexpr (Op::kUsesScale) {
@@ -232,10 +233,8 @@ __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) ro
         const auto hc = p.chunks.divmod(tr.mod);
         const int head = static_cast<int>(hc.div);
         chunk[m] = static_cast<int>(hc.mod);
-        raw[m].half[0] = Op::template load<kStream>(p.src[0] + tok * p.src_tok[0] + head * p.src_head[0], chunk[m]);
-        if (p.halves == 2) {
-          raw[m].half[1] = Op::template load<kStream>(p.src[1] + tok * p.src_tok[1] + head * p.src_head[1], chunk[m]);
-        }
+        raw[m].half[0] = Op::load(p.src[0] + tok * p.src_tok[0] + head * p.src_head[0], chunk[m]);
+        if (p.halves == 2) raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head * p.src_head[1], chunk[m]);
         dst_row[m] = head * p.dst_head;
       } else {
         is_value[m] = tr.mod >= p.per_half;
@@ -245,7 +244,7 @@ __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) ro
         // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
         const char* src = is_value[m] ? p.src[1] + tok * p.src_tok[1] + head * p.src_head[1]
                                       : p.src[0] + tok * p.src_tok[0] + head * p.src_head[0];
-        raw[m].half[0] = Op::template load<kStream>(src, chunk[m]);
+        raw[m].half[0] = Op::load(src, chunk[m]);
         dst_row[m] = head * p.dst_head + (is_value[m] ? p.dst_kv : 0);
       }
     }
@@ -269,14 +268,17 @@ struct CopyOp {
   static constexpr int kMinBlocks = KVFUSE_COPY_MIN_BLOCKS;
   static constexpr int kUnits = KVFUSE_COPY_UNITS;
   using Raw = typename Word<W>::type;
-  template <bool kStream>
   __device__ __forceinline__ static Raw load(const char* s, int c) {
-    if constexpr (W == 16 && kStream) return __ldcs(reinterpret_cast<const Raw*>(s) + c);
+    if constexpr (W == 16 && KVFUSE_LOAD_HINT) return __ldcs(reinterpret_cast<const Raw*>(s) + c);
     return reinterpret_cast<const Raw*>(s)[c];
   }
   template <bool kFast>
   __device__ __forceinline__ static void store(const Raw& raw, char* d, int c, const Divider, const RowParams&) {
-    reinterpret_cast<Raw*>(d)[c] = raw;
+    if constexpr (W == 16 && KVFUSE_STORE_HINT) {
+      __stcs(reinterpret_cast<Raw*>(d) + c, raw);
+    } else {
+      reinterpret_cast<Raw*>(d)[c] = raw;
+    }
   }
 };
 
@@ -289,7 +291,6 @@ struct Elements {
     In e[N];
   };
   __device__ __forceinline__ Elements() {}
-  template <bool kStream>
   __device__ __forceinline__ static Elements load(const char* s, int c) {
     Elements out;
     const In* p = reinterpret_cast<const In*>(s) + static_cast<int64_t>(c) * N;
@@ -297,7 +298,7 @@ struct Elements {
       static_assert((N * sizeof(In)) % 16 == 0, "vector loads move whole 16-byte words");
 #pragma unroll
       for (int w = 0; w < kWords; ++w) {
-        out.words[w] = kStream ? __ldcs(reinterpret_cast<const uint4*>(p) + w) : reinterpret_cast<const uint4*>(p)[w];
+        out.words[w] = KVFUSE_LOAD_HINT ? __ldcs(reinterpret_cast<const uint4*>(p) + w) : reinterpret_cast<const uint4*>(p)[w];
       }
     } else {
 #pragma unroll
@@ -356,8 +357,7 @@ struct EncodeOp {
   static constexpr int kUnits = kIsFp8<Out> ? KVFUSE_FP8_UNITS : KVFUSE_COPY_UNITS;
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
-  template <bool kStream>
-  __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::template load<kStream>(s, c); }
+  __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
   template <bool kFast>
   __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider div, const RowParams&) {
     if constexpr (kIsFp8<Out>) {
@@ -378,7 +378,12 @@ struct EncodeOp {
           words[w] = fp8x4<Out>(q);
         }
         if constexpr (N == 16) {
-          *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
+          const uint4 word = make_uint4(words[0], words[1], words[2], words[3]);
+          if constexpr (KVFUSE_STORE_HINT) {
+            __stcs(reinterpret_cast<uint4*>(out), word);
+          } else {
+            *reinterpret_cast<uint4*>(out) = word;
+          }
         } else {
 #pragma unroll
           for (int w = 0; w < N / 8; ++w) reinterpret_cast<uint2*>(out)[w] = make_uint2(words[2 * w], words[2 * w + 1]);
@@ -394,7 +399,11 @@ struct EncodeOp {
           Out* e = reinterpret_cast<Out*>(&word);
 #pragma unroll
           for (int k = 0; k < kPerWord; ++k) e[k] = static_cast<Out>(f[w * kPerWord + k]);
-          reinterpret_cast<uint4*>(out)[w] = word;
+          if constexpr (KVFUSE_STORE_HINT) {
+            __stcs(reinterpret_cast<uint4*>(out) + w, word);
+          } else {
+            reinterpret_cast<uint4*>(out)[w] = word;
+          }
         }
       } else {
 #pragma unroll
@@ -417,8 +426,7 @@ struct Nvfp4Op {
   static constexpr int kMinBlocks = 3;
   static constexpr int kUnits = 1;
   using Raw = Elements<In, kNvfp4Block, kVector>;
-  template <bool kStream>
-  __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::template load<kStream>(s, c); }
+  __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
   template <bool kFast>
   __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider global,
                                                const RowParams& p) {
@@ -460,7 +468,7 @@ struct Nvfp4Op {
 
 // Launches over tokens [0, num_tokens): one grid, unless the units pass 2^31 (the dividers'
 // range), then one grid per slice of tokens.
-template <class Op, int kUnits, int kBlock, bool kPaired, bool kStream = false>
+template <class Op, int kUnits, int kBlock, bool kPaired>
 void launch_units(RowParams p, cudaStream_t stream) {
   constexpr int64_t kPerBlock = int64_t{kUnits} * kBlock;
   const int64_t items = kPaired ? int64_t{p.per_half} : int64_t{p.halves} * p.per_half;
@@ -470,7 +478,7 @@ void launch_units(RowParams p, cudaStream_t stream) {
     p.first_token = t;
     p.units = static_cast<uint32_t>(std::min(slice, p.num_tokens - t) * items);
     const dim3 grid(static_cast<unsigned>((p.units + kPerBlock - 1) / kPerBlock));
-    rows_kernel<Op, kUnits, kBlock, kPaired, kStream><<<grid, kBlock, 0, stream>>>(p);
+    rows_kernel<Op, kUnits, kBlock, kPaired><<<grid, kBlock, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -496,16 +504,10 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
   if constexpr (kMultiUnit && Op::kUnits >= 2) {
     if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true>(p, stream);
   }
-  // Unpaired launches read at most kUnpairedBelow * KVFUSE_SMALL_THREADS * 2 units of <= 64 bytes
-  // (32 MiB): always streamed.
   if constexpr (Op::kUsesScale) {
-    if (pairs / KVFUSE_SMALL_THREADS < kUnpairedBelow) {
-      return launch_units<Op, 1, KVFUSE_SMALL_THREADS, false, true>(p, stream);
-    }
+    if (pairs / KVFUSE_SMALL_THREADS < kUnpairedBelow) return launch_units<Op, 1, KVFUSE_SMALL_THREADS, false>(p, stream);
   }
-  const int64_t read_bytes = pairs * p.halves * static_cast<int64_t>(sizeof(typename Op::Raw));
-  if (read_bytes < KVFUSE_STREAM_LOADS_BELOW) return launch_units<Op, 1, KVFUSE_SMALL_THREADS, true, true>(p, stream);
-  launch_units<Op, 1, KVFUSE_SMALL_THREADS, true, false>(p, stream);
+  launch_units<Op, 1, KVFUSE_SMALL_THREADS, true>(p, stream);
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
