@@ -29,11 +29,11 @@ sys.path.insert(0, ROOT)
 VARIANTS = {
     "default": "",
     "default_again": "-DKVFUSE_SWEEP_REPEAT=1",  # the same kernels: run-to-run noise
-    "unpaired_below256": "-DKVFUSE_UNPAIRED_BELOW=256",
-    "unpaired_below4096": "-DKVFUSE_UNPAIRED_BELOW=4096",
+    "no_hints": "-DKVFUSE_LOAD_HINT=0 -DKVFUSE_STORE_HINT=0",
+    "load_hint_only": "-DKVFUSE_STORE_HINT=0",
     "never_unpaired": "-DKVFUSE_UNPAIRED_BELOW=0",
-    "small256": "-DKVFUSE_SMALL_THREADS=256",
-    "small64": "-DKVFUSE_SMALL_THREADS=64",
+    "small128": "-DKVFUSE_SMALL_THREADS=128",
+    "wide1024": "-DKVFUSE_WIDE_GRID=1024",
     "copy_u4_b2": "-DKVFUSE_COPY_UNITS=4 -DKVFUSE_COPY_MIN_BLOCKS=2",
 }
 

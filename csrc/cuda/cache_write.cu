@@ -1,13 +1,14 @@
 // CUDA kernels of kvfuse's cache ops: encode K/V rows (cast, FP8, NVFP4) and scatter them
 // into a paged cache (num_blocks, 2, block_size, heads, row_dim) in one pass.
 //
-// One kernel serves every op. A token's row work is cut into items: (half, head, chunk), a chunk
-// being 16 or 32 bytes of input where the layout allows it (8 or 16 elements for cast / FP8, one
-// 16-element NVFP4 block) and one element otherwise, so odd head sizes and unaligned views still
-// work. A thread block covers whole tokens, and its threads walk the flat (token, item) space
-// kUnits units apart: each thread issues all its row loads (and the slot loads) before it converts
-// or stores anything, so a thread keeps kUnits loads in flight, and adjacent threads touch
-// adjacent bytes of a row.
+// One kernel serves every op. A token's row work is cut into units: (head, chunk), covering the
+// chunk in both the key and the value row (paired), or (half, head, chunk) (unpaired, for the
+// smallest FP8 / NVFP4 launches). A chunk is 16 to 64 bytes of input where the layout allows it
+// (8 elements for casts, 16 for FP8, one 16-element NVFP4 block) and one element otherwise, so
+// odd head sizes and unaligned views still work. Blocks take consecutive ranges of the flat
+// (token, unit) space, their threads kUnits units apart: each thread issues all its row loads
+// (and slot loads) before it converts or stores anything, and adjacent threads touch adjacent
+// bytes of a row. Launch shapes and their measurements: see launch() and BENCHMARKS.md.
 //
 // Numerics (bit-identical to kvfuse/ops/reference.py, see csrc/encode_math.h):
 //   - cast: c10's float -> half / bfloat16 conversions, the ones torch's .to() uses;
@@ -68,7 +69,10 @@
 #ifndef KVFUSE_UNPAIRED_BELOW
 #define KVFUSE_UNPAIRED_BELOW 1024
 #endif
-// 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores.
+// 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores. Measured
+// on an H100: the load hint is faster for launches that read up to 16 MiB (1024 tokens: 4.0 vs
+// 4.2 us bf16) and ~1% slower from 64 MiB (65536 tokens: 190.4 vs 188.4 us bf16); the store hint
+// makes no measurable difference (BENCHMARKS.md).
 #ifndef KVFUSE_LOAD_HINT
 #define KVFUSE_LOAD_HINT 1
 #endif
@@ -94,8 +98,8 @@ struct RowParams {
   int64_t capacity;
   const void* slots;  // nullptr: token t writes row t (encode_kv's output)
   const float* scale[2];
-  // Dividers by multiply-high and shift, set up on the host: a token's units (heads x chunks), a
-  // head's chunks, the page size (used while the cache holds < 2^31 slots).
+  // Dividers by multiply-high and shift, set up on the host: a token's units, a head's chunks,
+  // the page size (used while the cache holds < 2^31 slots).
   IntDivider<uint32_t> items, chunks, page;
   uint32_t per_half;  // heads x chunks: the units of one half of a token
   uint32_t units;  // units of this launch, < 2^31

@@ -94,15 +94,22 @@ def unavailable_reason(name: str, op: str, device_type: str, mode: int) -> Optio
     return reason
 
 
-# When a CUDA cache op prefers Triton to native (H100, BENCHMARKS.md). Casts and FP8: never; the
-# native kernels are as fast on the device at every token count (FP8 faster: 36 vs 38 us at 16384
-# tokens, 2.0 vs 2.2 us at 1) and cost ~0.4x Triton's host time per eager call. NVFP4: Triton's
-# kernel is faster on the device from ~4K tokens (17.3 vs 18.4 us at 4096) and at 1-64 tokens by
-# ~0.2 us. Eager calls are bound by host overhead up to ~16K tokens, so native runs below that;
-# inside CUDA-graph capture only device time counts, so Triton runs. KVFUSE_NATIVE_MAX_TOKENS
-# overrides the token counts (for every mode).
-_NATIVE_MAX_TOKENS = {int(KVQuantMode.NVFP4): 16384}
-_TRITON_WHEN_CAPTURED = frozenset({int(KVQuantMode.NVFP4)})
+# When a CUDA cache op prefers Triton to native, from the device times of the same run
+# (H100, BENCHMARKS.md section 1, commit 6ae1eb7) and the host cost per eager call, where native
+# costs 0.33-0.49x Triton's (eager calls are host-bound up to ~16K tokens):
+# - token counts: Triton from 16384 tokens for casts (bf16 49.7 vs 50.2 us at 16384, 188.5 vs
+#   191.0 at 65536) and NVFP4 (56.5 vs 61.8 us), from 65536 for FP8 (141.6 vs 142.7 us; native is
+#   faster up to 16384: 36.4 vs 37.9 us);
+# - under CUDA-graph capture only device time counts: Triton for casts (1.9 vs 2.1 us at 256
+#   tokens) and NVFP4 (2.7 vs 3.1 us at 64), native for FP8 (2.2 vs 2.4 us at 64).
+# KVFUSE_NATIVE_MAX_TOKENS overrides the token counts (for every mode).
+_NATIVE_MAX_TOKENS = {
+    int(KVQuantMode.NONE): 16384,
+    int(KVQuantMode.FP8_E4M3): 65536,
+    int(KVQuantMode.FP8_E5M2): 65536,
+    int(KVQuantMode.NVFP4): 16384,
+}
+_TRITON_WHEN_CAPTURED = frozenset({int(KVQuantMode.NONE), int(KVQuantMode.NVFP4)})
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,8 +175,9 @@ def _prefers_triton(mode: int, num_tokens: Optional[int], capturing: bool) -> bo
 def select(op: str, device_type: str, mode: int, num_tokens: Optional[int] = None) -> tuple[str, object]:
     """(backend name, function) for ``op`` on ``device_type`` with cache mode ``mode``.
 
-    CUDA cache ops prefer Triton over native where ``_prefers_triton`` says so: NVFP4 calls of at
-    least ``_native_max_tokens(mode)`` tokens (``num_tokens``) or under CUDA-graph capture.
+    CUDA cache ops prefer Triton over native where ``_prefers_triton`` says so: calls of at least
+    ``_native_max_tokens(mode)`` tokens (``num_tokens``), and cast / NVFP4 calls under CUDA-graph
+    capture.
     """
     mode = int(mode)
     forced = forced_backend(op)

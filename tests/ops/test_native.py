@@ -376,7 +376,7 @@ def test_cuda_default_backend_is_native():
 def test_native_max_tokens_env_override(monkeypatch):
     backends.clear_cache()
     try:
-        assert backends._native_max_tokens(int(KVQuantMode.FP8_E4M3)) is None
+        assert backends._native_max_tokens(int(KVQuantMode.FP8_E4M3)) == 65536
         assert backends._native_max_tokens(int(KVQuantMode.NVFP4)) == 16384
         monkeypatch.setenv("KVFUSE_NATIVE_MAX_TOKENS", "7")
         backends.clear_cache()
@@ -395,16 +395,17 @@ def test_native_max_tokens_env_override(monkeypatch):
 
 def test_triton_preference_by_mode_token_count_and_capture():
     backends.clear_cache()
-    for mode in (KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2):
-        for num_tokens in (None, 1, 1 << 14, 1 << 20):
-            for capturing in (False, True):
-                assert not backends._prefers_triton(int(mode), num_tokens, capturing), (mode, num_tokens, capturing)
-    nvfp4 = int(KVQuantMode.NVFP4)
-    assert not backends._prefers_triton(nvfp4, 64, False)
-    assert not backends._prefers_triton(nvfp4, None, False)
-    assert backends._prefers_triton(nvfp4, 16384, False)
-    assert backends._prefers_triton(nvfp4, 64, True)
-    assert backends._prefers_triton(nvfp4, None, True)
+    prefers = backends._prefers_triton
+    for mode in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2):
+        for capturing in (False, True):
+            for num_tokens in (None, 1, 1 << 14, (1 << 16) - 1):
+                assert not prefers(int(mode), num_tokens, capturing), (mode, num_tokens, capturing)
+            assert prefers(int(mode), 1 << 16, capturing)
+    for mode in (KVQuantMode.NONE, KVQuantMode.NVFP4):
+        for num_tokens in (None, 1, (1 << 14) - 1):
+            assert not prefers(int(mode), num_tokens, False), (mode, num_tokens)
+            assert prefers(int(mode), num_tokens, True), (mode, num_tokens)
+        assert prefers(int(mode), 1 << 14, False)
 
 
 @pytest.mark.gpu
@@ -419,9 +420,11 @@ def test_cuda_backend_by_token_count(monkeypatch):
     try:
         for mode in KVQuantMode:
             assert backends.select("encode_and_cache_write", "cuda", mode, 64)[0] == "native"
-            expected = "triton" if mode is KVQuantMode.NVFP4 else "native"
-            assert backends.select("encode_and_cache_write", "cuda", mode, 1 << 16)[0] == expected
-        # Under CUDA-graph capture: native for casts and FP8, Triton for NVFP4.
+            assert backends.select("encode_and_cache_write", "cuda", mode, 1 << 16)[0] == "triton"
+        fp8 = (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2)
+        assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3, 1 << 14)[0] == "native"
+        assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.NONE, 1 << 14)[0] == "triton"
+        # Under CUDA-graph capture: native for FP8, Triton for casts and NVFP4.
         x = torch.randn(4, 2, 64, device="cuda", dtype=torch.bfloat16)
         scale = torch.ones((), device="cuda")
         calls = {m: (lambda m=m: kv_ops.encode_kv(x, scale, m, storage_dtype(m, x.dtype))) for m in KVQuantMode}
@@ -437,9 +440,12 @@ def test_cuda_backend_by_token_count(monkeypatch):
         graph.replay()
         for mode, out in outputs.items():
             _assert_same(out, ref.encode_kv(x, scale, mode, storage_dtype(mode, x.dtype)), f"captured {mode.name}")
-        assert chosen == {m: "triton" if m is KVQuantMode.NVFP4 else "native" for m in KVQuantMode}
+        assert chosen == {m: "native" if m in fp8 else "triton" for m in KVQuantMode}
         monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "triton")
         backends.clear_cache()
         assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3, 64)[0] == "triton"
+        monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
+        backends.clear_cache()
+        assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.NONE, 1 << 16)[0] == "native"
     finally:
         backends.clear_cache()
