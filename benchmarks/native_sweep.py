@@ -133,8 +133,6 @@ def main(argv=None) -> int:
         table[name] = json.loads(lines[-1][len("RESULT "):])
         print(f"measured {name}", flush=True)
 
-    import torch  # noqa: F811
-
     from benchmarks import common
 
     copy_gb_s = common.copy_bandwidth_gb_s()
@@ -142,13 +140,15 @@ def main(argv=None) -> int:
     print(f"\nus per call (% of the 1 GiB copy ceiling {copy_gb_s:.0f} GB/s); x = not bit-exact with Triton")
 
     def cell(r, key):
-        return f"{r[key]:6.1f} {r['bytes'] / (r[key] * 1e-6) / 1e9 / copy_gb_s:4.0%}" + ("" if r.get("exact", True) or key != "native_us" else "x")
+        inexact = key == "native_us" and not r["exact"]
+        return f"{r[key]:6.1f} {r['bytes'] / (r[key] * 1e-6) / 1e9 / copy_gb_s:4.0%}" + ("x" if inexact else "")
 
     for fmt in dict.fromkeys(r["format"] for r in first):
         cols = [i for i, r in enumerate(first) if r["format"] == fmt]
         print(f"\n{fmt:14s} " + " ".join(f"{first[i]['tokens']:>11d}" for i in cols))
         if "copy_us" in first[cols[0]]:
-            for label, key in (("same-size copy", "copy_us"), ("triton", "triton_us"), ("sorted slots", "native_sorted_us")):
+            anchors = (("same-size copy", "copy_us"), ("triton", "triton_us"), ("sorted slots", "native_sorted_us"))
+            for label, key in anchors:
                 print(f"{label:14s} " + " ".join(cell(first[i], key) for i in cols))
         for name, rows in table.items():
             print(f"{name:14s} " + " ".join(cell(rows[i], "native_us") for i in cols))

@@ -302,7 +302,8 @@ struct Elements {
       static_assert((N * sizeof(In)) % 16 == 0, "vector loads move whole 16-byte words");
 #pragma unroll
       for (int w = 0; w < kWords; ++w) {
-        out.words[w] = KVFUSE_LOAD_HINT ? __ldcs(reinterpret_cast<const uint4*>(p) + w) : reinterpret_cast<const uint4*>(p)[w];
+        out.words[w] = KVFUSE_LOAD_HINT ? __ldcs(reinterpret_cast<const uint4*>(p) + w)
+                                        : reinterpret_cast<const uint4*>(p)[w];
       }
     } else {
 #pragma unroll
@@ -477,7 +478,8 @@ void launch_units(RowParams p, cudaStream_t stream) {
   constexpr int64_t kPerBlock = int64_t{kUnits} * kBlock;
   const int64_t items = kPaired ? int64_t{p.per_half} : int64_t{p.halves} * p.per_half;
   p.items = IntDivider<uint32_t>(static_cast<uint32_t>(items));
-  const int64_t slice = (INT32_MAX - kPerBlock) / items;  // >= 1: items < 2^31 (check_int32_sizes)
+  // >= 1: a token has < 2^30 paired units (check_int32_sizes); unpaired launches are small (launch()).
+  const int64_t slice = (INT32_MAX - kPerBlock) / items;
   for (int64_t t = 0; t < p.num_tokens; t += slice) {
     p.first_token = t;
     p.units = static_cast<uint32_t>(std::min(slice, p.num_tokens - t) * items);
@@ -509,7 +511,9 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
     if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true>(p, stream);
   }
   if constexpr (Op::kUsesScale) {
-    if (pairs / KVFUSE_SMALL_THREADS < kUnpairedBelow) return launch_units<Op, 1, KVFUSE_SMALL_THREADS, false>(p, stream);
+    if (pairs / KVFUSE_SMALL_THREADS < kUnpairedBelow) {
+      return launch_units<Op, 1, KVFUSE_SMALL_THREADS, false>(p, stream);
+    }
   }
   launch_units<Op, 1, KVFUSE_SMALL_THREADS, true>(p, stream);
 }
