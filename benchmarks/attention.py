@@ -9,7 +9,7 @@ Every timing flushes L2 before each call and subtracts the flush's own time, so 
 are not served from L2. Calls are captured in a CUDA graph where the implementation allows it
 (kvfuse's FlashInfer backend refuses capture by design; it is timed with back-to-back launches).
 
-    python benchmarks/attention.py [--quick] [--out benchmarks/results]
+    python -m benchmarks.attention [--quick] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -19,89 +19,31 @@ import datetime
 import json
 import math
 import os
-import sys
+import dataclasses
 import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks.common import bench_cold_l2 as bench_us
+from benchmarks.common import current_commit
+from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype
+from kvfuse.ops.registry import AttentionCall
 
-from benchmarks.common import current_commit  # noqa: E402
-from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype  # noqa: E402
+# Launch tiles of kvfuse's Triton kernel for this run: the defaults, or what --tune found.
+TILES = None
 
 HQ, HKV, HEAD, PAGE = 32, 8, 128, 16
 MODES = {"bf16": KVQuantMode.NONE, "fp8": KVQuantMode.FP8_E4M3, "nvfp4": KVQuantMode.NVFP4}
 ANCHORS = {("decode", "bf16", 64, 4096): ("flashinfer", 375.0, 0.95),
            ("decode", "fp8", 64, 4096): ("flashinfer_tc", 258.0, 0.69)}
 
-_flush_buf = None
+def _kvfuse(args, **options):
+    """kvfuse's Triton attention on ``args`` (the op's argument tuple), with this run's tiles."""
+    from kvfuse.ops.triton import attention as ta
 
-
-def flush_l2():
-    global _flush_buf
-    if _flush_buf is None:
-        _flush_buf = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    _flush_buf.zero_()
-
-
-def _time_graph(fn, reps):
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            flush_l2()
-            fn()
-    flush_graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(flush_graph):
-        for _ in range(reps):
-            flush_l2()
-    times = []
-    for g in (graph, flush_graph, graph, flush_graph, graph, flush_graph):
-        g.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return min(times[0::2]) - min(times[1::2])
-
-
-def _time_eager(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    best = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-        ev[0].record()
-        for _ in range(reps):
-            flush_l2()
-            fn()
-        ev[1].record()
-        ev[2].record()
-        for _ in range(reps):
-            flush_l2()
-        ev[3].record()
-        torch.cuda.synchronize()
-        best.append((ev[0].elapsed_time(ev[1]) - ev[2].elapsed_time(ev[3])) * 1e3 / reps)
-    return min(best)
-
-
-def bench_us(fn, reps=20, graph=True):
-    """Microseconds per call of ``fn`` (L2 flushed before each call, flush time subtracted)."""
-    if graph:
-        try:
-            return _time_graph(fn, reps), "graph"
-        except Exception:  # capture unsupported by this implementation: fall back to launches
-            torch.cuda.synchronize()
-    return _time_eager(fn, reps), "eager"
+    call = AttentionCall(*args)
+    tiles = TILES or ta.DEFAULT_TILES
+    return lambda: ta.paged_attention(call, tiles=tiles, **options)
 
 
 def copy_bandwidth():
@@ -158,20 +100,18 @@ def decode_args(mode, batch, context, num_q_heads=HQ):
 
 
 def run_decode(batch, context, mode_name, impls, rows, copy_bw):
-    from kvfuse.ops.triton.attention import paged_attention as triton_attention
-
     mode = MODES[mode_name]
     args = decode_args(mode, batch, context)
     query, cache, block_table, seq_lens = args[0], args[1], args[4], args[5]
     nbytes = kv_bytes(mode, batch, context)
     fns = {}
     if "kvfuse" in impls:
-        fns["kvfuse"] = (lambda: triton_attention(*args), True)
+        fns["kvfuse"] = (_kvfuse(args), True)
     if mode is not KVQuantMode.NVFP4:
         if "kvfuse_flashinfer" in impls:
             from kvfuse.ops import flashinfer as fib
 
-            fns["kvfuse_flashinfer"] = (lambda: fib.paged_attention(*args), False)
+            fns["kvfuse_flashinfer"] = (lambda: fib.paged_attention(AttentionCall(*args)), False)
         for name, tc in (("flashinfer", False), ("flashinfer_tc", True)):
             if name in impls:
                 fns[name] = (_flashinfer_decode(query, cache, block_table, seq_lens, mode, tc), True)
@@ -216,8 +156,6 @@ def _sdpa_decode(query, cache, block_table, batch, context):
 
 
 def run_prefill(tokens, mode_name, impls, rows, copy_bw):
-    from kvfuse.ops.triton.attention import paged_attention as triton_attention
-
     mode = MODES[mode_name]
     cache, block_table = make_cache(mode, 1, tokens)
     query = torch.randn(tokens, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
@@ -230,12 +168,12 @@ def run_prefill(tokens, mode_name, impls, rows, copy_bw):
     nbytes = kv_bytes(mode, 1, tokens)
     fns = {}
     if "kvfuse" in impls:
-        fns["kvfuse"] = (lambda: triton_attention(*args), True)
+        fns["kvfuse"] = (_kvfuse(args), True)
     if mode is KVQuantMode.NONE:
         if "kvfuse_flashinfer" in impls:
             from kvfuse.ops import flashinfer as fib
 
-            fns["kvfuse_flashinfer"] = (lambda: fib.paged_attention(*args), False)
+            fns["kvfuse_flashinfer"] = (lambda: fib.paged_attention(AttentionCall(*args)), False)
         if "flashinfer" in impls:
             import flashinfer
 
@@ -270,62 +208,65 @@ def run_prefill(tokens, mode_name, impls, rows, copy_bw):
 
 
 def tune(log):
-    """Sweep the Triton configs on the anchor shapes; install the fastest for the rest of the run."""
+    """Sweep the Triton tiles on the anchor shapes; use the fastest for the rest of the run (TILES)."""
     import itertools
 
     from kvfuse.ops.triton import attention as ta
 
+    global TILES
+    decode, prefill = dict(ta.DEFAULT_TILES.decode), dict(ta.DEFAULT_TILES.prefill)
     results = {}
     for key, mode_name in (("small", "bf16"), ("small_fp8", "fp8"), ("small_nvfp4", "nvfp4")):
         mode = MODES[mode_name]
-        cache, bt = make_cache(mode, 64, 4096)
-        q = torch.randn(64, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
-        lens = torch.full((64,), 4096, dtype=torch.int32, device="cuda")
-        qsl = torch.arange(65, dtype=torch.int32, device="cuda")
-        one = torch.tensor(0.5, device="cuda")
+        args = decode_args(mode, 64, 4096)
         best = None
         for bn, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3)):
-            ta.DECODE_CONFIG[key] = dict(BLOCK_M=16, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+            tile = ta.Tile(BLOCK_M=16, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+            tiles = ta.TileTable({**decode, key: tile}, prefill, ta.DEFAULT_TILES.interpret)
+            call = AttentionCall(*args)
             try:
-                us, _ = bench_us(lambda: ta.paged_attention(q, cache, one, one, bt, lens, qsl, int(mode),
-                                                            0.088, None), reps=10)
+                us, _ = bench_us(lambda: ta.paged_attention(call, tiles=tiles), reps=10)
             except Exception as e:
                 log.append(f"decode {mode_name} {bn}/{warps}/{stages}: {type(e).__name__}")
                 continue
             log.append(f"decode {mode_name} BLOCK_N={bn} warps={warps} stages={stages}: {us:.1f} us")
             if best is None or us < best[0]:
-                best = (us, dict(ta.DECODE_CONFIG[key]))
+                best = (us, tile)
         if best:
-            ta.DECODE_CONFIG[key] = best[1]
+            decode[key] = best[1]
             results[key] = best
-        del cache
+        del args
         torch.cuda.empty_cache()
     cache, bt = make_cache(KVQuantMode.NONE, 1, 16384)
     q = torch.randn(16384, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
     lens = torch.tensor([16384], dtype=torch.int32, device="cuda")
     qsl = torch.tensor([0, 16384], dtype=torch.int32, device="cuda")
     one = torch.tensor(1.0, device="cuda")
+    call = AttentionCall(q, cache, one, one, bt, lens, qsl, KVQuantMode.NONE, 0.088, None)
     best = None
     for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
                                   (128, 64, 4, 3), (64, 128, 4, 2)):
-        ta.PREFILL_CONFIG["small"] = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        tile = ta.Tile(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        tiles = ta.TileTable(decode, {**prefill, "small": tile}, ta.DEFAULT_TILES.interpret)
         try:
-            us, _ = bench_us(lambda: ta.paged_attention(q, cache, one, one, bt, lens, qsl, 0, 0.088, None), reps=3)
+            us, _ = bench_us(lambda: ta.paged_attention(call, tiles=tiles), reps=3)
         except Exception as e:
             log.append(f"prefill {bm}/{bn}/{warps}/{stages}: {type(e).__name__}")
             continue
         log.append(f"prefill 16k BLOCK_M={bm} BLOCK_N={bn} warps={warps} stages={stages}: {us:.1f} us")
         if best is None or us < best[0]:
-            best = (us, dict(ta.PREFILL_CONFIG["small"]))
+            best = (us, tile)
     if best:
-        ta.PREFILL_CONFIG["small"] = best[1]
+        prefill["small"] = best[1]
         results["prefill_small"] = best
-    del cache
+    del cache, call
     torch.cuda.empty_cache()
+    TILES = ta.TileTable(decode, prefill, ta.DEFAULT_TILES.interpret)
     for line in log:
         print(line, flush=True)
-    print("tuned:", json.dumps({k: v[1] for k, v in results.items()}), flush=True)
-    return {k: v[1] for k, v in results.items()}
+    tuned = {k: dataclasses.asdict(v[1]) for k, v in results.items()}
+    print("tuned:", json.dumps(tuned), flush=True)
+    return tuned
 
 
 def write_results(rows, meta, out_dir):
@@ -380,13 +321,13 @@ def write_results(rows, meta, out_dir):
         traceback.print_exc()
 
 
-# Decode variants compared by --focus: (name, cache, knob overrides, config overrides).
+# Decode variants compared by --focus: (name, cache, launcher options, tile overrides).
 FOCUS_VARIANTS = [
     ("default", "bf16", {}, {}),
-    ("bf16dot n128 w4 s2", "fp8", {"QUANT_DOT_FP16": False}, dict(BLOCK_N=128, num_warps=4, num_stages=2)),
+    ("bf16dot n128 w4 s2", "fp8", {"quant_dot_fp16": False}, dict(BLOCK_N=128, num_warps=4, num_stages=2)),
     ("fp16dot n128 w4 s2", "fp8", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2)),
     ("fp16dot n128 w8 s2", "fp8", {}, dict(BLOCK_N=128, num_warps=8, num_stages=2)),
-    ("triton bcast n64 w4 s3", "nvfp4", {"USE_INLINE_ASM": False}, dict(BLOCK_N=64, num_warps=4, num_stages=3,
+    ("triton bcast n64 w4 s3", "nvfp4", {"inline_asm": False}, dict(BLOCK_N=64, num_warps=4, num_stages=3,
                                                                         SCALE_GATHER=False)),
     ("ptx gather n64 w4 s3", "nvfp4", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, SCALE_GATHER=True)),
     ("ptx bcast n64 w4 s3", "nvfp4", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, SCALE_GATHER=False)),
@@ -401,13 +342,13 @@ FOCUS_VARIANTS = [
                                                   MAXNREG=168)),
     ("fp16dot n64 w4 s3 r128", "fp8", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, MAXNREG=128)),
     # More programs than SM slots: split-KV at batch 64 (3 and 5 splits), against the wave tail.
-    ("split3 n128 w4 s2", "fp8", {"_PROGRAMS_PER_SM": 8}, dict(BLOCK_N=128, num_warps=4, num_stages=2)),
-    ("split5 n128 w4 s2", "fp8", {"_PROGRAMS_PER_SM": 16}, dict(BLOCK_N=128, num_warps=4, num_stages=2)),
+    ("split3 n128 w4 s2", "fp8", {"num_splits": 3}, dict(BLOCK_N=128, num_warps=4, num_stages=2)),
+    ("split5 n128 w4 s2", "fp8", {"num_splits": 5}, dict(BLOCK_N=128, num_warps=4, num_stages=2)),
     ("ptx bcast n128 w4 s2 r168", "nvfp4", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False,
                                                    MAXNREG=168)),
     ("ptx bcast n128 w4 s2 r128", "nvfp4", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False,
                                                    MAXNREG=128)),
-    ("split3 bcast n128 w4 s2", "nvfp4", {"_PROGRAMS_PER_SM": 8}, dict(BLOCK_N=128, num_warps=4, num_stages=2,
+    ("split3 bcast n128 w4 s2", "nvfp4", {"num_splits": 3}, dict(BLOCK_N=128, num_warps=4, num_stages=2,
                                                                        SCALE_GATHER=False)),
 ]
 
@@ -427,8 +368,7 @@ def focus(out_dir, copy_bw):
         row = dict(op="decode", impl="kvfuse", variant=label, cache=mode_name, batch=batch, context=context,
                    num_tokens=batch * context, kv_bytes=nbytes, num_q_heads=num_q_heads)
         try:
-            fn = fn_of()
-            us, how = bench_us(lambda: fn(*args), reps=20)
+            us, how = bench_us(fn_of(args), reps=20)
             gbs = nbytes / (us * 1e-6) / 1e9
             row.update(us=round(us, 2), gb_s=round(gbs, 1), frac_copy=round(gbs / copy_bw, 3), timing=how)
         except Exception as e:
@@ -441,38 +381,28 @@ def focus(out_dir, copy_bw):
         return row
 
     def variant_fn(knobs, cfg, key):
-        def make():
-            for k, v in knobs.items():
-                setattr(ta, k, v)
-            ta.DECODE_CONFIG[key] = dict(ta.DECODE_CONFIG[key], **cfg)
-            return ta.paged_attention
+        def make(args):
+            decode = dict(ta.DEFAULT_TILES.decode)
+            decode[key] = dataclasses.replace(decode[key], **cfg)
+            tiles = ta.TileTable(decode, ta.DEFAULT_TILES.prefill, ta.DEFAULT_TILES.interpret)
+            call = AttentionCall(*args)
+            return lambda: ta.paged_attention(call, tiles=tiles, **knobs)
         return make
 
-    defaults = {k: dict(v) for k, v in ta.DECODE_CONFIG.items()}
-    knob_defaults = dict(USE_INLINE_ASM=ta.USE_INLINE_ASM, QUANT_DOT_FP16=ta.QUANT_DOT_FP16,
-                         _PROGRAMS_PER_SM=ta._PROGRAMS_PER_SM)
-
-    def restore(key):
-        for k, v in knob_defaults.items():
-            setattr(ta, k, v)
-        ta.DECODE_CONFIG[key] = dict(defaults[key])
-    only = os.environ.get("KVFUSE_FOCUS_ONLY")  # comma-separated variant labels, for short runs
+    only = os.environ.get("BENCH_FOCUS_ONLY")  # comma-separated variant labels, for short runs
     for mode_name in ("bf16", "fp8", "nvfp4"):
         for label, m, knobs, cfg in FOCUS_VARIANTS:
             if m != mode_name or (only and label not in only.split(",")):
                 continue
             row = one(label, m, 64, 4096, variant_fn(knobs, cfg, key_of[m]))
-            restore(key_of[m])
             if "us" in row and (m not in best or row["us"] < best[m][0]):
                 best[m] = (row["us"], label, knobs, cfg)
     for mode_name, (_, label, knobs, cfg) in best.items():
         one(label, mode_name, 16, 16384, variant_fn(knobs, cfg, key_of[mode_name]))
-        restore(key_of[mode_name])
         # The demo model's shape (16 query / 8 KV heads), which decode_step.py times per layer.
         for name, k, c in ((label, knobs, cfg), ("default", {}, {})):
             if name != label or mode_name != "bf16":
                 one(name, mode_name, 64, 4096, variant_fn(k, c, key_of[mode_name]), num_q_heads=16)
-                restore(key_of[mode_name])
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "attention_decode_focus.json"), "w") as f:
         json.dump(dict(copy_gb_s=round(copy_bw, 1), device=torch.cuda.get_device_name(),
@@ -527,7 +457,7 @@ def main():
 def _meta(args, copy_bw, tuned):
     return dict(
         date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(),
-        commit=current_commit(), command="python benchmarks/attention.py"
+        commit=current_commit(), command="python -m benchmarks.attention"
         + (" --quick" if args.quick else "") + (" --tune" if args.tune else ""), copy_gb_s=round(copy_bw, 1),
         torch=torch.__version__, tuned_configs=tuned,
     )

@@ -1,6 +1,6 @@
 """Benchmark: K/V encode + paged-cache write, kvfuse against its anchors, on one GPU.
 
-    python benchmarks/cache_write.py [--quick] [--out benchmarks/results] [--sweep]
+    python -m benchmarks.cache_write [--quick] [--out benchmarks/results] [--sweep]
 
 Token counts 1..65536, 8 KV heads, head size 128, block size 16, random distinct slots, bf16
 input; cache formats bfloat16 / fp8_e4m3 / fp8_e5m2 / nvfp4. Implementations:
@@ -29,9 +29,8 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 128, 16
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384, 65536)
@@ -143,7 +142,7 @@ def make_kvfuse_unfused(case: Case, cache):
 
 
 def make_kvfuse_native(case: Case, cache):
-    from kvfuse.ops import backends
+    from kvfuse.ops import registry as backends
 
     reason = backends.unavailable_reason("native", "encode_and_cache_write", "cuda", case.mode)
     if reason is not None:
@@ -275,7 +274,6 @@ def sweep(copy_gb_s: float, out_dir: str) -> dict:
     """
     from kvfuse.ops.triton import kv_write as tcw
 
-    original = tcw._launch_config
     lines, totals = [], {}
     for fmt in ("bfloat16", "fp8_e4m3", "nvfp4"):
         for num_tokens in (16384, 65536):
@@ -284,9 +282,11 @@ def sweep(copy_gb_s: float, out_dir: str) -> dict:
             for block_t in (1, 2, 4, 8):
                 for warps in (2, 4, 8):
                     cfg = (block_t, HEADS, HEAD_SIZE, warps)
-                    tcw._launch_config = lambda *a, cfg=cfg: cfg
+                    calls = [lambda i=i, cfg=cfg: tcw.encode_and_cache_write(
+                        case.keys[i], case.values[i], cache, case.slots[i], case.k_scale, case.v_scale, case.mode,
+                        launch_config=cfg) for i in range(len(case.keys))]
                     try:
-                        t = common.bench(make_kvfuse(case, cache), trials=7, min_ms=5.0)
+                        t = common.bench(calls, trials=7, min_ms=5.0)
                         totals[(fmt, block_t, warps)] = totals.get((fmt, block_t, warps), 0) + t.us
                         gbs = case.effective_bytes / (t.us * 1e-6) / 1e9
                         lines.append(f"{fmt:9s} T={num_tokens:6d} BT={block_t:2d} warps={warps} "
@@ -295,7 +295,6 @@ def sweep(copy_gb_s: float, out_dir: str) -> dict:
                         lines.append(f"{fmt} T={num_tokens} BT={block_t} warps={warps} failed: {e}")
                     print(lines[-1], flush=True)
             del case, cache
-    tcw._launch_config = original
     best = {}
     for (fmt, block_t, warps), _ in sorted(totals.items(), key=lambda kv: kv[1]):
         best.setdefault(fmt, (block_t, warps))
@@ -304,25 +303,6 @@ def sweep(copy_gb_s: float, out_dir: str) -> dict:
     with open(os.path.join(out_dir, "cache_write_sweep.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return best
-
-
-def apply_tuning(best: dict) -> None:
-    """Use the sweep's best tiles for >= 4096 tokens (to try what _launch_config's defaults should become)."""
-    from kvfuse.kv_cache import KVQuantMode
-    from kvfuse.ops.triton import kv_write as tcw
-
-    by_mode = {int(_format(fmt).kv_quant_mode): cfg for fmt, cfg in best.items()}
-    by_mode.setdefault(int(KVQuantMode.FP8_E5M2), best.get("fp8_e4m3"))
-    original = tcw._launch_config
-
-    def tuned(t_bucket, num_heads, width, mode, in_bytes):
-        cfg = by_mode.get(mode)
-        if cfg is None or t_bucket < 13 or num_heads != HEADS or width != HEAD_SIZE:
-            return original(t_bucket, num_heads, width, mode, in_bytes)
-        return (cfg[0], HEADS, HEAD_SIZE, cfg[1])
-
-    tcw._launch_config = tuned
-    print(f"tuned: {by_mode}", flush=True)
 
 
 def dump_ptx(out_dir: str) -> None:
@@ -354,7 +334,6 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer token counts and formats")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--sweep", action="store_true", help="also time tile configs of the fused kernel")
-    parser.add_argument("--tune", action="store_true", help="with --sweep: benchmark with the best tiles found")
     parser.add_argument("--ptx", action="store_true", help="also write the fused kernel's PTX per format")
     parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
     args = parser.parse_args(argv)
@@ -364,14 +343,14 @@ def main(argv=None) -> int:
 
     os.environ.setdefault("KVFUSE_CACHE_WRITE_BACKEND", "triton")  # "kvfuse" rows = the Triton kernels
     import kvfuse  # noqa: F401 - registers the ops
-    from kvfuse.ops import backends
+    from kvfuse.ops import registry as backends
 
     backends.clear_cache()
     if "kvfuse_native" in args.impls.split(","):
         from kvfuse.ops import native
 
         native.build_info(build=True)  # a first build takes a minute: not inside a measured case
-    command = " ".join(["python benchmarks/cache_write.py"] + list(sys.argv[1:] if argv is None else argv))
+    command = " ".join(["python -m benchmarks.cache_write"] + list(sys.argv[1:] if argv is None else argv))
     info = common.device_info(command)
     os.makedirs(args.out, exist_ok=True)
     copies = common.copy_bandwidths()
@@ -381,9 +360,7 @@ def main(argv=None) -> int:
     if args.ptx:
         dump_ptx(args.out)
     if args.sweep:
-        best = sweep(copy_gb_s, args.out)
-        if args.tune:
-            apply_tuning(best)
+        sweep(copy_gb_s, args.out)
 
     tokens = QUICK_TOKENS if args.quick else TOKENS
     formats = QUICK_FORMATS if args.quick else FORMATS

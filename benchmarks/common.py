@@ -33,8 +33,8 @@ class Timing:
 
 
 def current_commit() -> str:
-    """The commit being measured: env KVFUSE_COMMIT (the device machine has no git history), else git."""
-    commit = os.environ.get("KVFUSE_COMMIT", "").strip()
+    """The commit being measured: env BENCH_COMMIT (the device machine has no git history), else git."""
+    commit = os.environ.get("BENCH_COMMIT", "").strip()
     if commit:
         return commit
     try:
@@ -45,7 +45,7 @@ def current_commit() -> str:
 
 
 def device_info(command: str = "") -> dict:
-    """Device name, UTC date, commit (env KVFUSE_COMMIT, else git), library versions, command."""
+    """Device name, UTC date, commit (env BENCH_COMMIT, else git), library versions, command."""
     info = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
@@ -232,3 +232,75 @@ def plot_lines(path: str, series: dict, title: str, xlabel: str, ylabel: str,
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- cold-L2 timing
+
+_flush_buf = None
+
+
+def flush_l2():
+    global _flush_buf
+    if _flush_buf is None:
+        _flush_buf = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    _flush_buf.zero_()
+
+
+def _time_graph_cold_l2(fn, reps):
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            flush_l2()
+            fn()
+    flush_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(flush_graph):
+        for _ in range(reps):
+            flush_l2()
+    times = []
+    for g in (graph, flush_graph, graph, flush_graph, graph, flush_graph):
+        g.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return min(times[0::2]) - min(times[1::2])
+
+
+def _time_eager_cold_l2(fn, reps):
+    fn()
+    torch.cuda.synchronize()
+    best = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        ev[0].record()
+        for _ in range(reps):
+            flush_l2()
+            fn()
+        ev[1].record()
+        ev[2].record()
+        for _ in range(reps):
+            flush_l2()
+        ev[3].record()
+        torch.cuda.synchronize()
+        best.append((ev[0].elapsed_time(ev[1]) - ev[2].elapsed_time(ev[3])) * 1e3 / reps)
+    return min(best)
+
+
+def bench_cold_l2(fn, reps=20, graph=True):
+    """Microseconds per call of ``fn`` (L2 flushed before each call, flush time subtracted)."""
+    if graph:
+        try:
+            return _time_graph_cold_l2(fn, reps), "graph"
+        except Exception:  # capture unsupported by this implementation: fall back to launches
+            torch.cuda.synchronize()
+    return _time_eager_cold_l2(fn, reps), "eager"

@@ -7,7 +7,7 @@ off so every compile is real); the kvfuse passes' own time is measured inside th
 CUDA part: one decoder layer, prefill (4096 tokens) and decode (batch 64, 1 token each, 512
 context) with fuse=False vs fuse=True: kernel launches (torch.profiler) and latency (CUDA events).
 
-    python benchmarks/compile_pass.py [--layers 8 16 32 64] [--out benchmarks/results]
+    python -m benchmarks.compile_pass [--layers 8 16 32 64] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import time
 
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kvfuse  # noqa: E402
-from benchmarks.common import current_commit  # noqa: E402
+import kvfuse
+from benchmarks.common import current_commit
 from kvfuse import AttentionMetadata, KVCacheConfig, PagedAttention, allocate_kv_cache
 
 
@@ -120,7 +118,7 @@ def main():
     commit = current_commit()
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name() if device == "cuda"
               else "cpu", "torch": torch.__version__, "commit": commit,
-              "command": "python benchmarks/compile_pass.py " + " ".join(f"--layers {' '.join(map(str, args.layers))}".split())}
+              "command": "python -m benchmarks.compile_pass " + " ".join(f"--layers {' '.join(map(str, args.layers))}".split())}
     if not args.skip_compile:
         result["compile"] = compile_times(args.layers, device)
     if device == "cuda":

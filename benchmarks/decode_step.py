@@ -5,7 +5,7 @@ page 16. Caches: all bf16; FP8 e4m3 with layers 0 and 7 kept bf16 (skip layers);
 same two skip layers. The compiled step (kvfuse's fused cache write + paged attention per layer)
 is captured once into a ``torch.cuda.CUDAGraph`` and replayed.
 
-    python benchmarks/decode_step.py [--quick] [--out benchmarks/results]
+    python -m benchmarks.decode_step [--quick] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -14,16 +14,14 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import kvfuse  # noqa: E402
-from benchmarks.common import current_commit  # noqa: E402
-from kvfuse.models import LlamaConfig, LlamaForCausalLM  # noqa: E402
+import kvfuse
+from benchmarks.common import current_commit
+from kvfuse.models import LlamaConfig, LlamaForCausalLM
 
 BATCH, CONTEXT, PAGE = 64, 4096, 16
 CACHES = {"bf16": dict(kv_cache_dtype="auto"),
@@ -110,7 +108,7 @@ def main():
             r["vs_bf16"] = round(r["us"] / base, 3)
     commit = current_commit()
     meta = dict(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(), commit=commit,
-                command="python benchmarks/decode_step.py" + (" --quick" if args.quick else ""),
+                command="python -m benchmarks.decode_step" + (" --quick" if args.quick else ""),
                 model="8 layers, hidden 2048, 16/8 heads, D=128, CUDA graph of the kvfuse.backend-compiled step")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_step.json"), "w") as f:

@@ -1,6 +1,6 @@
 """Benchmark: host overhead of one eager cache-write call at decode sizes, native vs Triton vs FlashInfer.
 
-    python benchmarks/host_overhead.py [--out benchmarks/results] [--no-flashinfer]
+    python -m benchmarks.host_overhead [--out benchmarks/results] [--no-flashinfer]
 
 What a decode step pays per layer when it is NOT replayed from a CUDA graph: the Python-side
 cost of issuing ``kvfuse::encode_and_cache_write`` plus its (tiny) kernel. 1 and 64 tokens,
@@ -29,9 +29,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
 HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 8, 128, 16, 256
 TOKENS = (1, 64)
@@ -50,7 +49,7 @@ def _spec(fmt: str):
 
 
 def _force(backend: str):
-    from kvfuse.ops import backends
+    from kvfuse.ops import registry as backends
 
     os.environ["KVFUSE_CACHE_WRITE_BACKEND"] = backend
     backends.clear_cache()
@@ -69,7 +68,7 @@ def make_call(impl: str, fmt: str, num_tokens: int):
     cache = allocate_kv_cache(spec, NUM_BLOCKS, BLOCK_SIZE, device="cuda")
     if impl.endswith(" op"):
         backend = impl.split()[0]
-        from kvfuse.ops import backends
+        from kvfuse.ops import registry as backends
 
         reason = backends.unavailable_reason(backend, "encode_and_cache_write", "cuda", mode)
         if reason is not None:
@@ -148,7 +147,7 @@ def main(argv=None) -> int:
     import kvfuse  # noqa: F401 - registers the ops
     from kvfuse.ops import native
 
-    info = common.device_info("python benchmarks/host_overhead.py" + (" --no-flashinfer" if args.no_flashinfer else ""))
+    info = common.device_info("python -m benchmarks.host_overhead" + (" --no-flashinfer" if args.no_flashinfer else ""))
     build = native.build_info(build=True)
     print(f"{info['device']}; native build: {build.get('gencode')} in {build.get('build_seconds')} s", flush=True)
     impls = [i for i in IMPLS if not (args.no_flashinfer and i == "flashinfer")]

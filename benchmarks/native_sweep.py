@@ -1,6 +1,6 @@
 """Tuning sweep of the native CUDA cache-write kernel's launch constants, on one GPU.
 
-    python benchmarks/native_sweep.py [--tokens 1024,4096,16384,65536] [--formats bfloat16,fp8_e4m3]
+    python -m benchmarks.native_sweep [--tokens 1024,4096,16384,65536] [--formats bfloat16,fp8_e4m3]
                                       [--variant NAME=FLAGS ...] [--out benchmarks/results]
 
 Each variant is ``csrc/`` built with ``-D`` overrides of the ``KVFUSE_*`` knobs at the top of
@@ -23,7 +23,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 # Name -> nvcc flags. "default" is the committed configuration.
 VARIANTS = {
@@ -122,7 +121,7 @@ def main(argv=None) -> int:
 
     table = {}
     for n, (name, flags) in enumerate(variants.items()):
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--tokens", args.tokens, "--formats", args.formats]
+        cmd = [sys.executable, "-m", "benchmarks.native_sweep", "--child", "--tokens", args.tokens, "--formats", args.formats]
         if n == 0:
             cmd.append("--anchors")
         proc = subprocess.run(cmd, env=_env(flags, args.build_root), capture_output=True, text=True)
@@ -153,7 +152,7 @@ def main(argv=None) -> int:
         for name, rows in table.items():
             print(f"{name:14s} " + " ".join(cell(rows[i], "native_us") for i in cols))
     os.makedirs(args.out, exist_ok=True)
-    info = common.device_info("python benchmarks/native_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    info = common.device_info("python -m benchmarks.native_sweep " + " ".join(sys.argv[1:] if argv is None else argv))
     common.write_json(os.path.join(args.out, "native_sweep.json"),
                       {**info, "copy_gb_per_s": round(copy_gb_s, 1), "variants": variants, "results": table})
     return 0

@@ -2,7 +2,7 @@
 
     ncu --clock-control none --kernel-name regex:'_paged_attention_kernel|rows_kernel' \
         --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        python benchmarks/profile_kernels.py
+        python -m benchmarks.profile_kernels
 
 Each case runs twice (the first call compiles); profile the second with ``--launch-skip``
 or read the later of the two reports. Cases: decode at batch 64 / context 4096 for the FP8 and
@@ -11,31 +11,24 @@ NVFP4 caches in both score orders, and the native FP8 cache write at 65536 token
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from benchmarks.attention import MODES, decode_args  # noqa: E402
+from benchmarks.attention import MODES, decode_args
 
 
 def attention_cases():
+    from kvfuse.ops.registry import AttentionCall
     from kvfuse.ops.triton import attention as ta
 
     for mode_name in ("fp8", "nvfp4"):
-        key = "small_nvfp4" if mode_name == "nvfp4" else "small_fp8"
         args = decode_args(MODES[mode_name], 64, 4096)
         for keys_first in (False, True):
-            saved = dict(ta.DECODE_CONFIG[key])
-            ta.DECODE_CONFIG[key] = dict(saved, KEYS_FIRST=keys_first)
+            tiles = ta.DEFAULT_TILES.replace(KEYS_FIRST=keys_first)
             torch.cuda.nvtx.range_push(f"{mode_name} keys_first={keys_first}")
             for _ in range(2):
-                ta.paged_attention(*args)
+                ta.paged_attention(AttentionCall(*args), tiles=tiles)
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_pop()
-            ta.DECODE_CONFIG[key] = saved
         del args
         torch.cuda.empty_cache()
 
@@ -52,7 +45,7 @@ def native_write_case():
     slots = torch.randperm(tokens, device="cuda")
     scale = torch.tensor(0.5, device="cuda")
     for _ in range(2):
-        torch.ops.kvfuse.encode_and_cache_write.native(key, value, cache, slots, scale, scale, 1)
+        native.encode_and_cache_write(key, value, cache, slots, scale, scale, 1)
     torch.cuda.synchronize()
 
 

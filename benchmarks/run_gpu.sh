@@ -17,7 +17,7 @@ RES=$OUT/results
 mkdir -p "$RES"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 KVFUSE_COMMIT=${KVFUSE_COMMIT:-unknown} MAX_JOBS=16 FLASHINFER_CUDA_ARCH_LIST=9.0
+export PYTHONUNBUFFERED=1 BENCH_COMMIT=${BENCH_COMMIT:-unknown} MAX_JOBS=16 FLASHINFER_CUDA_ARCH_LIST=9.0
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$RES/device.txt"
 SECONDS=0
 for phase in $phases; do
@@ -37,30 +37,30 @@ for phase in $phases; do
       echo "compute-sanitizer memcheck rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$RES/sanitizer.log") clean summaries)"
       ;;
     write)
-      timeout 300 python3 benchmarks/cache_write.py --out "$RES" 2>&1 | grep -v '^ ' | tail -12
-      timeout 150 python3 benchmarks/host_overhead.py --out "$RES" 2>&1 | tail -6
-      timeout 150 python3 benchmarks/compile_pass.py --skip-compile --out "$RES/gpu_layer" 2>&1 | tail -6
+      timeout 300 python3 -m benchmarks.cache_write --out "$RES" 2>&1 | grep -v '^ ' | tail -12
+      timeout 150 python3 -m benchmarks.host_overhead --out "$RES" 2>&1 | tail -6
+      timeout 150 python3 -m benchmarks.compile_pass --skip-compile --out "$RES/gpu_layer" 2>&1 | tail -6
       ;;
     attention)
       # kvfuse over the whole decode/prefill matrix, then every anchor at the issue's reference
       # point (B=64, ctx 4096; 4k prefill): FlashInfer's JIT builds make a full anchor matrix
       # cost more device time than the kvfuse kernels themselves.
-      timeout 240 python3 benchmarks/attention.py --impls kvfuse --out "$RES/attention_matrix" 2>&1 \
+      timeout 240 python3 -m benchmarks.attention --impls kvfuse --out "$RES/attention_matrix" 2>&1 \
         | grep -v '^ ' | tail -4
-      timeout 240 python3 benchmarks/attention.py --quick --out "$RES" 2>&1 | grep -v '^ ' | tail -4
+      timeout 240 python3 -m benchmarks.attention --quick --out "$RES" 2>&1 | grep -v '^ ' | tail -4
       ;;
     decode)
-      timeout 200 python3 benchmarks/decode_step.py --out "$RES" 2>&1 | tail -6
+      timeout 200 python3 -m benchmarks.decode_step --out "$RES" 2>&1 | tail -6
       ;;
     native)
       python3 -c "from kvfuse.ops import native; print(native.build_info(build=True))" 2>&1 | tail -3
       timeout 240 python3 -m pytest -q -m gpu -n 8 tests/ops/test_native.py -p no:cacheprovider 2>&1 \
         | tail -8 | tee "$RES/native_tests.log"
-      timeout 480 python3 benchmarks/native_sweep.py --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
+      timeout 480 python3 -m benchmarks.native_sweep --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
       ;;
     *) echo "unknown phase $phase (tests | write | attention | decode | native)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done
-python3 benchmarks/summary.py "$RES"
+python3 -m benchmarks.summary "$RES"
 (cd "$OUT" && tar czf results.tgz results && rm -rf results)

@@ -1,6 +1,6 @@
 """Print the short goal table of a GPU run from the results JSON files in one directory.
 
-    python benchmarks/summary.py DIR
+    python -m benchmarks.summary DIR
 
 Reads whichever of cache_write.json, attention.json, decode_step.json, host_overhead.json and
 compile_pass.json are in DIR; a missing file leaves its lines out.

@@ -1,45 +1,37 @@
-// Entry points of the native cache-write kernels, one set per device. Registration
-// (csrc/registration.cpp) binds them to the kvfuse::<op>.native overloads declared in
-// kvfuse/ops/__init__.py. Arguments arrive validated by the Python op layer; the checks in
-// check_* below only guard memory safety for direct callers of the overloads.
+// Entry points of the native cache-write kernels, one set per device. Each kernel file registers
+// its own set for the kvfuse_native ops that csrc/registration.cpp declares
+// (TORCH_LIBRARY_IMPL(kvfuse_native, CPU | CUDA)). Arguments arrive validated by the Python op
+// layer; the checks in check_* below only guard memory safety for direct callers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <initializer_list>
 
+#include "kv_quant_mode.h"
+
 namespace kvfuse {
 
-at::Tensor encode_kv_cpu(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
-                         at::ScalarType cache_dtype);
-void cache_write_cpu(const at::Tensor& key_rows, const at::Tensor& value_rows, const at::Tensor& kv_cache,
-                     const at::Tensor& slot_mapping);
-void encode_and_cache_write_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
-                                const at::Tensor& slot_mapping, const at::Tensor& k_scale,
-                                const at::Tensor& v_scale, int64_t kv_quant_mode);
-
-#ifdef KVFUSE_WITH_CUDA
-at::Tensor encode_kv_cuda(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
-                          at::ScalarType cache_dtype);
-void cache_write_cuda(const at::Tensor& key_rows, const at::Tensor& value_rows, const at::Tensor& kv_cache,
-                      const at::Tensor& slot_mapping);
-void encode_and_cache_write_cuda(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
-                                 const at::Tensor& slot_mapping, const at::Tensor& k_scale,
-                                 const at::Tensor& v_scale, int64_t kv_quant_mode);
-#endif
-
 // Shape/dtype guards shared by both devices (defined inline: cheap, no extra TU).
-inline int64_t storage_row_dim(int64_t mode, int64_t head_size) {
-  return mode == 3 ? head_size / 2 + head_size / 16 : head_size;
+// The schema's int, checked once at the entry point; everything below works on the enum.
+inline KVQuantMode to_mode(int64_t value) {
+  TORCH_CHECK_VALUE(is_valid_mode(value), "kv_quant_mode=", value, " is not a KVQuantMode (0..",
+                    kNumKVQuantModes - 1, ")");
+  return static_cast<KVQuantMode>(value);
 }
 
-inline at::ScalarType storage_dtype_of(int64_t mode) {
+inline int64_t storage_row_dim(KVQuantMode mode, int64_t head_size) {
+  return mode == KVQuantMode::NVFP4 ? head_size / 2 + head_size / 16 : head_size;
+}
+
+inline at::ScalarType storage_dtype_of(KVQuantMode mode) {
   switch (mode) {
-    case 1: return at::ScalarType::Float8_e4m3fn;
-    case 2: return at::ScalarType::Float8_e5m2;
-    case 3: return at::ScalarType::Byte;
-    default: return at::ScalarType::Undefined;
+    case KVQuantMode::FP8_E4M3: return at::ScalarType::Float8_e4m3fn;
+    case KVQuantMode::FP8_E5M2: return at::ScalarType::Float8_e5m2;
+    case KVQuantMode::NVFP4: return at::ScalarType::Byte;
+    case KVQuantMode::NONE: break;
   }
+  return at::ScalarType::Undefined;
 }
 
 inline bool is_native_float(at::ScalarType t) {
@@ -57,10 +49,9 @@ inline void check_scale(const at::Tensor& s, const at::Tensor& x, const char* na
                     name, " must be a one-element float32 tensor on ", x.device());
 }
 
-inline void check_mode_dtype(int64_t mode, at::ScalarType cache_dtype) {
-  TORCH_CHECK_VALUE(mode >= 0 && mode <= 3, "kv_quant_mode=", mode, " is not 0..3");
-  TORCH_CHECK_VALUE(mode == 0 ? is_native_float(cache_dtype) : cache_dtype == storage_dtype_of(mode),
-                    "cache dtype ", cache_dtype, " cannot hold kv_quant_mode=", mode);
+inline void check_mode_dtype(KVQuantMode mode, at::ScalarType cache_dtype) {
+  TORCH_CHECK_VALUE(mode == KVQuantMode::NONE ? is_native_float(cache_dtype) : cache_dtype == storage_dtype_of(mode),
+                    "cache dtype ", cache_dtype, " cannot hold kv_quant_mode=", mode_name(mode));
 }
 
 inline void check_cache(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, int64_t num_tokens,
@@ -77,29 +68,30 @@ inline void check_cache(const at::Tensor& kv_cache, const at::Tensor& slot_mappi
 }
 
 // encode_kv's inputs: a [T, H, D] float input, a scalar scale, and a storage dtype the mode can use.
-inline void check_encode(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
+inline void check_encode(const at::Tensor& x, const at::Tensor& scale, KVQuantMode kv_quant_mode,
                          at::ScalarType cache_dtype) {
   check_input(x, "x");
   check_scale(scale, x, "scale");
   check_mode_dtype(kv_quant_mode, cache_dtype);
-  TORCH_CHECK_VALUE(kv_quant_mode != 3 || x.size(2) % 16 == 0, "NVFP4 needs head_size % 16 == 0");
+  TORCH_CHECK_VALUE(kv_quant_mode != KVQuantMode::NVFP4 || x.size(2) % 16 == 0, "NVFP4 needs head_size % 16 == 0");
 }
 
 // The fused op's inputs: K/V alike, scalar scales, and a cache whose rows fit them in this mode.
 inline void check_encode_and_write(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                                    const at::Tensor& slot_mapping, const at::Tensor& k_scale,
-                                   const at::Tensor& v_scale, int64_t kv_quant_mode) {
+                                   const at::Tensor& v_scale, KVQuantMode kv_quant_mode) {
   check_input(key, "key");
   check_input(value, "value");
-  TORCH_CHECK_VALUE(key.sizes() == value.sizes() && key.scalar_type() == value.scalar_type(),
-                    "key and value must have one shape and dtype");
+  TORCH_CHECK_VALUE(key.sizes() == value.sizes() && key.scalar_type() == value.scalar_type() &&
+                        key.device() == value.device(),
+                    "key and value must have one shape, dtype and device");
   check_scale(k_scale, key, "k_scale");
   check_scale(v_scale, key, "v_scale");
   check_cache(kv_cache, slot_mapping, key.size(0), key.device());
   check_mode_dtype(kv_quant_mode, kv_cache.scalar_type());
-  TORCH_CHECK_VALUE(kv_quant_mode != 3 || key.size(2) % 16 == 0, "NVFP4 needs head_size % 16 == 0");
+  TORCH_CHECK_VALUE(kv_quant_mode != KVQuantMode::NVFP4 || key.size(2) % 16 == 0, "NVFP4 needs head_size % 16 == 0");
   TORCH_CHECK_VALUE(kv_cache.size(3) == key.size(1) && kv_cache.size(4) == storage_row_dim(kv_quant_mode, key.size(2)),
-                    "kv_cache ", kv_cache.sizes(), " does not fit key ", key.sizes(), " in mode ", kv_quant_mode);
+                    "kv_cache ", kv_cache.sizes(), " does not fit key ", key.sizes(), " in mode ", mode_name(kv_quant_mode));
 }
 
 // Already-encoded K/V rows must match the cache row for row: same dtype, heads and row_dim.

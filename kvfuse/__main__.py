@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import platform
 import subprocess
 import sys
@@ -253,13 +252,13 @@ def _version(dist: str) -> str:
 
 
 def cmd_info(args) -> int:
-    from . import __version__
-    from .ops import backends
+    from . import __version__, envs
+    from .ops import native, registry
 
     print(f"kvfuse {__version__} ({Path(__file__).resolve().parent})")
     print(f"python {platform.python_version()} ({sys.executable})")
     print(f"torch {torch.__version__} (built with CUDA {torch.version.cuda or 'none'})")
-    for dist in ("triton", "depyf", "flashinfer-python"):
+    for dist in ("triton", "depyf", "flashinfer-python", "transformers"):
         print(f"{dist} {_version(dist)}")
     device_types = ["cpu"]
     if torch.cuda.is_available():
@@ -269,64 +268,39 @@ def cmd_info(args) -> int:
             print(f"cuda:{i} {torch.cuda.get_device_name(i)} (sm{major}{minor})")
     else:
         print("cuda: no device visible to torch")
-    overrides = {v: os.environ[v] for v in ("KVFUSE_BACKEND", "KVFUSE_CACHE_WRITE_BACKEND",
-                                            "KVFUSE_ATTENTION_BACKEND", "TRITON_INTERPRET") if v in os.environ}
-    if overrides:
-        print("overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+    settings = envs.settings()
+    overrides = {name: value for name, value in vars(settings).items()
+                 if name in ("backend", "cache_write_backend", "attention_backend", "native_max_tokens")
+                 and value is not None}
+    if overrides or settings.triton_interpret:
+        print("settings: " + ", ".join([f"{k}={v}" for k, v in overrides.items()]
+                                       + (["triton_interpret=True"] if settings.triton_interpret else [])))
 
-    families = {"cache": backends.CACHE_OPS, "attention": backends.ATTENTION_OPS}
     for device_type in device_types:
-        rows, why_not = [], {}
-        for family, ops in families.items():
-            for mode in KVQuantMode:
-                available = []
-                for name in backends.BACKEND_MODULES:
-                    reasons = [backends.unavailable_reason(name, op, device_type, mode) for op in ops]
-                    missing = [f"{op}: {r}" for op, r in zip(ops, reasons) if r is not None]
-                    if not missing:
-                        available.append(name)
-                    else:
-                        why_not.setdefault((name, family), set()).update(r for r in reasons if r is not None)
-                selected = []
-                for op in ops:
-                    try:
-                        selected.append(backends.select(op, device_type, mode)[0])
-                    except (RuntimeError, ValueError) as e:
-                        selected.append(f"none ({e})")
-                chosen = selected[0] if len(set(selected)) == 1 else ", ".join(
-                    f"{op}: {s}" for op, s in zip(ops, selected))
-                rows.append((family, mode.name, chosen, ", ".join(available) or "-"))
+        rows, passed_over = [], {}
+        for row in registry.decisions(device_type):
+            situation = row["size_class"] + (", captured" if row["captured"] else "")
+            rows.append((row["op"], row["mode"], situation, row["chosen"] or f"none: {row['error']}"))
+            for name, why in row["passed_over"]:
+                passed_over.setdefault(name, set()).add(why)
         print()
-        print(f"kernel backends on {device_type}:")
-        print(_table(("ops", "mode", "selected", "available"), rows))
-        unavailable = [(n, f, "; ".join(sorted(r))) for (n, f), r in sorted(why_not.items())]
-        if unavailable:
-            print()
-            print("not available:")
-            for name, family, reason in unavailable:
-                print(f"  {name} ({family}): {reason}")
+        print(f"kernel registry on {device_type} (what each op runs; size class and capture only where the "
+              f"policy depends on them):")
+        print(_table(("op", "mode", "situation", "runs"), rows))
+        if passed_over:
+            print("passed over:")
+            for name, whys in sorted(passed_over.items()):
+                print(f"  {name}: {'; '.join(sorted(whys))}")
 
     print()
     try:
-        from .ops import native
-    except ImportError as e:
-        print(f"native extension: unavailable ({e})")
+        info = native.build_info()
+    except Exception as e:  # the report must not die on a broken toolchain
+        print(f"native extension: build_info() failed: {type(e).__name__}: {e}")
     else:
-        build_info = getattr(native, "build_info", None)
-        if build_info is None:
-            print("native extension: present (no build_info())")
-        else:
-            try:
-                info = build_info()
-            except Exception as e:  # the report must not die on a broken toolchain
-                print(f"native extension: build_info() failed: {type(e).__name__}: {e}")
-            else:
-                if isinstance(info, dict):
-                    print("native extension:")
-                    for key, value in info.items():
-                        print(f"  {key}: {value}")
-                else:
-                    print(f"native extension: {info}")
+        print("native extension:")
+        for key, value in info.items():
+            print(f"  {key}: {value}")
     return 0
 
 
@@ -346,9 +320,8 @@ def cmd_bench(args) -> int:
                        if not p.stem.startswith("_") and p.stem != "common")
         raise CLIError(f"no benchmark {args.name!r} ({script} does not exist); available: "
                        f"{', '.join(known) or 'none'}")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    return subprocess.call([sys.executable, str(script), *args.args], cwd=str(root), env=env)
+    # A package run from the checkout's root: `benchmarks.common` and `kvfuse` import from there.
+    return subprocess.call([sys.executable, "-m", f"benchmarks.{script.stem}", *args.args], cwd=str(root))
 
 
 # ----------------------------------------------------------------------------- main

@@ -5,64 +5,66 @@ A backend object is what ``torch.compile(model, backend=...)`` calls once per ca
 ``post_grad_custom_post_pass`` through ``compile_fx``'s ``config_patches``: the pass is active
 for that compile only and never touches the global Inductor config.
 
-The report (:attr:`KVFuseBackend.report`): one :class:`~kvfuse.passes.FusionRecord`
-(``layer_name``, ``kv_quant_mode``, ``fused``, ``reason``) per cache write of the last compiled
-graph, in graph order. "Last compiled graph" means every subgraph Dynamo compiled for the last
-top-level frame it compiled with this backend: a compile started from plain Python (a first
-call, a recompile after a guard failed, another model) starts a new report; subgraphs that
-Dynamo compiles while running already compiled code (resume functions after a graph break,
-functions called from a compiled frame) add to the current one. The previous report object is
-left untouched, so keep a reference to compare.
+Reports come from the pass's own records. Each compiled graph gets a :class:`GraphReport`
+(its Dynamo compile id, one :class:`~kvfuse.passes.FusionRecord` per cache write in graph
+order, and where the records came from), kept per backend instance in :attr:`KVFuseBackend.reports`.
+:attr:`KVFuseBackend.report` is the list of records of the last *compile*: the graphs Dynamo
+compiled for one frame and for the functions Dynamo made to resume it after graph breaks
+(recognised by their ``torch_dynamo_resume_in_`` names in the graph's stack traces); any other
+graph starts a new list (another model, a recompile, a function compiled on its own), so one
+backend shared by two models never mixes their records. The previous list object is left untouched, so keep a reference to compare.
 
-Inductor's caches: when a graph is served from the FX graph cache or the AOTAutograd cache the
-passes do not run. The records of each compiled graph are therefore stored beside Inductor's
-cache (``<inductor cache dir>/kvfuse_reports``) under a key of the Dynamo graph, its input
-metadata and the pass manager's ``uuid()``, and read back on a hit; if they are missing, the
-graph is compiled once more with the caches off so the report is never guessed.
+Inductor's caches: when a graph is served from the FX graph or AOTAutograd cache the passes do
+not run, but Inductor replays the counter increments recorded when the entry was compiled
+(``counter_deltas``; that is how its own tests see pass counts with caching on). The pass
+manager records each fusion decision as such a counter, so a cache hit reports exactly what the
+passes decided when the entry was made: no side store, no second compile. While a dump is
+active (:mod:`kvfuse.debug`) caches are bypassed so the pass graphs are always written.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
-
-from .kv_cache import KVQuantMode
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVFuseBackend", "make_backend", "backend"]
+__all__ = ["KVFuseBackend", "GraphReport", "make_backend", "backend"]
 
 _RESERVED_OPTIONS = ("post_grad_custom_post_pass",)
+_MAX_REPORTS = 256
 
 
-def _input_meta(x: Any) -> str:
-    import torch
+@dataclass(frozen=True)
+class GraphReport:
+    """What kvfuse did in one compiled graph: ``compile_id`` (Dynamo's ``frame/compile``),
+    ``records`` (one per cache write, graph order), ``source`` (``"passes"``, or the cache entry
+    the records were replayed from) and ``seconds`` (compile time, kvfuse passes included)."""
 
-    if isinstance(x, torch.Tensor):
-        return f"T({x.dtype},{x.device.type},{tuple(x.shape)},{tuple(x.stride())})"
-    return f"{type(x).__name__}({x})"
+    compile_id: str
+    records: tuple
+    source: str
+    seconds: float
 
 
-def _compiling_inside_compiled_code() -> bool:
-    """True if Dynamo is compiling because already compiled code reached a new frame.
+def _compile_id(gm) -> tuple[Optional[int], str]:
+    cid = getattr(gm, "meta", {}).get("dynamo_compile_id")
+    frame = getattr(cid, "frame_id", None)
+    return frame, str(cid) if cid is not None else "?"
 
-    That is the case for resume functions after a graph break and for frames called from a
-    compiled frame: the caller's frame then runs Dynamo's transformed bytecode.
-    """
-    try:
-        from torch._dynamo.convert_frame import output_codes
-    except ImportError:  # pragma: no cover - private API moved
-        return False
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code in output_codes:
-            return True
-        frame = frame.f_back
+
+# Dynamo names the code objects it creates to resume a frame after a graph break with this
+# prefix; the nodes of such a graph carry it in their stack traces.
+_RESUME_PREFIX = "torch_dynamo_resume_in_"
+
+
+def _is_resumption(gm) -> bool:
+    for node in gm.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if trace:
+            return f"in {_RESUME_PREFIX}" in trace
     return False
 
 
@@ -85,7 +87,9 @@ class KVFuseBackend:
         self.fuse = fuse
         self.inductor_options = dict(inductor_options)
         self.report: list = []
+        self.reports: list[GraphReport] = []
         self.last_compile: dict = {}
+        self._report_frames: set = set()
         self._manager = None
         self._options_checked = False
         if self.inductor_options:  # fail at configuration time; without options Inductor stays unimported
@@ -117,91 +121,55 @@ class KVFuseBackend:
     def config_patches(self) -> dict:
         return {**self.inductor_options, "post_grad_custom_post_pass": self.pass_manager}
 
-    # -------------------------------------------------------------------------------- report store
-
-    def _report_key(self, gm, example_inputs) -> str:
-        h = hashlib.sha256()
-        h.update(self.pass_manager.uuid().encode())
-        h.update(json.dumps(sorted((k, repr(v)) for k, v in self.inductor_options.items())).encode())
-        h.update(gm.code.encode())
-        for x in example_inputs:
-            h.update(_input_meta(x).encode())
-        return h.hexdigest()
-
-    @staticmethod
-    def _store_dir() -> str:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-        return os.path.join(cache_dir(), "kvfuse_reports")
-
-    def _save(self, key: str, records: list) -> None:
-        try:
-            path = os.path.join(self._store_dir(), f"{key}.json")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump([r.as_dict() for r in records], f)
-            os.replace(tmp, path)
-        except OSError as e:  # a read-only cache dir costs a recompile on a later hit, no more
-            logger.warning("kvfuse: could not store the fusion report: %s", e)
-
-    def _load(self, key: str) -> Optional[list]:
-        from .passes import FusionRecord
-
-        path = os.path.join(self._store_dir(), f"{key}.json")
-        try:
-            with open(path) as f:
-                raw = json.load(f)
-        except (OSError, ValueError):
-            return None
-        out = []
-        for r in raw:
-            mode = r["kv_quant_mode"]
-            mode = KVQuantMode[mode] if isinstance(mode, str) and mode in KVQuantMode.__members__ else mode
-            out.append(FusionRecord(r["layer_name"], mode, bool(r["fused"]), r["reason"]))
-        return out
-
     # -------------------------------------------------------------------------------- compile
 
     def __call__(self, gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
 
         from . import debug
+        from .passes import manager as pass_manager
 
         self._check_options()
         manager = self.pass_manager
-        if not _compiling_inside_compiled_code():
-            self.report = []
         manager.take()  # drop anything a failed earlier compile left behind
-        key = self._report_key(gm, example_inputs)
+        pass_manager.take_replayed_records()
+        patches = self.config_patches()
+        dump_dir = debug.active_dump_dir()
+        if dump_dir:  # a cache hit would skip the passes, and so their graphs
+            patches["force_disable_caches"] = True
         start = time.perf_counter()
-        compiled = compile_fx(gm, example_inputs, config_patches=self.config_patches())
-        records, graphs, pass_seconds = manager.take()
-        source = "passes"
-        if graphs == 0:
-            stored = self._load(key)
-            if stored is not None:
-                records, source = stored, "stored report (Inductor cache hit)"
-            else:
-                logger.info("kvfuse: graph served from Inductor's cache without a stored report; "
-                            "compiling it again with caches off to know what was fused")
-                compiled = compile_fx(gm, example_inputs, config_patches={
-                    **self.config_patches(), "force_disable_caches": True})
-                records, graphs, pass_seconds = manager.take()
-                source = "passes (recompiled, caches off)"
-        if graphs:
-            self._save(key, records)
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
         seconds = time.perf_counter() - start
-        self.report.extend(records)
+        records, graphs, pass_seconds = manager.take()
+        replayed = pass_manager.take_replayed_records()
+        if graphs:
+            source = "passes"
+        else:
+            records = replayed
+            source = "stored report (replayed from Inductor's cache entry)"
+        frame, compile_id = _compile_id(gm)
+        self._add(GraphReport(compile_id, tuple(records), source, seconds), frame, _is_resumption(gm))
         self.last_compile = {"records": len(records), "fused": sum(r.fused for r in records),
                              "compile_seconds": seconds, "pass_seconds": pass_seconds,
-                             "graphs_processed": graphs, "report_source": source}
-        logger.debug("kvfuse backend: %d cache writes (%d fused) from %s; compile %.3f s, kvfuse passes %.3f ms",
-                     len(records), self.last_compile["fused"], source, seconds, 1e3 * pass_seconds)
-        dump_dir = debug.active_dump_dir()
+                             "graphs_processed": graphs, "report_source": source, "compile_id": compile_id}
+        logger.debug("kvfuse backend: graph %s, %d cache writes (%d fused) from %s; compile %.3f s, "
+                     "kvfuse passes %.3f ms", compile_id, len(records), self.last_compile["fused"], source,
+                     seconds, 1e3 * pass_seconds)
         if dump_dir:
             debug.write_report(dump_dir, "report", {"fuse": self.fuse, "records": [r.as_dict() for r in self.report]})
         return compiled
+
+    def _add(self, graph_report: GraphReport, frame: Optional[int], resumption: bool) -> None:
+        # Only a frame resumed after a graph break, compiled for the first time in this report,
+        # continues it (see the module docstring).
+        if not resumption or frame is None or frame in self._report_frames:
+            self.report = []
+            self._report_frames = set()
+        if frame is not None:
+            self._report_frames.add(frame)
+        self.report.extend(graph_report.records)
+        self.reports.append(graph_report)
+        del self.reports[:-_MAX_REPORTS]
 
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self.inductor_options.items())

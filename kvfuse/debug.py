@@ -8,9 +8,12 @@ captured/AOT graphs, Inductor kernels) and adds, under ``dumps/kvfuse/``:
 - ``report.json``: the backend's
   whole current report (see :attr:`kvfuse.backend.KVFuseBackend.report`).
 
-Setting ``KVFUSE_DUMP_DIR`` makes the backend write the kvfuse files there for every compile,
-without a ``with`` block (depyf's part needs the ``with`` block: it must wrap the code that
-triggers compilation); ``dump()`` with no argument uses that directory too.
+Setting ``KVFUSE_DUMP_DIR`` (:mod:`kvfuse.envs`) makes the backend write the kvfuse files there
+for every compile, without a ``with`` block (depyf's part needs the ``with`` block: it must wrap
+the code that triggers compilation); ``dump()`` with no argument uses that directory too.
+
+While a dump is active the backend bypasses Inductor's caches, so the pass graphs are written
+on a warm cache as on a cold one.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
+from . import envs
+
 ENV_VAR = "KVFUSE_DUMP_DIR"
 SUBDIR = "kvfuse"
 _active = threading.local()
@@ -34,13 +39,13 @@ def active_dump_dir() -> Optional[str]:
     stack = getattr(_active, "stack", None)
     if stack:
         return stack[-1]
-    return os.environ.get(ENV_VAR) or None
+    return envs.settings().dump_dir
 
 
 @contextlib.contextmanager
 def dump(dir: Optional[str] = None) -> Iterator[str]:
     """Dump everything compiled inside the block to ``dir`` (default ``$KVFUSE_DUMP_DIR``)."""
-    dir = dir if dir is not None else os.environ.get(ENV_VAR)
+    dir = dir if dir is not None else envs.settings().dump_dir
     if not dir or not isinstance(dir, (str, os.PathLike)):
         raise ValueError(f"dump(dir={dir!r}): pass a directory path or set {ENV_VAR}")
     dir = os.path.abspath(os.fspath(dir))

@@ -104,10 +104,15 @@ def test_info(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "torch " in out and "python " in out and "depyf " in out
-    assert "kernel backends on cpu:" in out
-    rows = _rows(out.split("kernel backends on cpu:")[1])
-    assert len(rows) == 8  # 2 op families x 4 modes
-    assert all(r[2] != "" and not r[2].startswith("none") for r in rows), rows
+    assert "kernel registry on cpu" in out
+    rows = _rows(out.split("kernel registry on cpu")[1].split("passed over:")[0])
+    assert len(rows) == 16  # 4 ops x 4 modes, one situation each on CPU
+    # Exactly the registry's decisions.
+    from kvfuse.ops import registry
+
+    expected = [(d["op"], d["mode"], d["chosen"]) for d in registry.decisions("cpu")]
+    assert [(r[0], r[1], r[3]) for r in rows] == expected, rows
+    assert all(name for _, _, name in expected)
 
 
 def test_bench_reports_missing_benchmark(capsys):

@@ -7,7 +7,6 @@ are fixed so CI time is bounded; the seed is derandomized for reproducible failu
 
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -16,7 +15,9 @@ from hypothesis import strategies as st
 
 from kvfuse import KVQuantMode
 from kvfuse.kv_cache import row_dim_for, storage_dtype
-from kvfuse.ops import backends, reference
+from kvfuse.ops import reference
+from kvfuse.ops import registry as backends
+from kvfuse.ops.registry import AttentionCall
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MODES = list(KVQuantMode)
@@ -35,7 +36,7 @@ ATTENTION_BACKENDS = _candidate_backends("paged_attention")
 
 
 def _backend_fn(name: str, op: str):
-    return getattr(importlib.import_module(backends.BACKEND_MODULES[name]), op)
+    return backends.implementations()[name].kernel(op)
 
 
 def _fp8_codes_within_one_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -133,7 +134,7 @@ def test_paged_attention_matches_reference(backend, case):
     qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
     args = (query, cache, torch.tensor(0.5, device=DEVICE), torch.tensor(0.5, device=DEVICE), table.to(DEVICE),
             torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), qsl, mode, head_size ** -0.5, window)
-    expected = reference.paged_attention(*args).float()
-    out = _backend_fn(backend, "paged_attention")(*args).float()
+    expected = reference.paged_attention(AttentionCall(*args)).float()
+    out = _backend_fn(backend, "paged_attention")(AttentionCall(*args)).float()
     assert not torch.isnan(out).any()
     torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)

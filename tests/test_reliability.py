@@ -197,9 +197,11 @@ def test_checked_cases_pass_silently_without_checked_mode_where_defined():
 def test_checked_mode_env_variable(monkeypatch):
     ctx = Ctx()
     monkeypatch.setenv("KVFUSE_CHECK", "1")
+    kvfuse.envs.reload()
     with pytest.raises(ValueError, match="checked mode"):
         ctx.write(slot_mapping=torch.tensor([0, 1, 2, 3, 4, 5, 99]))
     monkeypatch.setenv("KVFUSE_CHECK", "0")
+    kvfuse.envs.reload()
     assert not checks.enabled()
 
 

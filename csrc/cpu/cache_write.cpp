@@ -8,12 +8,14 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <torch/library.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "../cache_write.h"
 #include "../encode_math.h"
@@ -74,10 +76,10 @@ template <typename In, typename Out>
 void row_cast(const char* src, char* dst, int64_t n, float) {
   encode_row_cast(reinterpret_cast<const In*>(src), reinterpret_cast<Out*>(dst), n);
 }
-template <typename In, typename Fp8, int kMode>
+template <typename In, typename Fp8>
 void row_fp8(const char* src, char* dst, int64_t n, float scale) {
   encode_row_fp8(reinterpret_cast<const In*>(src), reinterpret_cast<Fp8*>(dst), n, scale,
-                 kMode == 1 ? kE4M3Max : kE5M2Max);
+                 std::is_same_v<Fp8, c10::Float8_e4m3fn> ? kE4M3Max : kE5M2Max);
 }
 template <typename In>
 void row_nvfp4(const char* src, char* dst, int64_t n, float gs) {
@@ -85,23 +87,23 @@ void row_nvfp4(const char* src, char* dst, int64_t n, float gs) {
 }
 
 template <typename In>
-RowFn pick_for_input(int64_t mode, at::ScalarType out) {
+RowFn pick_for_input(KVQuantMode mode, at::ScalarType out) {
   switch (mode) {
-    case 0:
+    case KVQuantMode::NONE:
       switch (out) {
         case at::ScalarType::Float: return row_cast<In, float>;
         case at::ScalarType::Half: return row_cast<In, c10::Half>;
         case at::ScalarType::BFloat16: return row_cast<In, c10::BFloat16>;
         default: return nullptr;
       }
-    case 1: return row_fp8<In, c10::Float8_e4m3fn, 1>;
-    case 2: return row_fp8<In, c10::Float8_e5m2, 2>;
-    case 3: return row_nvfp4<In>;
-    default: return nullptr;
+    case KVQuantMode::FP8_E4M3: return row_fp8<In, c10::Float8_e4m3fn>;
+    case KVQuantMode::FP8_E5M2: return row_fp8<In, c10::Float8_e5m2>;
+    case KVQuantMode::NVFP4: return row_nvfp4<In>;
   }
+  return nullptr;
 }
 
-RowFn pick_row_fn(at::ScalarType in, int64_t mode, at::ScalarType out) {
+RowFn pick_row_fn(at::ScalarType in, KVQuantMode mode, at::ScalarType out) {
   switch (in) {
     case at::ScalarType::Float: return pick_for_input<float>(mode, out);
     case at::ScalarType::Half: return pick_for_input<c10::Half>(mode, out);
@@ -168,17 +170,17 @@ void for_each_row(int64_t num_tokens, int64_t num_heads, int halves, const at::T
 float scalar_of(const at::Tensor& s) { return *s.const_data_ptr<float>(); }
 
 void encode_into(const at::Tensor& key, const at::Tensor& value, int halves, const at::Tensor& slots,
-                 const Dest& dst, const float scales[2], int64_t mode, at::ScalarType out_dtype) {
+                 const Dest& dst, const float scales[2], KVQuantMode mode, at::ScalarType out_dtype) {
   const int64_t head_size = key.size(2);
   const int64_t row_bytes = storage_row_dim(mode, head_size) * c10::elementSize(out_dtype);
   const Source src = source_of(key, value);
-  if (mode == 0 && key.scalar_type() == out_dtype) {
+  if (mode == KVQuantMode::NONE && key.scalar_type() == out_dtype) {
     for_each_row(key.size(0), key.size(1), halves, slots, src, dst, row_bytes,
                  [&](int, const char* s, char* d) { std::memcpy(d, s, row_bytes); });
     return;
   }
   const RowFn fn = pick_row_fn(key.scalar_type(), mode, out_dtype);
-  TORCH_CHECK_VALUE(fn != nullptr, "no CPU encoder for input ", key.scalar_type(), " mode ", mode, " cache ",
+  TORCH_CHECK_VALUE(fn != nullptr, "no CPU encoder for input ", key.scalar_type(), " mode ", mode_name(mode), " cache ",
                     out_dtype);
   for_each_row(key.size(0), key.size(1), halves, slots, src, dst, row_bytes,
                [&](int half, const char* s, char* d) { fn(s, d, head_size, scales[half]); });
@@ -188,15 +190,16 @@ void encode_into(const at::Tensor& key, const at::Tensor& value, int halves, con
 
 at::Tensor encode_kv_cpu(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
                          at::ScalarType cache_dtype) {
-  check_encode(x, scale, kv_quant_mode, cache_dtype);
-  const int64_t row_dim = storage_row_dim(kv_quant_mode, x.size(2));
+  const KVQuantMode mode = to_mode(kv_quant_mode);
+  check_encode(x, scale, mode, cache_dtype);
+  const int64_t row_dim = storage_row_dim(mode, x.size(2));
   at::Tensor out = at::empty({x.size(0), x.size(1), row_dim}, x.options().dtype(cache_dtype));
   const int64_t es = out.element_size();
   const Dest dst{static_cast<char*>(out.data_ptr()), 0, 0, x.size(1) * row_dim * es, row_dim * es,
                  std::max<int64_t>(1, x.size(0)), x.size(0)};
   const float s = scalar_of(scale);
   const float scales[2] = {s, s};
-  encode_into(x, x, 1, at::Tensor(), dst, scales, kv_quant_mode, cache_dtype);
+  encode_into(x, x, 1, at::Tensor(), dst, scales, mode, cache_dtype);
   return out;
 }
 
@@ -214,11 +217,18 @@ void cache_write_cpu(const at::Tensor& key_rows, const at::Tensor& value_rows, c
 void encode_and_cache_write_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                                 const at::Tensor& slot_mapping, const at::Tensor& k_scale,
                                 const at::Tensor& v_scale, int64_t kv_quant_mode) {
-  check_encode_and_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode);
+  const KVQuantMode mode = to_mode(kv_quant_mode);
+  check_encode_and_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, mode);
   const Dest dst = cache_dest(kv_cache);
   check_slot_range(slot_mapping, dst.capacity);
   const float scales[2] = {scalar_of(k_scale), scalar_of(v_scale)};
-  encode_into(key, value, 2, slot_mapping, dst, scales, kv_quant_mode, kv_cache.scalar_type());
+  encode_into(key, value, 2, slot_mapping, dst, scales, mode, kv_cache.scalar_type());
 }
 
 }  // namespace kvfuse
+
+TORCH_LIBRARY_IMPL(kvfuse_native, CPU, m) {
+  m.impl("encode_kv", TORCH_FN(kvfuse::encode_kv_cpu));
+  m.impl("cache_write", TORCH_FN(kvfuse::cache_write_cpu));
+  m.impl("encode_and_cache_write", TORCH_FN(kvfuse::encode_and_cache_write_cpu));
+}

@@ -27,6 +27,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cuda_fp8.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -570,16 +571,16 @@ void launch_encode_to(RowParams p, cudaStream_t stream) {
 }
 
 template <typename In>
-void launch_encode_from(RowParams p, int64_t mode, at::ScalarType out, cudaStream_t stream) {
+void launch_encode_from(RowParams p, KVQuantMode mode, at::ScalarType out, cudaStream_t stream) {
   switch (mode) {
-    case 1: return launch_encode_to<In, E4M3>(p, stream);
-    case 2: return launch_encode_to<In, E5M2>(p, stream);
-    case 3: {
+    case KVQuantMode::FP8_E4M3: return launch_encode_to<In, E4M3>(p, stream);
+    case KVQuantMode::FP8_E5M2: return launch_encode_to<In, E5M2>(p, stream);
+    case KVQuantMode::NVFP4: {
       p.store_width = dst_aligned(p, 8) ? 8 : dst_aligned(p, 4) ? 4 : 1;
       if (src_aligned(p, 16)) return launch<Nvfp4Op<In, true>>(p, p.head_size / kNvfp4Block, stream);
       return launch<Nvfp4Op<In, false>>(p, p.head_size / kNvfp4Block, stream);
     }
-    default:
+    case KVQuantMode::NONE:
       switch (out) {
         case at::ScalarType::Float: return launch_encode_to<In, float>(p, stream);
         case at::ScalarType::Half: return launch_encode_to<In, c10::Half>(p, stream);
@@ -590,8 +591,8 @@ void launch_encode_from(RowParams p, int64_t mode, at::ScalarType out, cudaStrea
 }
 
 // Encodes (or, when nothing changes, copies) rows of key/value into p.dst.
-void launch_encode(RowParams p, at::ScalarType in, int64_t mode, at::ScalarType out, cudaStream_t stream) {
-  if (mode == 0 && in == out) {
+void launch_encode(RowParams p, at::ScalarType in, KVQuantMode mode, at::ScalarType out, cudaStream_t stream) {
+  if (mode == KVQuantMode::NONE && in == out) {
     return launch_copy(p, p.head_size * static_cast<int64_t>(c10::elementSize(out)), stream);
   }
   switch (in) {
@@ -638,10 +639,11 @@ void check_int32_sizes(const at::Tensor& x) {
 
 at::Tensor encode_kv_cuda(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
                           at::ScalarType cache_dtype) {
-  check_encode(x, scale, kv_quant_mode, cache_dtype);
+  const KVQuantMode mode = to_mode(kv_quant_mode);
+  check_encode(x, scale, mode, cache_dtype);
   check_int32_sizes(x);
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t row_dim = storage_row_dim(kv_quant_mode, x.size(2));
+  const int64_t row_dim = storage_row_dim(mode, x.size(2));
   at::Tensor out = at::empty({x.size(0), x.size(1), row_dim}, x.options().dtype(cache_dtype));
   if (x.numel() == 0) return out;
   RowParams p{};
@@ -654,7 +656,7 @@ at::Tensor encode_kv_cuda(const at::Tensor& x, const at::Tensor& scale, int64_t 
   p.capacity = x.size(0);
   p.halves = 1;
   p.scale[0] = p.scale[1] = scale.const_data_ptr<float>();
-  launch_encode(p, x.scalar_type(), kv_quant_mode, cache_dtype, c10::cuda::getCurrentCUDAStream());
+  launch_encode(p, x.scalar_type(), mode, cache_dtype, c10::cuda::getCurrentCUDAStream());
   return out;
 }
 
@@ -674,7 +676,8 @@ void cache_write_cuda(const at::Tensor& key_rows, const at::Tensor& value_rows, 
 void encode_and_cache_write_cuda(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                                  const at::Tensor& slot_mapping, const at::Tensor& k_scale,
                                  const at::Tensor& v_scale, int64_t kv_quant_mode) {
-  check_encode_and_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode);
+  const KVQuantMode mode = to_mode(kv_quant_mode);
+  check_encode_and_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, mode);
   check_int32_sizes(key);
   if (key.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(kv_cache.device());
@@ -683,7 +686,13 @@ void encode_and_cache_write_cuda(const at::Tensor& key, const at::Tensor& value,
   set_cache_dest(p, kv_cache, slot_mapping);
   p.scale[0] = k_scale.const_data_ptr<float>();
   p.scale[1] = v_scale.const_data_ptr<float>();
-  launch_encode(p, key.scalar_type(), kv_quant_mode, kv_cache.scalar_type(), c10::cuda::getCurrentCUDAStream());
+  launch_encode(p, key.scalar_type(), mode, kv_cache.scalar_type(), c10::cuda::getCurrentCUDAStream());
 }
 
 }  // namespace kvfuse
+
+TORCH_LIBRARY_IMPL(kvfuse_native, CUDA, m) {
+  m.impl("encode_kv", TORCH_FN(kvfuse::encode_kv_cuda));
+  m.impl("cache_write", TORCH_FN(kvfuse::cache_write_cuda));
+  m.impl("encode_and_cache_write", TORCH_FN(kvfuse::encode_and_cache_write_cuda));
+}

@@ -4,7 +4,7 @@ Shapes, dtypes and devices are always validated (at trace time and before every 
 only the data can tell -- slots in range, no slot written twice, metadata consistent with the
 cache, scales finite and positive -- is checked when checked mode is on:
 
-- ``KVFUSE_CHECK=1`` in the environment (read per call), or
+- ``KVFUSE_CHECK=1`` in the environment (:mod:`kvfuse.envs`), or
 - ``with kvfuse.ops.checks.checked():`` for the current thread.
 
 The checks run inside the ops' real implementations, before any kernel writes, so they also
@@ -15,11 +15,12 @@ for the CUDA kernels (an out-of-bounds write) and an IndexError for the CPU refe
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from typing import Iterator, Optional
 
 import torch
+
+from .. import envs
 
 __all__ = ["checked", "enabled", "check_slots", "check_scales", "check_attention_metadata"]
 
@@ -30,7 +31,7 @@ def enabled() -> bool:
     override: Optional[bool] = getattr(_local, "override", None)
     if override is not None:
         return override
-    return os.environ.get("KVFUSE_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
+    return envs.settings().check
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import importlib.util
 import logging
 import threading
 from typing import Optional
@@ -35,10 +36,11 @@ from typing import Optional
 import torch
 
 from ..kv_cache import KVQuantMode
+from .registry import AttentionCall, Implementation, Situation
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["paged_attention", "unavailable_reason", "clear_plans"]
+__all__ = ["paged_attention", "unavailable_reason", "clear_plans", "IMPLEMENTATION"]
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024
 _MAX_PLANS = 8
@@ -52,18 +54,28 @@ def _flashinfer():
 
 
 def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
-    if op != "paged_attention":
-        return f"the FlashInfer backend implements paged_attention only, not {op}"
-    if device_type != "cuda":
-        return f"FlashInfer runs on CUDA, not on {device_type}"
-    if KVQuantMode(mode) is KVQuantMode.NVFP4:
-        return ("FlashInfer reads NVFP4 block scales from a separate tensor (fa2/trtllm-gen), "
-                "while kvfuse's NVFP4 row stores them inline; use the triton backend")
+    if importlib.util.find_spec("flashinfer") is None:
+        return "flashinfer is not installed (pip install 'kvfuse[flashinfer]')"
     try:
         _flashinfer()
     except ImportError as e:
-        return f"flashinfer is not installed ({e})"
+        return f"flashinfer cannot be imported ({e})"
     return None
+
+
+def _rank(situation: Situation) -> Optional[int]:
+    # After Triton: FlashInfer plans on the host per metadata set, which CUDA graphs cannot
+    # capture, and Triton reads every format. Forced (KVFUSE_ATTENTION_BACKEND) where it wins.
+    return 5
+
+
+#: NVFP4 is not declared: FlashInfer reads NVFP4 block scales from a separate tensor (fa2 /
+#: trtllm-gen paths) while kvfuse's NVFP4 row stores them inline; the Triton kernel reads them.
+IMPLEMENTATION = Implementation(
+    name="flashinfer", module=__name__, ops=frozenset({"paged_attention"}), devices=frozenset({"cuda"}),
+    modes=frozenset({KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2}),
+    available=unavailable_reason, rank=_rank,
+)
 
 
 def clear_plans() -> None:
@@ -143,21 +155,11 @@ def _plan_key(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_st
     )
 
 
-def paged_attention(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    kv_quant_mode: int,
-    sm_scale: float,
-    sliding_window: Optional[int],
-) -> torch.Tensor:
+def paged_attention(call: AttentionCall) -> torch.Tensor:
     """Semantics of :func:`kvfuse.ops.reference.paged_attention`, computed by FlashInfer."""
-    args = (query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc, kv_quant_mode,
-            sm_scale, sliding_window)
+    query, kv_quant_mode = call.query, call.kv_quant_mode
+    args = (query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,
+            call.query_start_loc, kv_quant_mode, call.sm_scale, call.sliding_window)
     key = _plan_key(*args)
     with _lock:
         plan = _plans.get(key)
@@ -186,5 +188,5 @@ def paged_attention(
     q = query[plan.first_row:plan.end_row]
     quantized = KVQuantMode(kv_quant_mode) is not KVQuantMode.NONE
     scales = dict(k_scale=plan.k_scale, v_scale=plan.v_scale) if quantized else {}
-    out[plan.first_row:plan.end_row] = plan.wrapper.run(q, kv_cache, **scales)
+    out[plan.first_row:plan.end_row] = plan.wrapper.run(q, call.kv_cache, **scales)
     return out

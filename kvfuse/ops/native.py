@@ -1,12 +1,13 @@
 """Native backend: the C++/CUDA kernels of ``csrc/``, built just in time on first use.
 
 The first call that selects this backend (or :func:`build_info` with ``build=True``) compiles
-``csrc/`` with :func:`torch.utils.cpp_extension.load` and loads the library, which registers
-``TORCH_LIBRARY_IMPL(kvfuse, CPU | CUDA)`` kernels for the ``kvfuse::<op>.native`` overloads
-declared in :mod:`kvfuse.ops`. Importing this module compiles nothing and does not touch CUDA.
+``csrc/`` with :func:`torch.utils.cpp_extension.load` and loads the library, which declares the
+``kvfuse_native::<op>`` ops and registers their CPU and CUDA kernels (each kernel file registers
+its own). The functions here call those ops directly: one dispatcher hop from the public op's
+body to C++. Importing this module compiles nothing and does not touch CUDA.
 
 - One build per torch version / CUDA version / device architecture, in its own directory
-  (``$KVFUSE_NATIVE_BUILD_DIR``, default ``~/.cache/kvfuse/native``), guarded by a file lock so
+  (``KVFUSE_NATIVE_BUILD_DIR``, :mod:`kvfuse.envs`), guarded by a file lock so
   concurrent processes build it once; later processes only load it.
 - CUDA kernels are compiled for the current device only: ``-gencode=arch=compute_XY,code=sm_XY``,
   ``sm_90a`` on Hopper. Without ``nvcc`` (or a CUDA device) the library is built for CPU only and
@@ -37,7 +38,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..kv_cache import KVQuantMode
+from .. import envs
+from .registry import ALL_MODES, CACHE_OPS, Implementation, Situation
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +49,10 @@ __all__ = [
     "encode_and_cache_write",
     "unavailable_reason",
     "build_info",
-    "parse_kv_cache_dtype",
     "mode_values",
+    "IMPLEMENTATION",
 ]
 
-_CACHE_OPS = ("encode_kv", "cache_write", "encode_and_cache_write")
 _CPU_SOURCES = ("registration.cpp", "cpu/cache_write.cpp")
 _CUDA_SOURCES = ("cuda/cache_write.cu",)
 # Numerics depend on IEEE division and no flush-to-zero: say so explicitly instead of relying
@@ -60,11 +61,11 @@ _NVCC_FLAGS = ("-O3", "--prec-div=true", "--ftz=false")
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}  # filled once by _ensure_built
-_ops: dict[str, Any] = {}  # op name -> torch.ops.kvfuse.<op>.native, after a successful build
+_ops: dict[str, Any] = {}  # op name -> torch.ops.kvfuse_native.<op>.default, after a successful build
 
 
 def _disabled() -> bool:
-    return os.environ.get("KVFUSE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+    return not envs.settings().native_enabled
 
 
 def _csrc_dir() -> Optional[Path]:
@@ -76,11 +77,7 @@ def _csrc_dir() -> Optional[Path]:
 
 
 def _build_root() -> Path:
-    root = os.environ.get("KVFUSE_NATIVE_BUILD_DIR")
-    if root:
-        return Path(root)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "kvfuse" / "native"
+    return envs.settings().native_build_dir
 
 
 def _cuda_target() -> tuple[Optional[str], Optional[str]]:
@@ -101,7 +98,7 @@ def _cuda_target() -> tuple[Optional[str], Optional[str]]:
 
 
 def _extra_cuda_flags() -> list[str]:
-    return os.environ.get("KVFUSE_NATIVE_CUDA_FLAGS", "").split()
+    return list(envs.settings().native_cuda_flags)
 
 
 def _tag(gencode: Optional[str]) -> str:
@@ -140,7 +137,8 @@ def _compile(csrc: Path, gencode: Optional[str]) -> tuple[str, Path]:
             build_directory=str(build_dir),
             with_cuda=gencode is not None,
             is_python_module=False,
-            verbose=logger.isEnabledFor(logging.DEBUG),
+            # ninja's command lines are no use to a user; a failed build raises with its log.
+            verbose=False,
         )
     return str(library), build_dir
 
@@ -158,6 +156,8 @@ def _ensure_built() -> dict[str, Any]:
             state["error"] = "the csrc/ sources are not shipped with this installation"
         else:
             gencode, state["cuda_error"] = _cuda_target()
+            logger.info("building kvfuse's native kernels for %s (first use; about 20 s, cached afterwards)",
+                        "CPU and CUDA" if gencode else "CPU")
             start = time.perf_counter()
             attempts = [gencode, None] if gencode is not None else [None]
             for target in attempts:
@@ -178,8 +178,8 @@ def _ensure_built() -> dict[str, Any]:
                 break
             state["seconds"] = round(time.perf_counter() - start, 1)
         if state["library"] is not None:
-            for op in _CACHE_OPS:
-                _ops[op] = getattr(torch.ops.kvfuse, op).native
+            for op in CACHE_OPS:
+                _ops[op] = getattr(torch.ops.kvfuse_native, op).default
             logger.info("kvfuse native kernels loaded from %s (%s, %.1f s)", state["library"],
                         "CPU+CUDA " + state["gencode"] if state["cuda"] else "CPU only", state["seconds"])
         else:
@@ -192,10 +192,6 @@ def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
     """None if the native backend can run ``op`` on ``device_type``; else why not (may build first)."""
     if _disabled():
         return "it is disabled by KVFUSE_NATIVE=0"
-    if op not in _CACHE_OPS:
-        return f"the native backend implements {', '.join(_CACHE_OPS)}, not {op}"
-    if device_type not in ("cpu", "cuda"):
-        return f"native kernels exist for cpu and cuda, not {device_type}"
     state = _ensure_built()
     if state["library"] is None:
         return state["error"]
@@ -232,13 +228,6 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
     _require("encode_and_cache_write")(key, value, kv_cache, slot_mapping, k_scale, v_scale, int(kv_quant_mode))
 
 
-def parse_kv_cache_dtype(name: str, argument: str = "kv_cache_dtype") -> tuple[KVQuantMode, Optional[torch.dtype]]:
-    """The C++ parser (``csrc/kv_quant_mode.h``), same contract as ``kv_cache._parse_dtype_name``."""
-    _require("encode_kv")
-    mode, native = torch.ops.kvfuse_native.parse_kv_cache_dtype(name, argument)
-    return KVQuantMode(mode), (getattr(torch, native) if native else None)
-
-
 def mode_values() -> dict[str, int]:
     """The C++ enum's names and values, e.g. ``{"NONE": 0, ...}``."""
     _require("encode_kv")
@@ -264,3 +253,17 @@ def build_info(build: bool = False) -> dict[str, Any]:
     else:
         info["built"] = None  # not attempted in this process
     return info
+
+
+def _rank(situation: Situation) -> Optional[int]:
+    # CUDA: first for small writes; after Triton for bulk ones and for the formats whose Triton
+    # kernel wins under capture (the registry sets `captured` only for those): see .tuning.
+    if situation.device_type == "cuda" and (situation.size_class == "bulk" or situation.captured):
+        return 2
+    return 0
+
+
+IMPLEMENTATION = Implementation(
+    name="native", module=__name__, ops=frozenset(CACHE_OPS), devices=frozenset({"cpu", "cuda"}), modes=ALL_MODES,
+    available=unavailable_reason, rank=_rank, checks_inputs=True,
+)

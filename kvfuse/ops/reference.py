@@ -7,13 +7,18 @@ Arguments have already been validated by the op layer (``kvfuse.ops``).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..kv_cache import KVQuantMode, fp8_max, nvfp4_dequantize_reference, nvfp4_quantize_reference
+from .registry import ALL_MODES, OPS, AttentionCall, Implementation
 
-__all__ = ["encode_kv", "cache_write", "encode_and_cache_write", "paged_attention", "decode_rows"]
+__all__ = ["encode_kv", "cache_write", "encode_and_cache_write", "paged_attention", "decode_rows", "IMPLEMENTATION"]
+
+#: Runs everything, everywhere; chosen last (its rank), as the fallback and the oracle.
+IMPLEMENTATION = Implementation(
+    name="reference", module=__name__, ops=frozenset(OPS), devices=frozenset({"cpu", "cuda"}), modes=ALL_MODES,
+    available=lambda op, device_type, mode: None, rank=lambda situation: 9,
+)
 
 
 def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dtype: torch.dtype) -> torch.Tensor:
@@ -83,18 +88,7 @@ def encode_and_cache_write(
     )
 
 
-def paged_attention(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    kv_quant_mode: int,
-    sm_scale: float,
-    sliding_window: Optional[int],
-) -> torch.Tensor:
+def paged_attention(call: AttentionCall) -> torch.Tensor:
     """Varlen causal attention over a paged cache, in float32.
 
     Sequence ``b`` owns query rows ``qsl[b]:qsl[b+1]`` (its ``q_len`` newest tokens) and
@@ -103,12 +97,15 @@ def paged_attention(
     sliding window ``W``, ``p - j < W``. Query head ``h`` reads KV head ``h // (Hq / Hkv)``.
     Rows not covered by ``query_start_loc`` (padding) are returned as zeros.
     """
+    query, kv_cache, k_scale, v_scale = call.query, call.kv_cache, call.k_scale, call.v_scale
+    block_table, kv_quant_mode, sm_scale, sliding_window = (call.block_table, call.kv_quant_mode, call.sm_scale,
+                                                            call.sliding_window)
     num_tokens, num_q_heads, head_size = query.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_q_heads // num_kv_heads
     out = torch.zeros(num_tokens, num_q_heads, head_size, dtype=torch.float32, device=query.device)
-    qsl = query_start_loc.tolist()
-    lens = seq_lens.tolist()
+    qsl = call.query_start_loc.tolist()
+    lens = call.seq_lens.tolist()
     for b, seq_len in enumerate(lens):
         q_start, q_end = qsl[b], qsl[b + 1]
         q_len = q_end - q_start

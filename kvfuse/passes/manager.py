@@ -7,9 +7,14 @@ encodings arrive in one canonical ATen form, and still before ``reinplace_inplac
 and the decomposition of ``auto_functionalized``, so the fused write is reinplaced by Inductor
 like any other mutating custom op (no copy of the cache is left; tests/compile prove it).
 
-``uuid()`` hashes the source of every pass file (and of the op schemas and dtype model they
-read) together with the options, so Inductor's FX graph cache stays on and is never served a
-graph compiled by other pass code or other options.
+``uuid()`` is :func:`hash_source` of every pass file (and of the op schemas and dtype model
+they read) together with the options, so Inductor's FX graph cache stays on and is never served
+a graph compiled by other pass code or other options.
+
+Records. Every decision is also counted in ``torch._dynamo.utils.counters["inductor"]`` under a
+key holding the record (:data:`RECORD_PREFIX`): Inductor stores a graph's counter increments
+with its cache entry and replays them on a hit, so :func:`take_replayed_records` gives the
+backend the records of a graph whose passes did not run.
 """
 
 from __future__ import annotations
@@ -23,23 +28,57 @@ import os
 import time
 
 import torch.fx as fx
+from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from ..kv_cache import KVQuantMode
 from . import fuse_encode_cache_write
+from .fuse_encode_cache_write import FusionRecord
 
 logger = logging.getLogger(__name__)
 
 _PASSES = (fuse_encode_cache_write,)
 _DUMP_COUNTER = itertools.count()
+#: Counter keys of fusion records: ``<prefix><index in graph>/<json record>``.
+RECORD_PREFIX = "kvfuse.fusion_record/"
 
 
 def _source_files() -> tuple[str, ...]:
     here = os.path.dirname(os.path.abspath(__file__))
     package = os.path.dirname(here)
     return tuple(sorted(glob.glob(os.path.join(here, "*.py")))) + (
-        os.path.join(package, "ops", "__init__.py"),
+        os.path.join(package, "ops", "library.py"),
         os.path.join(package, "kv_cache.py"),
     )
+
+
+def hash_source(*paths: str) -> str:
+    """sha256 over the contents of ``paths``, in order (a pass's identity for Inductor's caches)."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _count_records(records: list) -> None:
+    for i, record in enumerate(records):
+        counters["inductor"][f"{RECORD_PREFIX}{i:06d}/{json.dumps(record.as_dict(), sort_keys=True)}"] += 1
+
+
+def take_replayed_records() -> list:
+    """The records counted since the last call (by the passes, or replayed from Inductor's cache),
+    in graph order; removes them from the counters."""
+    inductor = counters["inductor"]
+    keys = sorted(k for k in inductor if k.startswith(RECORD_PREFIX))
+    out = []
+    for key in keys:
+        del inductor[key]
+        raw = json.loads(key.split("/", 2)[2])
+        mode = raw["kv_quant_mode"]
+        mode = KVQuantMode[mode] if isinstance(mode, str) and mode in KVQuantMode.__members__ else mode
+        out.append(FusionRecord(raw["layer_name"], mode, bool(raw["fused"]), raw["reason"]))
+    return out
 
 
 class KVFusePassManager(CustomGraphPass):
@@ -62,17 +101,15 @@ class KVFusePassManager(CustomGraphPass):
 
     def uuid(self) -> str:
         # Hashed here rather than with Inductor's get_hash_for_files, which memoises per path list.
-        h = hashlib.sha256(json.dumps(self.options(), sort_keys=True).encode())
-        for path in _source_files():
-            with open(path, "rb") as f:
-                h.update(f.read())
-        return h.hexdigest()
+        options = json.dumps(self.options(), sort_keys=True)
+        return hashlib.sha256((options + hash_source(*_source_files())).encode()).hexdigest()
 
     def __call__(self, graph: fx.Graph) -> None:
         from .. import debug
 
         dump_dir = debug.active_dump_dir()
         start = time.perf_counter()
+        graph_records: list = []
         for p in _PASSES:
             seq = next(_DUMP_COUNTER) if dump_dir else None
             if dump_dir:
@@ -85,7 +122,9 @@ class KVFusePassManager(CustomGraphPass):
                          sum(r.fused for r in records), 1e3 * (time.perf_counter() - t0))
             if dump_dir:
                 debug.write_graph(dump_dir, f"{seq:03d}_{p.NAME}.after", graph)
+            graph_records.extend(records)
             self._records.extend(records)
+        _count_records(graph_records)
         self._invocations += 1
         self._seconds += time.perf_counter() - start
 

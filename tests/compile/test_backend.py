@@ -205,6 +205,7 @@ def test_depyf_and_kvfuse_dumps(tmp_path):
 
 def test_env_dump_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("KVFUSE_DUMP_DIR", str(tmp_path))
+    kvfuse.envs.reload()
     torch._dynamo.reset()
     model = TinyModel(1, KVCacheConfig(kv_cache_dtype="nvfp4"))
     x, md = make_inputs(T=7)

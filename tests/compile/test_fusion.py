@@ -7,7 +7,7 @@ import torch
 
 import kvfuse
 from kvfuse import KVCacheConfig, KVQuantMode
-from kvfuse.ops import backends
+from kvfuse.ops import registry as backends
 from kvfuse.passes._graph import CACHE_WRITE, FUSED_WRITE
 
 from compile_util import (

@@ -9,16 +9,21 @@ import pytest
 import torch
 
 from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype
-from kvfuse.ops import backends, flashinfer as fi_backend, reference
+from kvfuse.ops import flashinfer as fi_backend
+from kvfuse.ops import reference
+from kvfuse.ops import registry as backends
+from kvfuse.ops.registry import AttentionCall
 
 HAS_FI = torch.cuda.is_available() and importlib.util.find_spec("flashinfer") is not None
 needs_fi = pytest.mark.skipif(not HAS_FI, reason="needs CUDA and flashinfer")
 
 
 def test_unavailable_reasons():
-    assert "CUDA" in fi_backend.unavailable_reason("paged_attention", "cpu", KVQuantMode.NONE)
-    assert "paged_attention only" in fi_backend.unavailable_reason("cache_write", "cuda", KVQuantMode.NONE)
-    assert "NVFP4" in fi_backend.unavailable_reason("paged_attention", "cuda", KVQuantMode.NVFP4)
+    # What the implementation declares (ops, devices, modes) is checked by the registry.
+    assert "runs on cuda, not cpu" in backends.unavailable_reason("flashinfer", "paged_attention", "cpu", 0)
+    assert "implements paged_attention, not cache_write" in backends.unavailable_reason(
+        "flashinfer", "cache_write", "cuda", 0)
+    assert "NVFP4" in backends.unavailable_reason("flashinfer", "paged_attention", "cuda", KVQuantMode.NVFP4)
 
 
 def test_forcing_flashinfer_on_cpu_raises(monkeypatch):
@@ -59,9 +64,9 @@ def _case(seq_lens, q_lens, hq, hkv, d, mode, page=16, pad_rows=0, seed=0):
 def _run_and_check(args, window=None):
     args = list(args)
     args[9] = window
-    expected = reference.paged_attention(*args)
+    expected = reference.paged_attention(AttentionCall(*args))
     dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
-    out = fi_backend.paged_attention(*dev)
+    out = fi_backend.paged_attention(AttentionCall(*dev))
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=3e-2, rtol=3e-2)
     assert torch.all(out[int(args[6][-1]):] == 0)
     return dev, out
@@ -81,12 +86,12 @@ def test_plan_is_cached_and_follows_in_place_updates():
     fi_backend.clear_plans()
     dev, _ = _run_and_check(_case([100, 200], [1, 1], 16, 4, 128, KVQuantMode.NONE))
     assert len(fi_backend._plans) == 1
-    fi_backend.paged_attention(*dev)
+    fi_backend.paged_attention(AttentionCall(*dev))
     assert len(fi_backend._plans) == 1, "same metadata must reuse the plan"
     dev[5].sub_(37)  # shorter contexts, in place: the version counter changes
-    out = fi_backend.paged_attention(*dev)
+    out = fi_backend.paged_attention(AttentionCall(*dev))
     assert len(fi_backend._plans) == 2
-    expected = reference.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in dev])
+    expected = reference.paged_attention(AttentionCall(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in dev]))
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=3e-2, rtol=3e-2)
 
 
@@ -95,8 +100,8 @@ def test_plan_is_cached_and_follows_in_place_updates():
 def test_refuses_cuda_graph_capture():
     fi_backend.clear_plans()
     dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in _case([64], [1], 8, 8, 128, KVQuantMode.NONE)]
-    fi_backend.paged_attention(*dev)  # warm-up plan outside capture
+    fi_backend.paged_attention(AttentionCall(*dev))  # warm-up plan outside capture
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="triton"):
         with torch.cuda.graph(graph):
-            fi_backend.paged_attention(*dev)
+            fi_backend.paged_attention(AttentionCall(*dev))

@@ -15,9 +15,9 @@ import sys
 import pytest
 import torch
 
-from kvfuse.kv_cache import VALID_KV_CACHE_DTYPES, KVQuantMode, _parse_dtype_name, row_dim_for, storage_dtype
+from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype
 from kvfuse import ops as kv_ops
-from kvfuse.ops import backends
+from kvfuse.ops import registry as backends
 from kvfuse.ops import native
 from kvfuse.ops import reference as ref
 
@@ -39,39 +39,6 @@ def built():
 
 
 # ----------------------------------------------------------------------------- parser and enum
-
-_BAD_NAMES = [
-    "", " ", "fp9", "FP8 E4M3", "fp8-e4m3", "nvfp4x", "bf16", "int8", "it's", 'say "hi"', "both ' and \"",
-    "back\\slash", "tab\tinside", "new\nline", "nul\x00", "del\x7f", "esc\x1b[0m", "ｆｐ８", "é", "ß",
-    "\u200bfp8", "fp8\u00ad", "\U0001F600", "\x80\x9f", "fp8\u2028", "\u3000", "fp8;drop", "nvfp4\x0bx",
-]
-_GOOD_VARIANTS = [" FP8 ", "\tbfloat16\n", "Auto", "NVFP4", "\u00a0fp8_e5m2\u3000", "\x85half\x1c", "\u2003float\u2029"]
-
-
-@pytest.mark.parametrize("argument", ["kv_cache_dtype", "checkpoint_kv_cache_dtype"])
-@pytest.mark.parametrize("name", list(VALID_KV_CACHE_DTYPES) + _GOOD_VARIANTS + _BAD_NAMES)
-def test_cpp_parser_matches_python(name, argument):
-    try:
-        expected = _parse_dtype_name(name, argument)
-    except ValueError as e:
-        with pytest.raises(ValueError) as info:
-            native.parse_kv_cache_dtype(name, argument)
-        assert str(info.value) == str(e)
-    else:
-        assert native.parse_kv_cache_dtype(name, argument) == expected
-
-
-def test_parser_corpus_covers_both_outcomes():
-    outcomes = set()
-    for name in VALID_KV_CACHE_DTYPES + tuple(_GOOD_VARIANTS) + tuple(_BAD_NAMES):
-        try:
-            _parse_dtype_name(name)
-            outcomes.add("ok")
-        except ValueError:
-            outcomes.add("error")
-    assert outcomes == {"ok", "error"}
-    assert {native.parse_kv_cache_dtype(n)[0] for n in VALID_KV_CACHE_DTYPES} == set(KVQuantMode)
-
 
 def test_cpp_enum_matches_python():
     assert native.mode_values() == {m.name: m.value for m in KVQuantMode}
@@ -247,6 +214,7 @@ def test_build_info_names_the_build(built):
 
 def test_disabled_by_env(monkeypatch):
     monkeypatch.setenv("KVFUSE_NATIVE", "0")
+    backends.clear_cache()
     assert "KVFUSE_NATIVE=0" in native.unavailable_reason("encode_kv", "cpu", 0)
     assert native.build_info()["enabled"] is False
     monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
@@ -280,8 +248,8 @@ def test_failed_build_falls_back_with_reason(monkeypatch):
 
 
 def test_native_rejects_other_ops_and_devices():
-    assert "paged_attention" in native.unavailable_reason("paged_attention", "cpu", 0)
-    assert "mps" in native.unavailable_reason("encode_kv", "mps", 0)
+    assert "paged_attention" in backends.unavailable_reason("native", "paged_attention", "cpu", 0)
+    assert "mps" in backends.unavailable_reason("native", "encode_kv", "mps", 0)
 
 
 def test_import_builds_nothing():
@@ -374,38 +342,53 @@ def test_cuda_default_backend_is_native():
 
 
 def test_native_max_tokens_env_override(monkeypatch):
+    from kvfuse.ops import tuning
+
     backends.clear_cache()
     try:
-        assert backends._native_max_tokens(int(KVQuantMode.FP8_E4M3)) == 65536
-        assert backends._native_max_tokens(int(KVQuantMode.NVFP4)) == 16384
+        assert tuning.cuda_cache_write_policy("sm90").native_max_tokens(KVQuantMode.FP8_E4M3) == 65536
+        assert tuning.cuda_cache_write_policy("sm90").native_max_tokens(KVQuantMode.NVFP4) == 16384
         monkeypatch.setenv("KVFUSE_NATIVE_MAX_TOKENS", "7")
         backends.clear_cache()
-        assert backends._native_max_tokens(int(KVQuantMode.NVFP4)) == 7
-        assert backends._native_max_tokens(int(KVQuantMode.NONE)) == 7
+        assert tuning.cuda_cache_write_policy("sm90").native_max_tokens(KVQuantMode.NVFP4) == 7
+        assert tuning.cuda_cache_write_policy("sm90").native_max_tokens(KVQuantMode.NONE) == 7
+        # A bad value fails when the environment is read, naming the variable.
         monkeypatch.setenv("KVFUSE_NATIVE_MAX_TOKENS", "many")
-        backends.clear_cache()
         with pytest.raises(ValueError, match="KVFUSE_NATIVE_MAX_TOKENS='many'"):
-            backends.select("encode_kv", "cuda", 1, 64)
-        # CPU decisions ignore the token count
-        assert backends.select("encode_kv", "cpu", 1, 1 << 20)[0] == "native"
+            backends.clear_cache()
     finally:
         monkeypatch.delenv("KVFUSE_NATIVE_MAX_TOKENS", raising=False)
         backends.clear_cache()
 
 
 def test_triton_preference_by_mode_token_count_and_capture():
+    """The selection rules (native and Triton ranks) under the sm90 policy's situations."""
+    from kvfuse.ops import tuning
+    from kvfuse.ops.registry import Situation
+
     backends.clear_cache()
-    prefers = backends._prefers_triton
+    policy = tuning.cuda_cache_write_policy("sm90")
+    impls = backends.implementations()
+
+    def prefers(mode, num_tokens, capturing):
+        bulk = num_tokens is not None and num_tokens >= policy.native_max_tokens(mode)
+        captured = not bulk and capturing and mode in policy.triton_when_captured
+        situation = Situation("encode_kv", "cuda", mode, "bulk" if bulk else "small", captured)
+        return impls["triton"].rank(situation) < impls["native"].rank(situation)
+
     for mode in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2):
         for capturing in (False, True):
             for num_tokens in (None, 1, 1 << 14, (1 << 16) - 1):
-                assert not prefers(int(mode), num_tokens, capturing), (mode, num_tokens, capturing)
-            assert prefers(int(mode), 1 << 16, capturing)
+                assert not prefers(mode, num_tokens, capturing), (mode, num_tokens, capturing)
+            assert prefers(mode, 1 << 16, capturing)
     for mode in (KVQuantMode.NONE, KVQuantMode.NVFP4):
         for num_tokens in (None, 1, (1 << 14) - 1):
-            assert not prefers(int(mode), num_tokens, False), (mode, num_tokens)
-            assert prefers(int(mode), num_tokens, True), (mode, num_tokens)
-        assert prefers(int(mode), 1 << 14, False)
+            assert not prefers(mode, num_tokens, False), (mode, num_tokens)
+            assert prefers(mode, num_tokens, True), (mode, num_tokens)
+        assert prefers(mode, 1 << 14, False)
+    # On CPU native always wins; Triton (interpreted) runs only when forced.
+    cpu = Situation("encode_kv", "cpu", KVQuantMode.NVFP4, "any", False)
+    assert impls["native"].rank(cpu) < impls["reference"].rank(cpu) and impls["triton"].rank(cpu) is None
 
 
 @pytest.mark.gpu

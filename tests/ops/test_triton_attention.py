@@ -14,7 +14,9 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype  # noqa: E402
-from kvfuse.ops import backends, reference  # noqa: E402
+from kvfuse.ops import reference  # noqa: E402
+from kvfuse.ops import registry as backends  # noqa: E402
+from kvfuse.ops.registry import AttentionCall  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
@@ -79,7 +81,7 @@ def make_case(seq_lens, q_lens, num_q_heads, num_kv_heads, head_size, mode, *, p
 
 def reference_out(args):
     cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
-    return reference.paged_attention(**cpu)
+    return reference.paged_attention(AttentionCall(**cpu))
 
 
 def poison_allocator(nbytes: int) -> None:
@@ -89,13 +91,14 @@ def poison_allocator(nbytes: int) -> None:
         del junk
 
 
-def check(args, window=None):
+def check(args, window=None, **options):
+    """Triton vs the reference; ``options`` go to the launcher (tiles, num_splits, inline_asm, ...)."""
     from kvfuse.ops.triton.attention import paged_attention
 
     args = dict(args, sliding_window=window)
     expected = reference_out(args)
     poison_allocator(8 * args["query"].numel() * 4 * 32)
-    out = paged_attention(**args)
+    out = paged_attention(AttentionCall(**args), **options)
     assert out.shape == args["query"].shape and out.dtype == args["query"].dtype
     atol, rtol = TOL[args["query"].dtype]
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=atol, rtol=rtol)
@@ -126,10 +129,10 @@ def test_mixed_prefill_decode_with_window(mode):
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_single_sequence_split_kv(mode):
-    # One sequence: the launcher splits the context (2 splits under the interpreter) and reduces.
+    # One sequence, its context split in 2 and 3 chunks, then reduced.
     args = make_case([45], [1], 8, 2, 64, mode, page=16, pad_rows=1, seed=2)
-    check(args)
-    check(args, window=20)
+    check(args, num_splits=2)
+    check(args, window=20, num_splits=3)
 
 
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.float32], ids=str)
@@ -153,17 +156,14 @@ def test_nvfp4_head_sizes_multiple_of_16(head_size):
 
 
 @pytest.mark.parametrize("scale_gather", [True, False], ids=["gather", "broadcast"])
-def test_nvfp4_scale_paths(monkeypatch, scale_gather):
+def test_nvfp4_scale_paths(scale_gather):
     # Both ways of applying block scales (per-byte gather, [N, NB, 1] broadcast + reshape).
     from kvfuse.ops.triton import attention as ta
 
-    for table in (ta.DECODE_CONFIG, ta.PREFILL_CONFIG):
-        for key in table:
-            monkeypatch.setitem(table, key, dict(table[key], SCALE_GATHER=scale_gather))
-    monkeypatch.setattr(ta, "_INTERPRET_CONFIG", dict(ta._INTERPRET_CONFIG, SCALE_GATHER=scale_gather))
+    tiles = ta.DEFAULT_TILES.replace(SCALE_GATHER=scale_gather)
     args = make_case([40, 9], [1, 9], 8, 2, 64, KVQuantMode.NVFP4, page=8, pad_rows=1, seed=8)
-    check(args)
-    check(args, window=5)
+    check(args, tiles=tiles)
+    check(args, window=5, tiles=tiles)
 
 
 @pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4],
@@ -178,14 +178,14 @@ def test_quantized_cache_with_query_beyond_fp16_range(mode):
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
-def test_keys_first_scores(monkeypatch, mode):
+def test_keys_first_scores(mode):
     # KEYS_FIRST computes the scores as (K @ q^T)^T; decode, split-KV, prefill and a window.
     from kvfuse.ops.triton import attention as ta
 
-    monkeypatch.setattr(ta, "_INTERPRET_CONFIG", dict(ta._INTERPRET_CONFIG, KEYS_FIRST=True))
-    check(make_case([1, 17, 40], [1, 1, 1], 4, 1, 32, mode, page=8, pad_rows=2, seed=23))
-    check(make_case([45], [1], 8, 2, 32, mode, page=16, pad_rows=1, seed=24), window=20)
-    check(make_case([19, 30], [19, 6], 4, 2, 32, mode, page=8, pad_rows=1, seed=25), window=7)
+    tiles = ta.DEFAULT_TILES.replace(KEYS_FIRST=True)
+    check(make_case([1, 17, 40], [1, 1, 1], 4, 1, 32, mode, page=8, pad_rows=2, seed=23), tiles=tiles)
+    check(make_case([45], [1], 8, 2, 32, mode, page=16, pad_rows=1, seed=24), window=20, tiles=tiles, num_splits=2)
+    check(make_case([19, 30], [19, 6], 4, 2, 32, mode, page=8, pad_rows=1, seed=25), window=7, tiles=tiles)
 
 
 def test_through_op_with_forced_backend(monkeypatch):
@@ -275,45 +275,38 @@ def test_gpu_decode_large_batch_no_split(mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("use_asm", [True, False], ids=["ptx", "triton"])
 @pytest.mark.parametrize("scale_gather", [True, False], ids=["gather", "broadcast"])
-def test_gpu_nvfp4_decode_variants(monkeypatch, use_asm, scale_gather):
+def test_gpu_nvfp4_decode_variants(use_asm, scale_gather):
     # The PTX E2M1 decode and the plain-Triton one, with either block-scale path, at real shapes.
     from kvfuse.ops.triton import attention as ta
 
-    monkeypatch.setattr(ta, "USE_INLINE_ASM", use_asm)
-    for table in (ta.DECODE_CONFIG, ta.PREFILL_CONFIG):
-        for key in table:
-            monkeypatch.setitem(table, key, dict(table[key], SCALE_GATHER=scale_gather))
+    options = dict(inline_asm=use_asm, tiles=ta.DEFAULT_TILES.replace(SCALE_GATHER=scale_gather))
     # 40 sequences x 8 KV heads fill the GPU without split-KV (the default decode path of big batches).
     args = make_case([1, 533, 4097, 31] * 10, [1] * 40, 32, 8, 128, KVQuantMode.NVFP4, pad_rows=2, seed=18)
-    check(args)
+    check(args, **options)
     args = make_case([700, 77], [300, 7], 16, 4, 64, KVQuantMode.NVFP4, pad_rows=2, seed=19)
-    check(args, window=129)
+    check(args, window=129, **options)
 
 
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("keys_first", [True, False], ids=["keys_first", "query_first"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
-def test_gpu_decode_score_orders(monkeypatch, mode, keys_first):
+def test_gpu_decode_score_orders(mode, keys_first):
     # Both score orders at real decode shapes, with and without split-KV, head sizes 64 and 128.
     from kvfuse.ops.triton import attention as ta
 
-    for key in ta.DECODE_CONFIG:
-        monkeypatch.setitem(ta.DECODE_CONFIG, key, dict(ta.DECODE_CONFIG[key], KEYS_FIRST=keys_first))
-    check(make_case([1, 533, 4097, 31] * 10, [1] * 40, 32, 8, 128, mode, pad_rows=2, seed=26))
-    check(make_case([4099, 77], [1, 1], 16, 4, 64, mode, pad_rows=1, seed=27), window=1000)
+    tiles = ta.DEFAULT_TILES.replace(KEYS_FIRST=keys_first)
+    check(make_case([1, 533, 4097, 31] * 10, [1] * 40, 32, 8, 128, mode, pad_rows=2, seed=26), tiles=tiles)
+    check(make_case([4099, 77], [1, 1], 16, 4, 64, mode, pad_rows=1, seed=27), window=1000, tiles=tiles)
 
 
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4], ids=lambda m: m.name)
-def test_gpu_quantized_bf16_dot_fallback(monkeypatch, mode):
-    # QUANT_DOT_FP16=False keeps bf16 dots for quantized caches.
-    from kvfuse.ops.triton import attention as ta
-
-    monkeypatch.setattr(ta, "QUANT_DOT_FP16", False)
+def test_gpu_quantized_bf16_dot_fallback(mode):
+    # quant_dot_fp16=False keeps bf16 dots for quantized caches.
     args = make_case([1, 2049, 31] * 12, [1] * 36, 32, 8, 128, mode, pad_rows=1, seed=20)
-    check(args)
+    check(args, quant_dot_fp16=False)
 
 
 @gpu
@@ -324,29 +317,30 @@ def test_gpu_nvfp4_head_sizes(head_size):
     check(args)
 
 
-def test_float32_queries_get_tiles_that_fit_hopper_shared_memory(monkeypatch):
+def test_float32_queries_get_tiles_that_fit_hopper_shared_memory():
     """fp32 K/V dot tiles at BLOCK_N 128 and 2 stages need 256 KiB (OutOfResources on an H100)."""
     from kvfuse.ops.triton import attention as ta
 
-    monkeypatch.setattr(ta, "_interpreting", lambda: False)
     for num_tokens, num_seqs in ((4096, 2), (64, 64)):  # prefill and decode
         cfg16, _ = ta._pick_config(num_tokens, num_seqs, 128, 4, KVQuantMode.NONE, 2)
         cfg32, _ = ta._pick_config(num_tokens, num_seqs, 128, 4, KVQuantMode.NONE, 4)
-        kv_tile_bytes = 2 * cfg32["num_stages"] * cfg32["BLOCK_N"] * 128 * 4
+        kv_tile_bytes = 2 * cfg32.num_stages * cfg32.BLOCK_N * 128 * 4
         assert kv_tile_bytes <= 128 * 1024 < 232448
-        assert cfg32["BLOCK_N"] <= cfg16["BLOCK_N"]
+        assert cfg32.BLOCK_N <= cfg16.BLOCK_N
 
 
-def test_decode_configs_per_format_and_split(monkeypatch):
+def test_decode_configs_per_format_and_split():
     """Each cache format gets its own decode tiles; a split launch takes the `_split` entry if any."""
     from kvfuse.ops.triton import attention as ta
 
-    monkeypatch.setattr(ta, "_interpreting", lambda: False)
+    decode_tiles, prefill_tiles = ta.DEFAULT_TILES.decode, ta.DEFAULT_TILES.prefill
     for mode, key in ((KVQuantMode.NONE, "small"), (KVQuantMode.FP8_E4M3, "small_fp8"),
                       (KVQuantMode.FP8_E5M2, "small_fp8"), (KVQuantMode.NVFP4, "small_nvfp4")):
         cfg, decode = ta._pick_config(64, 64, 128, 4, mode)
-        assert decode and cfg == ta.DECODE_CONFIG[key]
+        assert decode and cfg == decode_tiles[key]
         cfg, _ = ta._pick_config(64, 64, 128, 4, mode, split=True)
-        assert cfg == ta.DECODE_CONFIG.get(key + "_split", ta.DECODE_CONFIG[key])
+        assert cfg == decode_tiles.get(key + "_split", decode_tiles[key])
     cfg, decode = ta._pick_config(4096, 2, 128, 4, KVQuantMode.FP8_E4M3, split=True)
-    assert not decode and cfg == ta.PREFILL_CONFIG["small"]
+    assert not decode and cfg == prefill_tiles["small"]
+    with pytest.raises(TypeError):  # tuned data is frozen
+        decode_tiles["small"] = decode_tiles["large"]

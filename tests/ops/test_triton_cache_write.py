@@ -18,7 +18,7 @@ if not torch.cuda.is_available():  # Triton picks interpreted vs compiled when a
 pytest.importorskip("triton")
 
 from kvfuse.kv_cache import KVQuantMode, row_dim_for  # noqa: E402
-from kvfuse.ops import backends  # noqa: E402
+from kvfuse.ops import registry as backends  # noqa: E402
 from kvfuse.ops import reference as ref  # noqa: E402
 from kvfuse.ops.triton import kv_write as tcw  # noqa: E402
 
@@ -174,51 +174,6 @@ def test_nvfp4_rounding_edges():
     _assert_same_bits(actual, expected, "nvfp4 rounding edges")
 
 
-@pytest.mark.parametrize("mode,cache_dtype", [FORMATS[0], FORMATS[3], FORMATS[5]], ids=["bf16", "e4m3", "nvfp4"])
-def test_split_strided_halves_and_strided_input(mode, cache_dtype):
-    """K and V caches as separate strided views, and K/V sliced out of one fused QKV tensor."""
-    heads, head_size, block_size, num_blocks, num_tokens = 2, 32, 4, 5, 9
-    row = row_dim_for(mode, head_size)
-    qkv = torch.randn(num_tokens, 4 + 2 * heads, head_size, device=DEVICE).to(torch.bfloat16)
-    key, value = qkv[:, 4:4 + heads], qkv[:, 4 + heads:]
-    assert key.stride(0) != heads * head_size
-    k_scale, v_scale = _scales(mode)
-    slots = _slots(num_tokens, num_blocks * block_size, torch.int64, pad_every=4)
-    # K half: rows padded to a wider head stride; V half: blocks interleaved with another buffer.
-    k_store = _sentinel_cache((num_blocks, block_size, heads, row + 16), cache_dtype)
-    v_store = _sentinel_cache((block_size, num_blocks, 2, heads, row), cache_dtype)
-    key_cache, value_cache = k_store[..., :row], v_store[:, :, 1].transpose(0, 1)
-    v_other_before = v_store[:, :, 0].clone()
-    expected = _sentinel_cache((num_blocks, 2, block_size, heads, row), cache_dtype)
-    ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, int(mode))
-    tcw.encode_and_cache_write_split(key, value, key_cache, value_cache, slots, k_scale, v_scale, int(mode))
-    _assert_same_bits(key_cache, expected[:, 0], "split K half")
-    _assert_same_bits(value_cache, expected[:, 1], "split V half")
-    assert bool((_bits(k_store[..., row:]) == SENTINEL).all()), "row padding of the K half was written"
-    _assert_same_bits(v_store[:, :, 0], v_other_before, "buffer interleaved with the V half")
-
-    k_rows = ref.encode_kv(key, k_scale, int(mode), cache_dtype)
-    v_rows = ref.encode_kv(value, v_scale, int(mode), cache_dtype)
-    key_cache.view(torch.uint8).fill_(SENTINEL)
-    value_cache.view(torch.uint8).fill_(SENTINEL)
-    tcw.cache_write_split(k_rows, v_rows, key_cache, value_cache, slots)
-    _assert_same_bits(key_cache, expected[:, 0], "cache_write_split K half")
-    _assert_same_bits(value_cache, expected[:, 1], "cache_write_split V half")
-
-
-def test_split_rejects_mismatched_halves():
-    key = torch.randn(3, 2, 32, device=DEVICE, dtype=torch.bfloat16)
-    one = torch.tensor(1.0, device=DEVICE)
-    good = torch.zeros(4, 4, 2, 32, device=DEVICE, dtype=torch.bfloat16)
-    slots = torch.arange(3, device=DEVICE)
-    with pytest.raises(ValueError, match="value_cache"):
-        tcw.encode_and_cache_write_split(key, key, good, torch.zeros(4, 4, 2, 16, device=DEVICE,
-                                         dtype=torch.bfloat16), slots, one, one, 0)
-    with pytest.raises(ValueError, match="same shape and dtype"):
-        tcw.encode_and_cache_write_split(key, key, good, torch.zeros(4, 8, 2, 32, device=DEVICE,
-                                         dtype=torch.bfloat16), slots, one, one, 0)
-
-
 def test_zero_tokens_and_all_padding():
     cache = _sentinel_cache((2, 2, 4, 2, 32), torch.bfloat16)
     before = cache.clone()
@@ -293,13 +248,12 @@ def test_gpu_unfused_and_odd_heads(mode, cache_dtype):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("mode,dtype", [FORMATS[0], FORMATS[3], FORMATS[4]], ids=["bf16", "e4m3", "e5m2"])
-def test_gpu_software_rounding_matches_hardware(mode, dtype, monkeypatch):
+def test_gpu_software_rounding_matches_hardware(mode, dtype):
     """The integer rounding used under the interpreter gives the hardware convert's bits."""
     x = (torch.randn(4096, 8, 128, device="cuda") * torch.logspace(-12, 18, 128, base=2.0, device="cuda"))
     scale = torch.tensor(0.75, device="cuda")
     hardware = tcw.encode_kv(x, scale, int(mode), dtype)
-    monkeypatch.setattr(tcw, "SOFT_ROUNDING", True)
-    software = tcw.encode_kv(x, scale, int(mode), dtype)
+    software = tcw.encode_kv(x, scale, int(mode), dtype, soft_rounding=True)
     _assert_same_bits(software, hardware, "software vs hardware rounding")
     _assert_same_bits(hardware, ref.encode_kv(x, scale, int(mode), dtype), "hardware rounding vs reference")
 

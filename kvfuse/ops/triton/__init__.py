@@ -6,8 +6,11 @@ Submodules are imported on first use, so selecting another backend never imports
 from __future__ import annotations
 
 import importlib
-import os
+import importlib.util
 from typing import Optional
+
+from ... import envs
+from ..registry import ALL_MODES, OPS, Implementation, Situation
 
 _EXPORTS = {
     "encode_kv": ".kv_write",
@@ -17,18 +20,23 @@ _EXPORTS = {
 }
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
-    if device_type != "cuda" and not (device_type == "cpu" and _interpreting()):
-        return f"Triton kernels run on CUDA (or on CPU with TRITON_INTERPRET=1), not on {device_type}"
-    try:
-        importlib.import_module("triton")
-    except ImportError as e:
-        return f"triton is not installed ({e}); pip install 'kvfuse[triton]'"
+    if device_type == "cpu" and not envs.settings().triton_interpret:
+        return "Triton kernels run on CUDA (or on CPU with TRITON_INTERPRET=1), not on cpu"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed; pip install 'kvfuse[triton]'"
     return None
+
+
+def _rank(situation: Situation) -> Optional[int]:
+    # On CPU (interpreted) only when forced: the interpreter is a test vehicle, not a kernel.
+    return 1 if situation.device_type == "cuda" else None
+
+
+IMPLEMENTATION = Implementation(
+    name="triton", module=__name__, ops=frozenset(OPS), devices=frozenset({"cpu", "cuda"}), modes=ALL_MODES,
+    available=unavailable_reason, rank=_rank,
+)
 
 
 def __getattr__(name: str):

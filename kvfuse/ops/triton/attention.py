@@ -32,56 +32,90 @@ reads device memory on the host and is CUDA-graph safe.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import os
-from typing import Optional
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import envs
 from ...kv_cache import KVQuantMode
+from ..registry import AttentionCall
 
-__all__ = ["paged_attention", "DECODE_CONFIG", "PREFILL_CONFIG"]
+__all__ = ["paged_attention", "Tile", "TileTable", "DEFAULT_TILES"]
 
 _LOG2E = 1.4426950408889634
+_MODE_NONE = tl.constexpr(int(KVQuantMode.NONE))
+_MODE_NVFP4 = tl.constexpr(int(KVQuantMode.NVFP4))
 
-# Tunables, keyed by head-size class; benchmarks may override entries. BLOCK_M is the tile's
-# row count (tokens x padded GQA group), BLOCK_N the keys per iteration.
-DECODE_CONFIG = {
-    # head_size <= 128, by cache format: narrower K/V rows want more keys per iteration so each
-    # program keeps enough bytes in flight.
-    # Picked by `benchmarks/attention.py --tune` / `--focus` on an H100 (batch 64, context 4096).
-    "small": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
-    # FP8, 32/8 heads (2026-11-21): n64/w4/s3 capped at 128 registers 229 us; n128/w4/s2 273 us
-    # uncapped (255 registers: 2 programs per SM), 234 us capped; 16/8 heads alike (230 vs 273).
-    "small_fp8": dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3, MAXNREG=128),
-    # With split-KV (small batches, bf16 dots) the uncapped n128 tiles as measured before the caps.
-    "small_fp8_split": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
-    # NVFP4: broadcast scales n128/w4/s2 capped at 128 registers 340 us (uncapped 391, 168: 444);
-    # n64/w4/s3 568; per-byte scale gather n64/w4/s3 715. Batch 16, context 16k: 411 vs 462 us.
-    "small_nvfp4": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False, MAXNREG=128),
-    "large": dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=3),
-}
-PREFILL_CONFIG = {
-    "small": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-    "large": dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
-}
-# Optional entries: KEYS_FIRST (scores as (K @ q^T)^T, the key tile as the dot's first operand)
-# and MAXNREG (a register cap per thread: more resident programs per SM, at the risk of spills).
-_INTERPRET_CONFIG = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
-# NVFP4 unpacking through PTX (one cvt per two values); False selects the plain-Triton decode, which
-# the CPU interpreter always uses. Benchmarks and tests flip these.
-USE_INLINE_ASM = True
-# FP8/NVFP4 caches with a bf16 query: dots in fp16 (exact K/V, cheap conversion) instead of bf16.
-QUANT_DOT_FP16 = True
+
+@dataclass(frozen=True)
+class Tile:
+    """One launch configuration. ``BLOCK_M``: the tile's rows (tokens x padded GQA group);
+    ``BLOCK_N``: keys per iteration; ``MAXNREG``: a register cap per thread (more resident
+    programs per SM, at the risk of spills); ``KEYS_FIRST``: scores as ``(K @ q^T)^T``, the key
+    tile as the dot's first operand; ``SCALE_GATHER``: NVFP4 block scales loaded per byte
+    instead of broadcast in registers (see :func:`_nvfp4_tile`)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+    MAXNREG: Optional[int] = None
+    KEYS_FIRST: bool = False
+    SCALE_GATHER: bool = True
+
+
+@dataclass(frozen=True)
+class TileTable:
+    """Tiles by use: ``decode[key]`` / ``prefill[key]`` with keys ``small`` / ``large`` (head size
+    <= 128 or not), decode also per cache format (``small_fp8``, ``small_nvfp4``) and for split
+    launches (``<key>_split``, where present); ``interpret`` under the CPU interpreter."""
+
+    decode: Mapping[str, Tile]
+    prefill: Mapping[str, Tile]
+    interpret: Tile
+
+    def __post_init__(self) -> None:
+        for use, table in (("decode", self.decode), ("prefill", self.prefill)):
+            missing = {"small", "large"} - set(table)
+            if missing:
+                raise ValueError(f"{use} tiles lack {sorted(missing)}")
+            object.__setattr__(self, use, MappingProxyType(dict(table)))
+
+    def replace(self, **fields) -> "TileTable":
+        """The same table with ``fields`` set in every tile (tests and benchmarks)."""
+        return TileTable({k: dataclasses.replace(t, **fields) for k, t in self.decode.items()},
+                         {k: dataclasses.replace(t, **fields) for k, t in self.prefill.items()},
+                         dataclasses.replace(self.interpret, **fields))
+
+
+# Picked by `benchmarks/attention.py --tune` / `--focus` on an H100 (batch 64, context 4096); the
+# measurements behind each entry are in BENCHMARKS.md (decode attention). Narrower K/V rows want
+# more keys per iteration so each program keeps enough bytes in flight; FP8 and NVFP4 decode tiles
+# are register-capped (uncapped they held 2 programs per SM); split-KV launches of FP8 keep the
+# uncapped tile, which is what was measured there.
+DEFAULT_TILES = TileTable(
+    decode={
+        "small": Tile(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
+        "small_fp8": Tile(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3, MAXNREG=128),
+        "small_fp8_split": Tile(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
+        "small_nvfp4": Tile(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False, MAXNREG=128),
+        "large": Tile(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=3),
+    },
+    prefill={
+        "small": Tile(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+        "large": Tile(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
+    },
+    interpret=Tile(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1),
+)
 # Split-KV aims for this many programs per SM; more splits only add reduction traffic.
 _PROGRAMS_PER_SM = 4
 _MAX_SPLITS = 32
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,7 +175,7 @@ def _attend_range(
     """Keys ``[lo, hi)`` of a bf16/fp16/fp32 or FP8 cache (FP8 converts exactly to DOT_DTYPE).
 
     KEYS_FIRST: ``q`` is passed transposed ([HEAD_PAD, BLOCK_M]) and the scores are computed as
-    ``(K @ q^T)^T``, see :data:`DECODE_CONFIG`."""
+    ``(K @ q^T)^T``, see :class:`Tile`."""
     offs_d = tl.arange(0, HEAD_PAD)
     dmask = offs_d < HEAD
     for start in range(lo, hi, BLOCK_N):
@@ -375,13 +409,13 @@ def _paged_attention_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     k_scale = 1.0
     v_scale = 1.0
-    if MODE != 0:
+    if MODE != _MODE_NONE:
         k_scale = tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
     qk = qk_scale * k_scale
     q_rows = q_ptr + rows[:, None] * stride_qt + head[:, None].to(tl.int64) * stride_qh
 
-    if MODE == 3:
+    if MODE == _MODE_NVFP4:
         HALF: tl.constexpr = HEAD // 2
         HALF_PAD: tl.constexpr = HEAD_PAD // 2
         NB: tl.constexpr = HEAD // 16
@@ -504,48 +538,48 @@ _DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.flo
 _FP32_MAX_BLOCK_N = 64
 
 
-def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
-                 mode: KVQuantMode, query_itemsize: int = 2, split: bool = False) -> tuple[dict, bool]:
-    """(config, decode?) from shapes only: few query tokens per sequence -> decode tiles + split-KV.
+def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int, mode: KVQuantMode,
+                 query_itemsize: int = 2, split: bool = False, tiles: TileTable = DEFAULT_TILES,
+                 interpret: bool = False) -> tuple[Tile, bool]:
+    """(tile, decode?) from shapes only: few query tokens per sequence -> decode tiles + split-KV.
 
     ``split``: the launch splits the context; a ``<key>_split`` entry, where present, replaces the
     key's (every decode entry has the same BLOCK_M, so the split decision does not change)."""
-    if _interpreting():
-        return dict(_INTERPRET_CONFIG), num_tokens <= 4 * max(num_seqs, 1)
-    size = "small" if head_size <= 128 else "large"
     decode = num_tokens <= 4 * max(num_seqs, 1)
+    if interpret:
+        return tiles.interpret, decode
+    size = "small" if head_size <= 128 else "large"
     key = size
     if decode and size == "small" and mode is not KVQuantMode.NONE:
         key = "small_nvfp4" if mode is KVQuantMode.NVFP4 else "small_fp8"
-    if decode and split and key + "_split" in DECODE_CONFIG:
+    if decode and split and key + "_split" in tiles.decode:
         key += "_split"
-    cfg = dict((DECODE_CONFIG if decode else PREFILL_CONFIG)[key])
+    tile = (tiles.decode if decode else tiles.prefill)[key]
     if decode:
         avg_q = _next_pow2(max(1, -(-num_tokens // max(num_seqs, 1))))
-        cfg["BLOCK_M"] = max(cfg["BLOCK_M"], min(avg_q * group_pad, 64))
+        tile = dataclasses.replace(tile, BLOCK_M=max(tile.BLOCK_M, min(avg_q * group_pad, 64)))
     if query_itemsize > 2:
-        cfg["BLOCK_N"] = min(cfg["BLOCK_N"], _FP32_MAX_BLOCK_N)
-    return cfg, decode
+        tile = dataclasses.replace(tile, BLOCK_N=min(tile.BLOCK_N, _FP32_MAX_BLOCK_N))
+    return tile, decode
 
 
-def paged_attention(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    kv_quant_mode: int,
-    sm_scale: float,
-    sliding_window: Optional[int],
-) -> torch.Tensor:
+def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, num_splits: Optional[int] = None,
+                    inline_asm: bool = True, quant_dot_fp16: bool = True) -> torch.Tensor:
     """Varlen causal paged attention; semantics of :func:`kvfuse.ops.reference.paged_attention`.
 
     Rows whose sequence has no allowed key (``seq_len <= 0``, or more query tokens than cached
     positions) are zeros here, where the reference would produce NaN.
+
+    Keyword options (defaults are the measured best; tests and benchmarks vary them):
+    ``tiles`` the launch configurations; ``num_splits`` split-KV chunks (default: enough programs
+    to fill the GPU at small decode batches, none otherwise); ``inline_asm`` the PTX NVFP4 decode
+    (else plain Triton; the CPU interpreter always uses plain Triton); ``quant_dot_fp16`` fp16
+    dots for FP8/NVFP4 caches with a bf16 query where measured faster (else bf16 dots).
     """
-    mode = KVQuantMode(kv_quant_mode)
+    query, kv_cache, k_scale, v_scale = call.query, call.kv_cache, call.k_scale, call.v_scale
+    block_table, seq_lens, query_start_loc = call.block_table, call.seq_lens, call.query_start_loc
+    mode, sm_scale, sliding_window = KVQuantMode(call.kv_quant_mode), call.sm_scale, call.sliding_window
+    interpret = envs.settings().triton_interpret
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = block_table.shape[0]
     page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
@@ -561,38 +595,41 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return torch.zeros_like(query)
 
-    cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode, query.element_size())
-    block_m = max(cfg["BLOCK_M"], group_pad, 16)
+    cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode, query.element_size(),
+                               tiles=tiles, interpret=interpret)
+    block_m = max(cfg.BLOCK_M, group_pad, 16)
     block_q = block_m // group_pad
     num_tiles = num_tokens // block_q + num_seqs
 
-    num_splits = 1
-    if decode and query.device.type == "cuda":
-        programs = min(num_tokens, num_tiles) * num_kv_heads
-        target = _PROGRAMS_PER_SM * _num_sms(query.device.index or 0)
-        if programs < target // 2:
-            num_splits = min(_MAX_SPLITS, -(-target // programs))
-            cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode, query.element_size(),
-                                       split=True)
-    elif decode and _interpreting() and num_seqs == 1:
-        num_splits = 2  # exercise the split path in the CPU tests
+    if num_splits is None:
+        num_splits = 1
+        if decode and query.device.type == "cuda":
+            programs = min(num_tokens, num_tiles) * num_kv_heads
+            target = _PROGRAMS_PER_SM * _num_sms(query.device.index or 0)
+            if programs < target // 2:
+                num_splits = min(_MAX_SPLITS, -(-target // programs))
+    elif num_splits < 1 or not decode:
+        raise ValueError(f"num_splits={num_splits!r}: split-KV takes a count >= 1 and decode-sized batches "
+                         f"(at most 4 query tokens per sequence), got {num_tokens} tokens for {num_seqs} sequences")
+    if num_splits > 1:
+        cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode, query.element_size(),
+                                   split=True, tiles=tiles, interpret=interpret)
 
     out_dtype = query.dtype
     dot_dtype = _DOT_DTYPES[query.dtype]
-    if (mode is not KVQuantMode.NONE and query.dtype == torch.bfloat16 and QUANT_DOT_FP16
+    if (mode is not KVQuantMode.NONE and query.dtype == torch.bfloat16 and quant_dot_fp16
             and (mode is KVQuantMode.NVFP4 or (decode and num_splits == 1))):
         # FP8 and NVFP4 values convert to fp16 exactly and in one instruction per pair (bf16 needs a
         # longer sequence); fp16 also keeps 3 more bits of P. The query is range-checked in-kernel.
-        # FP8 only where it was measured faster (H100, B=64 ctx 4k: 270 vs 313 us); with split-KV
-        # (B=16 ctx 16k) the bf16 dot was faster (261 vs 282 us).
+        # FP8 only where it was measured faster (BENCHMARKS.md: decode without split-KV); with
+        # split-KV the bf16 dot was faster.
         dot_dtype = tl.float16
     q_rescale = dot_dtype == tl.float16 and query.dtype == torch.bfloat16
-    if _interpreting():
+    if interpret:
         dot_dtype = tl.float32  # the CPU interpreter mis-computes bf16/fp16 tl.dot (triton 3.9)
-    use_asm = USE_INLINE_ASM and not _interpreting()
-    keys_first = bool(cfg.get("KEYS_FIRST", False))
+    use_asm = inline_asm and not interpret
     # Broadcasting block scales needs a power-of-two scale count per row; the gather works always.
-    scale_gather = cfg.get("SCALE_GATHER", True) or _next_pow2(head_size) != head_size or head_size < 32
+    scale_gather = cfg.SCALE_GATHER or _next_pow2(head_size) != head_size or head_size < 32
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     qk_scale = float(sm_scale) * _LOG2E
     window = int(sliding_window) if sliding_window is not None else 0
@@ -624,12 +661,12 @@ def paged_attention(
         pout.stride(2) if num_splits > 1 else 0,
         plse.stride(0) if num_splits > 1 else 0, plse.stride(1) if num_splits > 1 else 0,
         MODE=int(mode), HEAD=head_size, HEAD_PAD=head_pad, GROUP=group, GROUP_PAD=group_pad,
-        BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], PAGE=page, SPLIT=num_splits > 1,
+        BLOCK_Q=block_q, BLOCK_N=cfg.BLOCK_N, PAGE=page, SPLIT=num_splits > 1,
         HAS_WINDOW=has_window, DOT_DTYPE=dot_dtype, PRECISION=precision,
         Q_RESCALE=q_rescale, SCALE_GATHER=scale_gather, USE_ASM=use_asm, ROW_ALIGN=row_align,
-        KEYS_FIRST=keys_first,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **({"maxnreg": cfg["MAXNREG"]} if cfg.get("MAXNREG") and not _interpreting() else {}),
+        KEYS_FIRST=cfg.KEYS_FIRST,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
     )
     if num_splits > 1:
         _paged_attention_reduce_kernel[(num_tokens, num_q_heads)](

@@ -5,17 +5,14 @@ One kernel family, :func:`_encode_and_cache_write_kernel`, does all three: the c
 ``HAS_SLOTS`` says whether rows go to ``slot_mapping`` pages or to a dense ``[T, H, row_dim]`` output.
 The numerics are exactly those of :mod:`kvfuse.ops.reference` (bit for bit on the GPU).
 
-Launchers (argument lists of :mod:`kvfuse.ops.reference`)::
+Launchers (the protocols of :mod:`kvfuse.ops.registry`)::
 
     encode_kv(x, scale, kv_quant_mode, cache_dtype) -> rows
     cache_write(key_rows, value_rows, kv_cache, slot_mapping)
     encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode)
-    cache_write_split(key_rows, value_rows, key_cache, value_cache, slot_mapping)
-    encode_and_cache_write_split(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
-                                 kv_quant_mode)
 
-The ``_split`` variants take the K and V halves as separate (possibly strided) 4-D views
-``(num_blocks, block_size, num_kv_heads, row_dim)``, as engines that keep two cache tensors do.
+Each takes ``soft_rounding=`` (default: on exactly when interpreted), for tests that hold the
+integer rounding path to the hardware converts on the GPU.
 
 Performance notes (H100): each program moves ``BLOCK_T`` tokens x ``BLOCK_H`` heads of K and of V;
 head and row strides are constexprs and no offset flows through a runtime branch, so loads and
@@ -30,34 +27,32 @@ See benchmarks/results/cache_write.md.
 from __future__ import annotations
 
 import functools
-import os
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import envs
 from ...kv_cache import KVQuantMode, nvfp4_row_dim
 
-__all__ = [
-    "encode_kv",
-    "cache_write",
-    "encode_and_cache_write",
-    "cache_write_split",
-    "encode_and_cache_write_split",
-]
+__all__ = ["encode_kv", "cache_write", "encode_and_cache_write"]
 
-# MODE constexpr values: the KVQuantMode numbers, plus COPY for rows that are already encoded.
-_NONE = tl.constexpr(0)
-_FP8_E4M3 = tl.constexpr(1)
-_FP8_E5M2 = tl.constexpr(2)
-_NVFP4 = tl.constexpr(3)
-_COPY = tl.constexpr(4)
-_MODE_COPY = 4
+# MODE constexpr values: the KVQuantMode values, plus COPY (one past them) for rows that are
+# already encoded.
+_NONE = tl.constexpr(int(KVQuantMode.NONE))
+_FP8_E4M3 = tl.constexpr(int(KVQuantMode.FP8_E4M3))
+_FP8_E5M2 = tl.constexpr(int(KVQuantMode.FP8_E5M2))
+_NVFP4 = tl.constexpr(int(KVQuantMode.NVFP4))
+_MODE_COPY = max(KVQuantMode) + 1
+_COPY = tl.constexpr(_MODE_COPY)
 
-#: FP8 / bfloat16 rounding in integer ops instead of the hardware converts. On under the Triton
-#: interpreter, whose float8 and bfloat16 conversions do not round to nearest even (see
-#: :func:`_fp8_rne`); tests flip it on the GPU to prove both paths give the same bits.
-SOFT_ROUNDING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+def _soft_rounding(requested: Optional[bool]) -> bool:
+    """FP8 / bfloat16 rounding in integer ops instead of the hardware converts: needed under the
+    Triton interpreter, whose float8 and bfloat16 conversions do not round to nearest even (see
+    :func:`_fp8_rne`); on the GPU tests ask for it to prove both paths give the same bits."""
+    return envs.settings().triton_interpret if requested is None else requested
 
 _NUM_SMS_GUESS = 132  # only shapes the grid; a wrong guess costs a little occupancy, not correctness
 
@@ -317,8 +312,9 @@ def _launch_config(t_bucket: int, num_heads: int, width: int, mode: int, in_byte
 
 
 def _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
-            width, mode, has_slots, kc_strides, vc_strides, num_kv, value_cache_off=0):
-    block_t, block_h, block_d, num_warps = _launch_config(
+            width, mode, has_slots, kc_strides, vc_strides, num_kv, value_cache_off=0, soft_rounding=None,
+            launch_config=None):
+    block_t, block_h, block_d, num_warps = launch_config or _launch_config(
         int(num_tokens).bit_length(), num_heads, width, mode, key.element_size()
     )
     grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(num_heads, block_h))
@@ -331,29 +327,18 @@ def _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, 
         KC_STRIDE_H=kc_strides[2], VC_STRIDE_H=vc_strides[2],
         PAGE=key_cache.shape[-3] if has_slots else 1,
         MODE=mode, HAS_SLOTS=has_slots, PAIR=num_kv == 2,
-        BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=SOFT_ROUNDING,
+        BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
         num_warps=num_warps,
     )
 
 
-def _check_split_caches(key_cache: torch.Tensor, value_cache: torch.Tensor, heads: int, row_dim: int) -> None:
-    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if c.dim() != 4 or tuple(c.shape[2:]) != (heads, row_dim) or c.stride(-1) != 1:
-            raise ValueError(
-                f"{name} must be a (num_blocks, block_size, {heads}, {row_dim}) view with a contiguous "
-                f"last dim, got shape {tuple(c.shape)} strides {tuple(c.stride())}"
-            )
-    if key_cache.shape[:2] != value_cache.shape[:2] or key_cache.dtype != value_cache.dtype:
-        raise ValueError(
-            f"key_cache {tuple(key_cache.shape)} {key_cache.dtype} and value_cache "
-            f"{tuple(value_cache.shape)} {value_cache.dtype} must have the same shape and dtype"
-        )
-
-
 # ----------------------------------------------------------------------------- launchers
+# ``launch_config``: (BLOCK_T, BLOCK_H, BLOCK_D, num_warps) instead of :func:`_launch_config`'s
+# (benchmarks sweep tiles through it).
 
 
-def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dtype: torch.dtype) -> torch.Tensor:
+def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dtype: torch.dtype, *,
+              soft_rounding: Optional[bool] = None, launch_config=None) -> torch.Tensor:
     """Triton :func:`kvfuse.ops.reference.encode_kv`: ``x [T, H, D]`` -> rows ``[T, H, row_dim]``."""
     mode = int(kv_quant_mode)
     num_tokens, num_heads, head_size = x.shape
@@ -363,56 +348,29 @@ def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dt
         return out
     strides = (0, out.stride(0), out.stride(1))
     _launch(x, x, out, out, x, scale, scale, num_tokens, num_heads, head_size, mode, False,
-            strides, strides, 1)
+            strides, strides, 1, soft_rounding=soft_rounding, launch_config=launch_config)
     return out
 
 
-def cache_write_split(key_rows: torch.Tensor, value_rows: torch.Tensor, key_cache: torch.Tensor,
-                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """:func:`cache_write` into separate K and V halves ``(num_blocks, block_size, H, row_dim)``."""
-    num_tokens, num_heads, row_dim = key_rows.shape
-    _check_split_caches(key_cache, value_cache, num_heads, row_dim)
-    if num_tokens == 0:
-        return
-    # Rows are moved as raw bytes (e.g. NVFP4 uint8, fp8) in their own dtype.
-    _launch(key_rows, value_rows, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping,
-            num_tokens, num_heads, row_dim, _MODE_COPY, True,
-            (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)),
-            (value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)), 2)
-
-
 def cache_write(key_rows: torch.Tensor, value_rows: torch.Tensor, kv_cache: torch.Tensor,
-                slot_mapping: torch.Tensor) -> None:
+                slot_mapping: torch.Tensor, *, launch_config=None) -> None:
     """Triton :func:`kvfuse.ops.reference.cache_write` into an NHD ``(blocks, 2, page, H, row_dim)`` cache."""
     num_tokens, num_heads, row_dim = key_rows.shape
     if num_tokens == 0:
         return
     s = kv_cache.stride()
     strides = (s[0], s[2], s[3])
-    # V lives one stride(1) past K in the same tensor: an offset, not a sliced view (saves host time).
+    # Rows are moved as raw bytes (e.g. NVFP4 uint8, fp8) in their own dtype. V lives one
+    # stride(1) past K in the same tensor: an offset, not a sliced view (saves host time).
     _launch(key_rows, value_rows, kv_cache, kv_cache, slot_mapping, slot_mapping, slot_mapping,
-            num_tokens, num_heads, row_dim, _MODE_COPY, True, strides, strides, 2, s[1])
-
-
-def encode_and_cache_write_split(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                                 value_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor,
-                                 v_scale: torch.Tensor, kv_quant_mode: int) -> None:
-    """:func:`encode_and_cache_write` into separate K and V halves ``(num_blocks, block_size, H, row_dim)``."""
-    mode = int(kv_quant_mode)
-    num_tokens, num_heads, head_size = key.shape
-    row_dim = nvfp4_row_dim(head_size) if mode == KVQuantMode.NVFP4 else head_size
-    _check_split_caches(key_cache, value_cache, num_heads, row_dim)
-    if num_tokens == 0:
-        return
-    _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
-            head_size, mode, True,
-            (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)),
-            (value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)), 2)
+            num_tokens, num_heads, row_dim, _MODE_COPY, True, strides, strides, 2, s[1],
+            launch_config=launch_config)
 
 
 def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
-                           kv_quant_mode: int) -> None:
+                           kv_quant_mode: int, *, soft_rounding: Optional[bool] = None,
+                           launch_config=None) -> None:
     """Triton :func:`kvfuse.ops.reference.encode_and_cache_write`: one pass, K and V, any cache format."""
     num_tokens, num_heads, head_size = key.shape
     if num_tokens == 0:
@@ -420,4 +378,5 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
     s = kv_cache.stride()
     strides = (s[0], s[2], s[3])
     _launch(key, value, kv_cache, kv_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
-            head_size, int(kv_quant_mode), True, strides, strides, 2, s[1])
+            head_size, int(kv_quant_mode), True, strides, strides, 2, s[1], soft_rounding=soft_rounding,
+            launch_config=launch_config)

@@ -1,0 +1,356 @@
+"""Every kvfuse ``torch.library`` op, declared in one module: schema, validation, fake, real body.
+
+Ops (namespace ``kvfuse``)::
+
+    encode_kv(Tensor x, Tensor scale, int kv_quant_mode, ScalarType cache_dtype, str layer_name) -> Tensor
+    cache_write(Tensor key_rows, Tensor value_rows, Tensor(a!) kv_cache, Tensor slot_mapping,
+                int kv_quant_mode, str layer_name) -> ()
+    encode_and_cache_write(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping,
+                           Tensor k_scale, Tensor v_scale, int kv_quant_mode, str layer_name) -> ()
+    paged_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale,
+                    Tensor block_table, Tensor seq_lens, Tensor query_start_loc, int kv_quant_mode,
+                    float sm_scale, int? sliding_window, str layer_name) -> Tensor
+
+Every op carries the layer's ``kv_quant_mode`` (a :class:`kvfuse.KVQuantMode` value) and
+``layer_name``; nothing here reads a global cache dtype. One validator per op runs in the fake
+(meta) implementation, at trace time, and in the real body before any kernel touches memory,
+so a bad call fails before anything is written. The real body (registered for CPU and CUDA)
+then asks :mod:`.registry` for the kernel of this (op, device, mode, size) and calls it.
+
+The unfused graph is ``encode_kv`` (K) + ``encode_kv`` (V) + ``cache_write``; the fused
+``encode_and_cache_write`` is defined to be exactly that composition.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kv_cache import (
+    NATIVE_CACHE_DTYPES,
+    KVQuantMode,
+    mode_of_storage_dtype,
+    row_dim_for,
+    storage_dtype,
+)
+from . import checks, registry
+
+__all__ = ["KVFUSE_LIB"]
+
+KVFUSE_LIB = torch.library.Library("kvfuse", "DEF")
+
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_SLOT_DTYPES = (torch.int32, torch.int64)
+
+
+def _fail(op: str, layer_name: str, message: str) -> None:
+    raise ValueError(f"kvfuse::{op} (layer {layer_name!r}): {message}")
+
+
+def _check(cond, op: str, layer_name: str, message) -> None:
+    """Raise ValueError unless ``cond``; works on SymBools (records a guard, no specialisation)."""
+    if cond is True:  # concrete sizes (eager): no guard machinery on the hot path
+        return
+    torch._check_with(ValueError, cond, lambda: f"kvfuse::{op} (layer {layer_name!r}): {message()}")
+
+
+_MODES = {int(m): m for m in KVQuantMode}
+
+
+def _mode(op: str, layer_name: str, kv_quant_mode: int) -> KVQuantMode:
+    mode = _MODES.get(kv_quant_mode) if type(kv_quant_mode) is int else None
+    if mode is None:
+        _fail(op, layer_name, f"kv_quant_mode={kv_quant_mode!r} is not one of "
+              f"{[f'{m.value} ({m.name})' for m in KVQuantMode]}")
+    return mode
+
+
+def _check_devices(op: str, layer_name: str, **tensors: torch.Tensor) -> None:
+    devices = [t.device for t in tensors.values()]
+    first = devices[0]
+    if any(d != first for d in devices):
+        _fail(op, layer_name, f"all tensors must be on one device, got "
+              f"{', '.join(f'{n} on {d}' for n, d in zip(tensors, devices))}")
+
+
+def _check_scale(op: str, layer_name: str, name: str, scale: torch.Tensor) -> None:
+    if scale.dtype != torch.float32 or scale.numel() != 1:
+        _fail(op, layer_name, f"{name} must be a float32 tensor with one element (shape [] or [1]), "
+              f"got dtype {scale.dtype} shape {tuple(scale.shape)}")
+
+
+def _check_kv_input(op: str, layer_name: str, name: str, x: torch.Tensor) -> None:
+    if x.dim() != 3:
+        _fail(op, layer_name, f"{name} must be [num_tokens, num_heads, head_size], got shape {tuple(x.shape)}")
+    if x.dtype not in _INPUT_DTYPES:
+        _fail(op, layer_name, f"{name}.dtype={x.dtype} is not one of {list(_INPUT_DTYPES)}")
+    if x.stride(-1) != 1:
+        _fail(op, layer_name, f"{name} must have a contiguous last dim (stride 1), got strides {tuple(x.stride())}")
+
+
+def _check_cache(op: str, layer_name: str, kv_cache: torch.Tensor, mode: KVQuantMode) -> None:
+    if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
+        _fail(op, layer_name, f"kv_cache must be (num_blocks, 2, block_size, num_kv_heads, row_dim), "
+              f"got shape {tuple(kv_cache.shape)}")
+    cache_mode = mode_of_storage_dtype(kv_cache.dtype)
+    if cache_mode is not mode:
+        expected = (
+            [str(d) for d in NATIVE_CACHE_DTYPES] if mode is KVQuantMode.NONE else str(storage_dtype(mode))
+        )
+        _fail(op, layer_name, f"kv_cache.dtype={kv_cache.dtype} cannot hold kv_quant_mode={mode.name}; "
+              f"expected {expected} (the cache must be allocated from this layer's spec)")
+    if kv_cache.stride(-1) != 1:
+        _fail(op, layer_name, f"kv_cache must have a contiguous last dim, got strides {tuple(kv_cache.stride())}")
+
+
+def _check_slots(op: str, layer_name: str, slot_mapping: torch.Tensor, num_tokens) -> None:
+    if slot_mapping.dim() != 1 or slot_mapping.dtype not in _SLOT_DTYPES:
+        _fail(op, layer_name, f"slot_mapping must be 1-D int32 or int64, got dtype {slot_mapping.dtype} "
+              f"shape {tuple(slot_mapping.shape)}")
+    _check(slot_mapping.shape[0] == num_tokens, op, layer_name,
+           lambda: f"slot_mapping has {slot_mapping.shape[0]} entries but there are {num_tokens} tokens")
+
+
+# ----------------------------------------------------------------------------- encode_kv
+
+KVFUSE_LIB.define(
+    "encode_kv(Tensor x, Tensor scale, int kv_quant_mode, ScalarType cache_dtype, str layer_name) -> Tensor"
+)
+
+
+def _validate_encode_kv(x, scale, kv_quant_mode, cache_dtype, layer_name) -> KVQuantMode:
+    op = "encode_kv"
+    mode = _mode(op, layer_name, kv_quant_mode)
+    _check_kv_input(op, layer_name, "x", x)
+    _check_scale(op, layer_name, "scale", scale)
+    _check_devices(op, layer_name, x=x, scale=scale)
+    if mode_of_storage_dtype(cache_dtype) is not mode:
+        _fail(op, layer_name, f"cache_dtype={cache_dtype} cannot hold kv_quant_mode={mode.name}")
+    if mode is KVQuantMode.NVFP4 and x.shape[-1] % 16:
+        _fail(op, layer_name, f"head_size={x.shape[-1]} must be a multiple of 16 for NVFP4")
+    return mode
+
+
+@torch.library.register_fake("kvfuse::encode_kv", lib=KVFUSE_LIB)
+def _encode_kv_fake(x, scale, kv_quant_mode, cache_dtype, layer_name):
+    mode = _validate_encode_kv(x, scale, kv_quant_mode, cache_dtype, layer_name)
+    return x.new_empty((x.shape[0], x.shape[1], row_dim_for(mode, x.shape[2])), dtype=cache_dtype)
+
+
+def _self_checked_choice(op: str, kv_quant_mode, device_type: str, num_tokens: int):
+    """The registry's choice when its kernel checks the op's whole contract itself, else None.
+
+    Native kernels check in C++, before touching memory, every condition the op's validator
+    checks (rank, dtypes, shapes, strides, devices, mode); for them the Python validator only
+    runs to explain a refusal in the op's own terms. Checked mode always validates first.
+    """
+    if type(kv_quant_mode) is not int or kv_quant_mode not in _MODES or checks.enabled():
+        return None
+    choice = registry.route(op, device_type, kv_quant_mode).pick(num_tokens)
+    return choice if registry.implementations()[choice.name].checks_inputs else None
+
+
+def _run_self_checked(kernel, kernel_args: tuple, validate, validate_args: tuple):
+    try:
+        return kernel(*kernel_args)
+    except (ValueError, RuntimeError, IndexError):
+        validate(*validate_args)  # raises the op's own message where the validator sees the problem
+        raise
+
+
+def _encode_kv_impl(x, scale, kv_quant_mode, cache_dtype, layer_name):
+    choice = _self_checked_choice("encode_kv", kv_quant_mode, x.device.type, x.shape[0])
+    if choice is not None:
+        return _run_self_checked(choice.kernel, (x, scale, kv_quant_mode, cache_dtype), _validate_encode_kv,
+                                 (x, scale, kv_quant_mode, cache_dtype, layer_name))
+    mode = _validate_encode_kv(x, scale, kv_quant_mode, cache_dtype, layer_name)
+    if checks.enabled() and mode.is_quantized:
+        checks.check_scales("encode_kv", layer_name, scale=scale)
+    return registry.kernel("encode_kv", x.device.type, mode, x.shape[0])(x, scale, mode, cache_dtype)
+
+
+# ----------------------------------------------------------------------------- cache_write
+
+KVFUSE_LIB.define(
+    "cache_write(Tensor key_rows, Tensor value_rows, Tensor(a!) kv_cache, Tensor slot_mapping, "
+    "int kv_quant_mode, str layer_name) -> ()"
+)
+
+
+def _validate_cache_write(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name) -> KVQuantMode:
+    op = "cache_write"
+    mode = _mode(op, layer_name, kv_quant_mode)
+    _check_cache(op, layer_name, kv_cache, mode)
+    for name, rows in (("key_rows", key_rows), ("value_rows", value_rows)):
+        if rows.dim() != 3:
+            _fail(op, layer_name, f"{name} must be [num_tokens, num_kv_heads, row_dim], got shape {tuple(rows.shape)}")
+        if rows.dtype != kv_cache.dtype:
+            _fail(op, layer_name, f"{name}.dtype={rows.dtype} differs from kv_cache.dtype={kv_cache.dtype}; "
+                  f"encode rows with kvfuse::encode_kv for this layer's mode first")
+        if tuple(rows.shape[1:]) != tuple(kv_cache.shape[3:]):
+            _fail(op, layer_name, f"{name} rows are {tuple(rows.shape[1:])} (heads, row_dim) but the cache "
+                  f"holds {tuple(kv_cache.shape[3:])}")
+        if rows.stride(-1) != 1:
+            _fail(op, layer_name, f"{name} must have a contiguous last dim, got strides {tuple(rows.stride())}")
+    _check(key_rows.shape[0] == value_rows.shape[0], op, layer_name,
+           lambda: f"key_rows has {key_rows.shape[0]} tokens but value_rows has {value_rows.shape[0]}")
+    _check_slots(op, layer_name, slot_mapping, key_rows.shape[0])
+    _check_devices(op, layer_name, key_rows=key_rows, value_rows=value_rows, kv_cache=kv_cache,
+                   slot_mapping=slot_mapping)
+    return mode
+
+
+@torch.library.register_fake("kvfuse::cache_write", lib=KVFUSE_LIB)
+def _cache_write_fake(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name):
+    _validate_cache_write(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name)
+
+
+def _cache_write_impl(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name):
+    choice = _self_checked_choice("cache_write", kv_quant_mode, kv_cache.device.type, key_rows.shape[0])
+    if choice is not None:
+        _run_self_checked(choice.kernel, (key_rows, value_rows, kv_cache, slot_mapping), _validate_cache_write,
+                          (key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name))
+        return
+    mode = _validate_cache_write(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name)
+    if checks.enabled():
+        checks.check_slots("cache_write", layer_name, slot_mapping, kv_cache)
+    registry.kernel("cache_write", kv_cache.device.type, mode, key_rows.shape[0])(
+        key_rows, value_rows, kv_cache, slot_mapping)
+
+
+# ----------------------------------------------------------------------------- encode_and_cache_write
+
+KVFUSE_LIB.define(
+    "encode_and_cache_write(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping, "
+    "Tensor k_scale, Tensor v_scale, int kv_quant_mode, str layer_name) -> ()"
+)
+
+
+def _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode,
+                                     layer_name) -> KVQuantMode:
+    op = "encode_and_cache_write"
+    mode = _mode(op, layer_name, kv_quant_mode)
+    _check_kv_input(op, layer_name, "key", key)
+    _check_kv_input(op, layer_name, "value", value)
+    if key.dtype != value.dtype or tuple(key.shape[1:]) != tuple(value.shape[1:]):
+        _fail(op, layer_name, f"key ({key.dtype}, {tuple(key.shape)}) and value ({value.dtype}, "
+              f"{tuple(value.shape)}) must have the same dtype and [heads, head_size]")
+    _check(key.shape[0] == value.shape[0], op, layer_name,
+           lambda: f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
+    _check_cache(op, layer_name, kv_cache, mode)
+    if mode is KVQuantMode.NVFP4 and key.shape[-1] % 16:
+        _fail(op, layer_name, f"head_size={key.shape[-1]} must be a multiple of 16 for NVFP4")
+    expected = (key.shape[1], row_dim_for(mode, key.shape[2]))
+    if tuple(kv_cache.shape[3:]) != expected:
+        _fail(op, layer_name, f"kv_cache holds (heads, row_dim)={tuple(kv_cache.shape[3:])} but key "
+              f"{tuple(key.shape)} in mode {mode.name} needs {expected}")
+    _check_scale(op, layer_name, "k_scale", k_scale)
+    _check_scale(op, layer_name, "v_scale", v_scale)
+    _check_slots(op, layer_name, slot_mapping, key.shape[0])
+    _check_devices(op, layer_name, key=key, value=value, kv_cache=kv_cache, slot_mapping=slot_mapping,
+                   k_scale=k_scale, v_scale=v_scale)
+    return mode
+
+
+@torch.library.register_fake("kvfuse::encode_and_cache_write", lib=KVFUSE_LIB)
+def _encode_and_cache_write_fake(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode, layer_name):
+    _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode,
+                                     layer_name)
+
+
+def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode, layer_name):
+    choice = _self_checked_choice("encode_and_cache_write", kv_quant_mode, kv_cache.device.type, key.shape[0])
+    if choice is not None:
+        _run_self_checked(choice.kernel, (key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode),
+                          _validate_encode_and_cache_write,
+                          (key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode, layer_name))
+        return
+    mode = _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale,
+                                            kv_quant_mode, layer_name)
+    if checks.enabled():
+        checks.check_slots("encode_and_cache_write", layer_name, slot_mapping, kv_cache)
+        if mode.is_quantized:
+            checks.check_scales("encode_and_cache_write", layer_name, k_scale=k_scale, v_scale=v_scale)
+    registry.kernel("encode_and_cache_write", kv_cache.device.type, mode, key.shape[0])(
+        key, value, kv_cache, slot_mapping, k_scale, v_scale, mode)
+
+
+# ----------------------------------------------------------------------------- paged_attention
+
+KVFUSE_LIB.define(
+    "paged_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale, Tensor block_table, "
+    "Tensor seq_lens, Tensor query_start_loc, int kv_quant_mode, float sm_scale, int? sliding_window, "
+    "str layer_name) -> Tensor"
+)
+
+
+def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
+                              kv_quant_mode, sm_scale, sliding_window, layer_name) -> KVQuantMode:
+    op = "paged_attention"
+    mode = _mode(op, layer_name, kv_quant_mode)
+    _check_kv_input(op, layer_name, "query", query)
+    _check_cache(op, layer_name, kv_cache, mode)
+    num_q_heads, head_size = query.shape[1], query.shape[2]
+    num_kv_heads, row_dim = kv_cache.shape[3], kv_cache.shape[4]
+    if mode is KVQuantMode.NVFP4 and head_size % 16:
+        _fail(op, layer_name, f"head_size={head_size} must be a multiple of 16 for NVFP4")
+    if row_dim != row_dim_for(mode, head_size):
+        _fail(op, layer_name, f"kv_cache row_dim={row_dim} does not fit head_size={head_size} in mode "
+              f"{mode.name} (expected {row_dim_for(mode, head_size)})")
+    if num_q_heads % num_kv_heads:
+        _fail(op, layer_name, f"query has {num_q_heads} heads, not a multiple of the cache's {num_kv_heads} KV heads")
+    _check_scale(op, layer_name, "k_scale", k_scale)
+    _check_scale(op, layer_name, "v_scale", v_scale)
+    if block_table.dim() != 2 or block_table.dtype != torch.int32:
+        _fail(op, layer_name, f"block_table must be [num_seqs, max_blocks] int32, got dtype {block_table.dtype} "
+              f"shape {tuple(block_table.shape)}")
+    if seq_lens.dim() != 1 or seq_lens.dtype != torch.int32:
+        _fail(op, layer_name, f"seq_lens must be [num_seqs] int32, got dtype {seq_lens.dtype} shape {tuple(seq_lens.shape)}")
+    if query_start_loc.dim() != 1 or query_start_loc.dtype != torch.int32:
+        _fail(op, layer_name, f"query_start_loc must be [num_seqs + 1] int32, got dtype {query_start_loc.dtype} "
+              f"shape {tuple(query_start_loc.shape)}")
+    _check(seq_lens.shape[0] == block_table.shape[0], op, layer_name,
+           lambda: f"seq_lens has {seq_lens.shape[0]} sequences but block_table has {block_table.shape[0]} rows")
+    _check(query_start_loc.shape[0] == block_table.shape[0] + 1, op, layer_name,
+           lambda: f"query_start_loc has {query_start_loc.shape[0]} entries; expected num_seqs + 1 = "
+                   f"{block_table.shape[0] + 1}")
+    if not (isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale) and sm_scale > 0):
+        _fail(op, layer_name, f"sm_scale={sm_scale!r} must be a finite float > 0")
+    if sliding_window is not None and sliding_window <= 0:
+        _fail(op, layer_name, f"sliding_window={sliding_window!r} must be None or > 0")
+    _check_devices(op, layer_name, query=query, kv_cache=kv_cache, k_scale=k_scale, v_scale=v_scale,
+                   block_table=block_table, seq_lens=seq_lens, query_start_loc=query_start_loc)
+    return mode
+
+
+@torch.library.register_fake("kvfuse::paged_attention", lib=KVFUSE_LIB)
+def _paged_attention_fake(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
+                          kv_quant_mode, sm_scale, sliding_window, layer_name):
+    _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
+                              kv_quant_mode, sm_scale, sliding_window, layer_name)
+    return query.new_empty(query.shape)
+
+
+def _paged_attention_impl(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
+                          kv_quant_mode, sm_scale, sliding_window, layer_name):
+    mode = _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
+                                     kv_quant_mode, sm_scale, sliding_window, layer_name)
+    if checks.enabled():
+        checks.check_attention_metadata("paged_attention", layer_name, query.shape[0], kv_cache, block_table,
+                                        seq_lens, query_start_loc)
+        if mode.is_quantized:
+            checks.check_scales("paged_attention", layer_name, k_scale=k_scale, v_scale=v_scale)
+    call = registry.AttentionCall(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
+                                  mode, sm_scale, sliding_window)
+    return registry.kernel("paged_attention", query.device.type, mode)(call)
+
+
+for _name, _impl in (
+    ("encode_kv", _encode_kv_impl),
+    ("cache_write", _cache_write_impl),
+    ("encode_and_cache_write", _encode_and_cache_write_impl),
+    ("paged_attention", _paged_attention_impl),
+):
+    KVFUSE_LIB.impl(_name, _impl, "CPU")
+    KVFUSE_LIB.impl(_name, _impl, "CUDA")

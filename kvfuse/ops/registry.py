@@ -1,0 +1,353 @@
+"""Which implementation runs an op: declared implementations, one typed contract, cached choices.
+
+Every implementation module (:mod:`.reference`, :mod:`.native`, :mod:`.triton`,
+:mod:`.flashinfer`) declares one :class:`Implementation`: its name, the ops, devices and cache
+modes it covers, an ``available`` check (optional dependencies, a build that failed) and a
+``rank`` (its selection rule: lower wins, None = only when forced). Its kernels implement the
+per-op protocols below (:class:`EncodeKV`, :class:`CacheWrite`, :class:`EncodeAndCacheWrite`,
+:class:`PagedAttentionKernel`), so each signature is written once, here.
+
+A choice is made once per :class:`Situation` ``(op, device type, mode, size class, captured)``
+and cached; the per-call path (:func:`kernel`) is one size-class test and one dict lookup.
+The size class and the capture flag exist for CUDA cache ops only, where the measured policy in
+:mod:`.tuning` prefers Triton for bulk writes and, for some formats, under CUDA-graph capture.
+
+A backend forced through ``KVFUSE_*_BACKEND`` (:mod:`kvfuse.envs`) is the only candidate and
+raises if it cannot run the call; nothing falls back silently. :func:`clear_cache` (or
+:func:`kvfuse.envs.reload`) forgets every choice.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional, Protocol
+
+import torch
+
+from .. import envs
+from ..kv_cache import KVQuantMode
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CACHE_OPS",
+    "ATTENTION_OPS",
+    "OPS",
+    "AttentionCall",
+    "EncodeKV",
+    "CacheWrite",
+    "EncodeAndCacheWrite",
+    "PagedAttentionKernel",
+    "Implementation",
+    "Situation",
+    "Choice",
+    "situation",
+    "choose",
+    "route",
+    "Route",
+    "implementations",
+    "kernel",
+    "select",
+    "unavailable_reason",
+    "decisions",
+    "clear_cache",
+]
+
+CACHE_OPS = ("encode_kv", "cache_write", "encode_and_cache_write")
+ATTENTION_OPS = ("paged_attention",)
+OPS = CACHE_OPS + ATTENTION_OPS
+ALL_MODES = frozenset(KVQuantMode)
+
+# Implementation modules, each exporting IMPLEMENTATION; imported on the first selection only.
+_IMPLEMENTATION_MODULES = (
+    "kvfuse.ops.native",
+    "kvfuse.ops.triton",
+    "kvfuse.ops.flashinfer",
+    "kvfuse.ops.reference",
+)
+
+
+# ----------------------------------------------------------------------------- the per-op contract
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """The arguments of ``kvfuse::paged_attention``, validated by the op layer.
+
+    Semantics: :func:`kvfuse.ops.reference.paged_attention`.
+    """
+
+    query: torch.Tensor
+    kv_cache: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    kv_quant_mode: KVQuantMode
+    sm_scale: float
+    sliding_window: Optional[int]
+
+
+class EncodeKV(Protocol):
+    def __call__(self, x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int,
+                 cache_dtype: torch.dtype) -> torch.Tensor: ...
+
+
+class CacheWrite(Protocol):
+    def __call__(self, key_rows: torch.Tensor, value_rows: torch.Tensor, kv_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None: ...
+
+
+class EncodeAndCacheWrite(Protocol):
+    def __call__(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                 k_scale: torch.Tensor, v_scale: torch.Tensor, kv_quant_mode: int) -> None: ...
+
+
+class PagedAttentionKernel(Protocol):
+    def __call__(self, call: AttentionCall) -> torch.Tensor: ...
+
+
+# ----------------------------------------------------------------------------- declarations
+
+
+class Situation(NamedTuple):
+    """What a choice depends on: the cache key of the registry."""
+
+    op: str
+    device_type: str
+    mode: KVQuantMode
+    size_class: str  # "small" or "bulk" (CUDA cache ops), else "any"
+    captured: bool  # a CUDA graph is being captured (only where the policy cares)
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation of some kvfuse ops, as its module declares it.
+
+    ``available(op, device_type, mode)`` returns None when it can run, else a sentence saying
+    why not (it may import or build things; it is called once per decision, never per call).
+    ``rank(situation)`` is the selection rule: the available implementation with the lowest
+    rank wins; None means "never chosen unless forced".
+    """
+
+    name: str
+    module: str
+    ops: frozenset
+    devices: frozenset
+    modes: frozenset
+    available: Callable[[str, str, KVQuantMode], Optional[str]]
+    rank: Callable[[Situation], Optional[int]]
+    #: Its kernels check every condition of the op's validator before touching memory (native
+    #: C++): the op body then skips the Python validation on the hot path (see kvfuse.ops.library).
+    checks_inputs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in envs.BACKEND_NAMES:
+            raise ValueError(f"implementation name {self.name!r} is not one of {envs.BACKEND_NAMES}")
+        unknown = set(self.ops) - set(OPS)
+        if unknown:
+            raise ValueError(f"implementation {self.name!r} declares unknown ops {sorted(unknown)}; known: {OPS}")
+
+    def covers(self, op: str, device_type: str, mode: KVQuantMode) -> Optional[str]:
+        """None if the declaration covers the call, else why not."""
+        if op not in self.ops:
+            return f"{self.name} implements {', '.join(sorted(self.ops))}, not {op}"
+        if device_type not in self.devices:
+            return f"{self.name} runs on {', '.join(sorted(self.devices))}, not {device_type}"
+        if mode not in self.modes:
+            return f"{self.name} does not support {mode.name} caches for {op}"
+        return None
+
+    def kernel(self, op: str):
+        return getattr(importlib.import_module(self.module), op)
+
+
+class Choice(NamedTuple):
+    name: str
+    kernel: Callable
+
+
+_lock = threading.Lock()
+_declared: dict[str, Implementation] = {}
+_choices: dict[Situation, Choice] = {}
+_routes: dict[tuple, "Route"] = {}
+
+
+def implementations() -> dict[str, Implementation]:
+    """Every declared implementation by name (importing their light declaration modules once)."""
+    if not _declared:
+        with _lock:
+            if not _declared:
+                for module in _IMPLEMENTATION_MODULES:
+                    impl = importlib.import_module(module).IMPLEMENTATION
+                    _declared[impl.name] = impl
+    return _declared
+
+
+def family(op: str) -> str:
+    if op in CACHE_OPS:
+        return "cache"
+    if op in ATTENTION_OPS:
+        return "attention"
+    raise ValueError(f"op={op!r} is not a kvfuse op; known: {OPS}")
+
+
+def unavailable_reason(name: str, op: str, device_type: str, mode) -> Optional[str]:
+    """None if implementation ``name`` can run ``op`` for this device type and mode, else why not."""
+    impl = implementations().get(name)
+    if impl is None:
+        return f"{name!r} is not a kvfuse backend; valid: {', '.join(implementations())}"
+    mode = KVQuantMode(mode)
+    reason = impl.covers(op, device_type, mode)
+    if reason is None:
+        try:
+            reason = impl.available(op, device_type, mode)
+        except ImportError as e:  # an optional dependency that fails to import
+            reason = f"{impl.module} cannot be imported: {e}"
+    return reason
+
+
+# ----------------------------------------------------------------------------- choosing
+
+
+def _choice(impl: Implementation, situation: Situation) -> Choice:
+    return Choice(impl.name, impl.kernel(situation.op))
+
+
+def _decide(situation: Situation) -> tuple[Choice, list]:
+    """(choice, [(name, why not) for the candidates passed over]) for ``situation``."""
+    forced = envs.settings().forced_backend(family(situation.op))
+    impls = implementations()
+    if forced is not None:
+        reason = unavailable_reason(forced, situation.op, situation.device_type, situation.mode)
+        if reason is not None:
+            raise RuntimeError(f"backend {forced!r} was forced for {situation.op} on {situation.device_type} "
+                               f"but {reason}")
+        return _choice(impls[forced], situation), []
+    ranked = sorted((r, name) for name, impl in impls.items() if (r := impl.rank(situation)) is not None)
+    skipped = []
+    for _, name in ranked:
+        reason = unavailable_reason(name, situation.op, situation.device_type, situation.mode)
+        if reason is None:
+            return _choice(impls[name], situation), skipped
+        skipped.append((name, reason))
+    raise RuntimeError(f"no kvfuse backend can run {situation.op} on {situation.device_type} for "
+                       f"{situation.mode.name}: " + "; ".join(f"{n}: {r}" for n, r in skipped))
+
+
+def choose(situation: Situation) -> Choice:
+    choice = _choices.get(situation)
+    if choice is None:
+        choice, skipped = _decide(situation)
+        logger.debug("%s -> %s (passed over: %s)", situation, choice.name, skipped)
+        _choices[situation] = choice
+    return choice
+
+
+def situation(op: str, device_type: str, mode: KVQuantMode, num_tokens: Optional[int] = None) -> Situation:
+    if device_type == "cuda" and op in CACHE_OPS:
+        from . import tuning
+
+        policy = tuning.cuda_cache_write_policy()
+        bulk = num_tokens is not None and num_tokens >= policy.native_max_tokens(mode)
+        # The capture query only where the policy depends on it: it costs host time.
+        captured = (not bulk and mode in policy.triton_when_captured
+                    and torch.cuda.is_current_stream_capturing())
+        return Situation(op, device_type, mode, "bulk" if bulk else "small", captured)
+    return Situation(op, device_type, mode, "any", False)
+
+
+class Route:
+    """The choices of one (op, device type, mode), resolved lazily: the per-call path of the ops.
+
+    ``pick(num_tokens)`` costs one comparison (CUDA cache ops: bulk or not), the capture query
+    where the policy depends on it, and an attribute read; no hashing.
+    """
+
+    __slots__ = ("op", "device_type", "mode", "limit", "capture_sensitive", "_small", "_bulk", "_captured")
+
+    def __init__(self, op: str, device_type: str, mode: KVQuantMode) -> None:
+        self.op, self.device_type, self.mode = op, device_type, mode
+        self.limit, self.capture_sensitive = None, False
+        if device_type == "cuda" and op in CACHE_OPS:
+            from . import tuning
+
+            policy = tuning.cuda_cache_write_policy()
+            self.limit = policy.native_max_tokens(mode)
+            self.capture_sensitive = mode in policy.triton_when_captured
+        self._small = self._bulk = self._captured = None
+
+    def pick(self, num_tokens: Optional[int]) -> Choice:
+        if self.limit is not None:
+            if num_tokens is not None and num_tokens >= self.limit:
+                if self._bulk is None:
+                    self._bulk = choose(Situation(self.op, self.device_type, self.mode, "bulk", False))
+                return self._bulk
+            if self.capture_sensitive and torch.cuda.is_current_stream_capturing():
+                if self._captured is None:
+                    self._captured = choose(Situation(self.op, self.device_type, self.mode, "small", True))
+                return self._captured
+            size_class = "small"
+        else:
+            size_class = "any"
+        if self._small is None:
+            self._small = choose(Situation(self.op, self.device_type, self.mode, size_class, False))
+        return self._small
+
+
+def route(op: str, device_type: str, mode_value: int) -> Route:
+    """The :class:`Route` of ``op`` on ``device_type`` for the mode whose value is ``mode_value``."""
+    found = _routes.get((op, device_type, mode_value))
+    if found is None:
+        found = _routes[(op, device_type, mode_value)] = Route(op, device_type, KVQuantMode(mode_value))
+    return found
+
+
+def kernel(op: str, device_type: str, mode: KVQuantMode, num_tokens: Optional[int] = None) -> Callable:
+    """The kernel function that runs ``op`` now (the per-call path of the public ops)."""
+    return route(op, device_type, int(mode)).pick(num_tokens).kernel
+
+
+def select(op: str, device_type: str, mode, num_tokens: Optional[int] = None) -> Choice:
+    """``(name, kernel)`` for ``op`` on ``device_type`` with cache mode ``mode`` and ``num_tokens`` tokens."""
+    family(op)
+    return route(op, device_type, int(KVQuantMode(mode))).pick(num_tokens)
+
+
+def decisions(device_type: str) -> list[dict]:
+    """What the registry chooses on ``device_type``, one row per situation (for ``kvfuse info``).
+
+    Rows: ``op``, ``mode``, ``size_class``, ``captured``, ``chosen`` (or None), ``passed_over``
+    ([(name, why)]) and ``error`` (why nothing can run).
+    """
+    rows = []
+    if device_type == "cuda":
+        cache_situations = [("small", False), ("small", True), ("bulk", False)]
+    else:
+        cache_situations = [("any", False)]
+    for op in OPS:
+        for mode in KVQuantMode:
+            variants = cache_situations if op in CACHE_OPS else [("any", False)]
+            for size_class, captured in variants:
+                situation = Situation(op, device_type, mode, size_class, captured)
+                row = {"op": op, "mode": mode.name, "size_class": size_class, "captured": captured,
+                       "chosen": None, "passed_over": [], "error": None}
+                try:
+                    choice, row["passed_over"] = _decide(situation)
+                    row["chosen"] = choice.name
+                except (RuntimeError, ValueError) as e:
+                    row["error"] = str(e)
+                rows.append(row)
+    return rows
+
+
+def clear_cache(reload_settings: bool = True) -> None:
+    """Forget every choice (and, by default, re-read the environment through :mod:`kvfuse.envs`)."""
+    if reload_settings:
+        envs.reload(_clear_registry=False)
+    _choices.clear()
+    _routes.clear()
