@@ -22,6 +22,7 @@
 #include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/BFloat16.h>
@@ -29,7 +30,10 @@
 #include <cuda_fp8.h>
 #include <torch/library.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -690,6 +694,90 @@ void encode_and_cache_write_cuda(const at::Tensor& key, const at::Tensor& value,
 }
 
 }  // namespace kvfuse
+
+// ----------------------------------------------------------------------------- eager routing
+//
+// The public op kvfuse::encode_and_cache_write is declared in Python with a Python body for CUDA
+// (validation + the registry's choice), which costs a hop into Python on every eager call. Once
+// this library is loaded and the registry picks these kernels for small writes, kvfuse.ops.native
+// replaces that CUDA body with route_encode_and_cache_write below (install_cuda_routing): calls
+// the policy gives to this kernel run it straight from the dispatcher; every other call (bulk
+// writes and capture-sensitive formats under capture, per the policy; routing switched off by
+// checked mode, a forced backend or a settings reload; and any refused input, so the Python
+// validator words the error) goes on to the Python body, declared as the overload
+// kvfuse::encode_and_cache_write.python.
+
+namespace kvfuse {
+namespace {
+
+struct CudaRoute {
+  std::array<int64_t, kNumKVQuantModes> max_tokens;      // from this many tokens on: the Python body
+  std::array<bool, kNumKVQuantModes> python_when_captured;  // under CUDA-graph capture: the Python body
+};
+
+std::atomic<const CudaRoute*> g_route{nullptr};
+
+void route_encode_and_cache_write(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  constexpr size_t kArgs = 8;
+  const CudaRoute* route = g_route.load(std::memory_order_acquire);
+  if (route != nullptr) {
+    auto args = torch::jit::last(*stack, kArgs);
+    const int64_t mode = args[6].isInt() ? args[6].toInt() : -1;
+    if (is_valid_mode(mode) && args[0].isTensor() && args[0].toTensor().dim() >= 1) {
+      const at::Tensor& key = args[0].toTensor();
+      const bool python = key.size(0) >= route->max_tokens[mode] ||
+                          (route->python_when_captured[mode] &&
+                           c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None);
+      if (!python) {
+        try {
+          encode_and_cache_write_cuda(key, args[1].toTensor(), args[2].toTensor(), args[3].toTensor(),
+                                      args[4].toTensor(), args[5].toTensor(), mode);
+          torch::jit::drop(*stack, kArgs);
+          return;
+        } catch (const c10::Error&) {
+          // Refused before any launch: the Python body validates and raises the op's own message.
+        }
+      }
+    }
+  }
+  static const c10::OperatorHandle python_body =
+      c10::Dispatcher::singleton().findSchemaOrThrow("kvfuse::encode_and_cache_write", "python");
+  python_body.callBoxed(stack);
+}
+
+// Installs the route (first call: also the kernel, replacing the Python CUDA body that
+// kvfuse.ops.native has just deregistered). max_tokens[mode] <= 0 sends that mode to Python.
+void install_cuda_routing(at::IntArrayRef max_tokens, at::IntArrayRef python_when_captured) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(max_tokens.size()) == kNumKVQuantModes &&
+                        static_cast<int64_t>(python_when_captured.size()) == kNumKVQuantModes,
+                    "install_cuda_routing takes one entry per KVQuantMode (", kNumKVQuantModes, ")");
+  static const bool registered = [] {
+    static torch::Library lib(torch::Library::IMPL, "kvfuse", c10::DispatchKey::CUDA, __FILE__, __LINE__);
+    lib.impl("encode_and_cache_write", torch::CppFunction::makeFromBoxedFunction<&route_encode_and_cache_write>());
+    return true;
+  }();
+  (void)registered;
+  auto* route = new CudaRoute{};  // never freed: a concurrent call may still read the previous one
+  for (int64_t m = 0; m < kNumKVQuantModes; ++m) {
+    route->max_tokens[m] = max_tokens[m];
+    route->python_when_captured[m] = python_when_captured[m] != 0;
+  }
+  g_route.store(route, std::memory_order_release);
+}
+
+// Every call to the Python body until the next install (checked mode, a forced backend, a reload).
+void pause_cuda_routing() { g_route.store(nullptr, std::memory_order_release); }
+
+bool cuda_routing_active() { return g_route.load(std::memory_order_acquire) != nullptr; }
+
+}  // namespace
+}  // namespace kvfuse
+
+TORCH_LIBRARY_FRAGMENT(kvfuse_native, m) {
+  m.def("install_cuda_routing(int[] max_tokens, int[] python_when_captured) -> ()", &kvfuse::install_cuda_routing);
+  m.def("pause_cuda_routing() -> ()", &kvfuse::pause_cuda_routing);
+  m.def("cuda_routing_active() -> bool", &kvfuse::cuda_routing_active);
+}
 
 TORCH_LIBRARY_IMPL(kvfuse_native, CUDA, m) {
   m.impl("encode_kv", TORCH_FN(kvfuse::encode_kv_cuda));

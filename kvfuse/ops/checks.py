@@ -25,6 +25,12 @@ from .. import envs
 __all__ = ["checked", "enabled", "check_slots", "check_scales", "check_attention_metadata"]
 
 _local = threading.local()
+_lock = threading.Lock()
+_blocks = 0  # checked() blocks open in any thread (the C++ eager router pauses while any is)
+
+
+def open_blocks() -> int:
+    return _blocks
 
 
 def enabled() -> bool:
@@ -37,12 +43,21 @@ def enabled() -> bool:
 @contextlib.contextmanager
 def checked(on: bool = True) -> Iterator[None]:
     """Turn checked mode on (or off) for the ops this thread runs inside the block."""
+    global _blocks
+    from . import native
+
     previous = getattr(_local, "override", None)
     _local.override = bool(on)
+    with _lock:
+        _blocks += 1
+    native.reset_cuda_routing()  # the checks run in the Python body: route every call there
     try:
         yield
     finally:
         _local.override = previous
+        with _lock:
+            _blocks -= 1
+        native.reset_cuda_routing()
 
 
 def _fail(op: str, layer_name: str, message: str) -> None:

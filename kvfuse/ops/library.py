@@ -34,7 +34,7 @@ from ..kv_cache import (
     row_dim_for,
     storage_dtype,
 )
-from . import checks, registry
+from . import checks, native, registry
 
 __all__ = ["KVFUSE_LIB"]
 
@@ -260,6 +260,8 @@ def _encode_and_cache_write_fake(key, value, kv_cache, slot_mapping, k_scale, v_
 
 
 def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode, layer_name):
+    if kv_cache.is_cuda and not native.cuda_routing_decided():
+        native.route_cuda_calls()
     choice = _self_checked_choice("encode_and_cache_write", kv_quant_mode, kv_cache.device.type, key.shape[0])
     if choice is not None:
         _run_self_checked(choice.kernel, (key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode),
@@ -353,4 +355,27 @@ for _name, _impl in (
     ("paged_attention", _paged_attention_impl),
 ):
     KVFUSE_LIB.impl(_name, _impl, "CPU")
-    KVFUSE_LIB.impl(_name, _impl, "CUDA")
+    if _name != "encode_and_cache_write":
+        KVFUSE_LIB.impl(_name, _impl, "CUDA")
+
+# The fused write is the eager hot path of every layer. Its CUDA body is registered apart so that
+# kvfuse.ops.native can hand CUDA calls to the C++ router of csrc/cuda/cache_write.cu once its
+# library is loaded (one dispatcher hop to the kernel instead of a hop into Python and another
+# out of it). The router sends every call it does not run itself to the same Python body, under
+# the overload below.
+KVFUSE_LIB.define(
+    "encode_and_cache_write.python(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping, "
+    "Tensor k_scale, Tensor v_scale, int kv_quant_mode, str layer_name) -> ()"
+)
+KVFUSE_LIB.impl("encode_and_cache_write.python", _encode_and_cache_write_impl, "CPU")
+KVFUSE_LIB.impl("encode_and_cache_write.python", _encode_and_cache_write_impl, "CUDA")
+_PYTHON_CUDA_BODY = torch.library.Library("kvfuse", "IMPL")
+_PYTHON_CUDA_BODY.impl("encode_and_cache_write", _encode_and_cache_write_impl, "CUDA")
+
+
+def release_python_cuda_body() -> None:
+    """Deregister the Python CUDA body of the fused write (the C++ router takes its place)."""
+    global _PYTHON_CUDA_BODY
+    if _PYTHON_CUDA_BODY is not None:
+        _PYTHON_CUDA_BODY._destroy()
+        _PYTHON_CUDA_BODY = None

@@ -39,6 +39,7 @@ from typing import Any, Optional
 import torch
 
 from .. import envs
+from ..kv_cache import KVQuantMode
 from .registry import ALL_MODES, CACHE_OPS, Implementation, Situation
 
 logger = logging.getLogger(__name__)
@@ -226,6 +227,61 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
                            kv_quant_mode: int) -> None:
     """:func:`kvfuse.ops.reference.encode_and_cache_write`, natively, in one pass over memory."""
     _require("encode_and_cache_write")(key, value, kv_cache, slot_mapping, k_scale, v_scale, int(kv_quant_mode))
+
+
+# ----------------------------------------------------------------------------- eager routing on CUDA
+# See csrc/cuda/cache_write.cu ("eager routing"). None: not decided since the last reset.
+_routing: dict[str, Any] = {"decided": False}
+
+
+def cuda_routing_decided() -> bool:
+    return _routing["decided"]
+
+
+def reset_cuda_routing() -> None:
+    """Send every CUDA call of the fused write to the Python body until the next decision
+    (called when settings reload, a backend is forced or checked mode opens)."""
+    _routing["decided"] = False
+    if _state.get("cuda"):
+        torch.ops.kvfuse_native.pause_cuda_routing()
+
+
+def route_cuda_calls() -> bool:
+    """Let the C++ router run the fused write's CUDA calls that the registry gives to this backend.
+
+    Decided once per settings (and after each checked-mode block): nothing is routed while
+    checked mode is on anywhere, or when another backend is forced; a forced native backend
+    routes every call. Returns whether the router is active.
+    """
+    from . import checks, library, registry, tuning
+
+    _routing["decided"] = True
+    settings = envs.settings()
+    forced = settings.forced_backend("cache")
+    if (settings.check or checks.open_blocks() or (forced not in (None, "native"))
+            or unavailable_reason("encode_and_cache_write", "cuda", 0) is not None):
+        if _state.get("cuda"):
+            torch.ops.kvfuse_native.pause_cuda_routing()
+        return False
+    policy = tuning.cuda_cache_write_policy()
+    max_tokens, python_when_captured = [], []
+    for mode in KVQuantMode:
+        small = registry.choose(registry.Situation("encode_and_cache_write", "cuda", mode, "small", False)).name
+        if forced == "native":
+            max_tokens.append(2 ** 62)
+            python_when_captured.append(0)
+        else:
+            max_tokens.append(policy.native_max_tokens(mode) if small == "native" else 0)
+            python_when_captured.append(int(mode in policy.triton_when_captured))
+    library.release_python_cuda_body()
+    torch.ops.kvfuse_native.install_cuda_routing(max_tokens, python_when_captured)
+    logger.debug("CUDA fused writes routed in C++: max tokens %s, Python under capture %s", max_tokens,
+                 python_when_captured)
+    return True
+
+
+def cuda_routing_active() -> bool:
+    return bool(_state.get("cuda")) and bool(torch.ops.kvfuse_native.cuda_routing_active())
 
 
 def mode_values() -> dict[str, int]:

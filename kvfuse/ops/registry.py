@@ -351,3 +351,6 @@ def clear_cache(reload_settings: bool = True) -> None:
         envs.reload(_clear_registry=False)
     _choices.clear()
     _routes.clear()
+    from . import native
+
+    native.reset_cuda_routing()

@@ -432,3 +432,80 @@ def test_cuda_backend_by_token_count(monkeypatch):
         assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.NONE, 1 << 16)[0] == "native"
     finally:
         backends.clear_cache()
+
+
+# ----------------------------------------------------------------------------- eager routing (CUDA)
+
+
+def _fused_case(num_tokens, mode=KVQuantMode.FP8_E4M3, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    key = torch.randn(num_tokens, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    value = torch.randn(num_tokens, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    num_blocks = max(4, -(-2 * num_tokens // 16))
+    slots = torch.randperm(num_blocks * 16, device="cuda", generator=gen)[:num_tokens]
+    slots[::5] = -1
+    scale = torch.tensor(0.25, device="cuda")
+    cache = sentinel_cache((num_blocks, 2, 16, 8, row_dim_for(mode, 128)), storage_dtype(mode, torch.bfloat16),
+                           device="cuda")
+    return key, value, cache, slots, scale
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode", list(KVQuantMode), ids=lambda m: m.name)
+def test_cuda_routing_runs_the_kernel_from_the_dispatcher(mode):
+    """After the first CUDA call the C++ router runs small fused writes; results stay the reference's
+    bits for small and bulk writes (bulk goes on to the Python body and Triton)."""
+    if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
+        pytest.skip("no CUDA kernels")
+    backends.clear_cache()
+    for num_tokens in (7, 533, 65536 + 3):
+        key, value, cache, slots, scale = _fused_case(num_tokens, mode)
+        expected = cache.cpu().clone()
+        ref.encode_and_cache_write(key.cpu(), value.cpu(), expected, slots.cpu(), scale.cpu(), scale.cpu(), mode)
+        torch.ops.kvfuse.encode_and_cache_write(key, value, cache, slots, scale, scale, int(mode), "layers.0")
+        _assert_same(cache.cpu(), expected, f"routed {mode.name} T={num_tokens}")
+        assert native.cuda_routing_active()
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_routing_refusals_checked_mode_and_forced_backend(monkeypatch):
+    if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
+        pytest.skip("no CUDA kernels")
+    from kvfuse.ops import checks
+
+    backends.clear_cache()
+    key, value, cache, slots, scale = _fused_case(9)
+    op = torch.ops.kvfuse.encode_and_cache_write
+    op(key, value, cache, slots, scale, scale, 1, "layers.0")
+    assert native.cuda_routing_active()
+    # A refused call: the Python validator's message, and the cache untouched.
+    before = cache.clone()
+    with pytest.raises(ValueError, match=r"kv_cache.dtype=torch.float8_e4m3fn cannot hold kv_quant_mode=NVFP4"):
+        op(key, value, cache, slots, scale, scale, 3, "layers.0")
+    with pytest.raises(ValueError, match=r"slot_mapping has 8 entries but there are 9 tokens"):
+        op(key, value, cache, slots[:8], scale, scale, 1, "layers.0")
+    _assert_same(cache, before, "refused calls wrote nothing")
+    # Checked mode: every call goes to the Python body, where the data checks run.
+    dup = slots.clone()
+    dup[1] = dup[2] = 3
+    with checks.checked():
+        with pytest.raises(ValueError, match="checked mode"):
+            op(key, value, cache, dup, scale, scale, 1, "layers.0")
+        assert not native.cuda_routing_active()
+    op(key, value, cache, slots, scale, scale, 1, "layers.0")
+    assert native.cuda_routing_active()
+    # A forced backend other than native: no routing, and that backend runs.
+    monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "triton")
+    backends.clear_cache()
+    try:
+        key, value, cache, slots, scale = _fused_case(9, seed=1)
+        expected = cache.cpu().clone()
+        ref.encode_and_cache_write(key.cpu(), value.cpu(), expected, slots.cpu(), scale.cpu(), scale.cpu(), 1)
+        op(key, value, cache, slots, scale, scale, 1, "layers.0")
+        assert not native.cuda_routing_active()
+        _assert_same(cache.cpu(), expected, "forced triton")
+    finally:
+        monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND")
+        backends.clear_cache()
