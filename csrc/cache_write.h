@@ -106,4 +106,38 @@ inline void check_rows(const at::Tensor& key_rows, const at::Tensor& value_rows,
   }
 }
 
+// Everything check_encode_and_write and the op's Python validator require, as a predicate (no
+// exception): the CUDA eager router tests it before running a kernel and hands any other call to
+// the Python body, which words the refusal.
+inline bool fits_encode_and_write(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
+                                  const at::Tensor& slot_mapping, const at::Tensor& k_scale,
+                                  const at::Tensor& v_scale, int64_t kv_quant_mode) {
+  if (!is_valid_mode(kv_quant_mode)) return false;
+  const auto mode = static_cast<KVQuantMode>(kv_quant_mode);
+  const auto input_ok = [](const at::Tensor& x) {
+    return x.defined() && x.dim() == 3 && is_native_float(x.scalar_type()) && x.stride(2) == 1;
+  };
+  const auto scale_ok = [&](const at::Tensor& s) {
+    return s.defined() && s.scalar_type() == at::ScalarType::Float && s.numel() == 1 && s.device() == key.device();
+  };
+  if (!input_ok(key) || !input_ok(value) || key.sizes() != value.sizes() ||
+      key.scalar_type() != value.scalar_type() || key.device() != value.device() || !scale_ok(k_scale) ||
+      !scale_ok(v_scale)) {
+    return false;
+  }
+  if (!kv_cache.defined() || kv_cache.dim() != 5 || kv_cache.size(1) != 2 || kv_cache.stride(4) != 1 ||
+      kv_cache.device() != key.device()) {
+    return false;
+  }
+  if (!slot_mapping.defined() || slot_mapping.dim() != 1 || slot_mapping.size(0) != key.size(0) ||
+      slot_mapping.device() != key.device() ||
+      (slot_mapping.scalar_type() != at::ScalarType::Int && slot_mapping.scalar_type() != at::ScalarType::Long)) {
+    return false;
+  }
+  const bool dtype_ok = mode == KVQuantMode::NONE ? is_native_float(kv_cache.scalar_type())
+                                                  : kv_cache.scalar_type() == storage_dtype_of(mode);
+  return dtype_ok && (mode != KVQuantMode::NVFP4 || key.size(2) % 16 == 0) && kv_cache.size(3) == key.size(1) &&
+         kv_cache.size(4) == storage_row_dim(mode, key.size(2));
+}
+
 }  // namespace kvfuse

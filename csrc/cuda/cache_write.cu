@@ -723,20 +723,22 @@ void route_encode_and_cache_write(const c10::OperatorHandle&, torch::jit::Stack*
   if (route != nullptr) {
     auto args = torch::jit::last(*stack, kArgs);
     const int64_t mode = args[6].isInt() ? args[6].toInt() : -1;
-    if (is_valid_mode(mode) && args[0].isTensor() && args[0].toTensor().dim() >= 1) {
+    bool tensors = true;
+    for (size_t i = 0; i < 6; ++i) tensors = tensors && args[i].isTensor();
+    // Anything the contract refuses goes to the Python body, which raises the op's own message.
+    if (tensors && args[6].isInt() &&
+        fits_encode_and_write(args[0].toTensor(), args[1].toTensor(), args[2].toTensor(), args[3].toTensor(),
+                              args[4].toTensor(), args[5].toTensor(), args[6].toInt())) {
+      const int64_t mode = args[6].toInt();
       const at::Tensor& key = args[0].toTensor();
       const bool python = key.size(0) >= route->max_tokens[mode] ||
                           (route->python_when_captured[mode] &&
                            c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None);
       if (!python) {
-        try {
-          encode_and_cache_write_cuda(key, args[1].toTensor(), args[2].toTensor(), args[3].toTensor(),
-                                      args[4].toTensor(), args[5].toTensor(), mode);
-          torch::jit::drop(*stack, kArgs);
-          return;
-        } catch (const c10::Error&) {
-          // Refused before any launch: the Python body validates and raises the op's own message.
-        }
+        encode_and_cache_write_cuda(key, args[1].toTensor(), args[2].toTensor(), args[3].toTensor(),
+                                    args[4].toTensor(), args[5].toTensor(), mode);
+        torch::jit::drop(*stack, kArgs);
+        return;
       }
     }
   }

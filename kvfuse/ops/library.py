@@ -148,7 +148,7 @@ def _self_checked_choice(op: str, kv_quant_mode, device_type: str, num_tokens: i
     if type(kv_quant_mode) is not int or kv_quant_mode not in _MODES or checks.enabled():
         return None
     choice = registry.route(op, device_type, kv_quant_mode).pick(num_tokens)
-    return choice if registry.implementations()[choice.name].checks_inputs else None
+    return choice if device_type in registry.implementations()[choice.name].checks_inputs else None
 
 
 def _run_self_checked(kernel, kernel_args: tuple, validate, validate_args: tuple):

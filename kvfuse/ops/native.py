@@ -321,5 +321,8 @@ def _rank(situation: Situation) -> Optional[int]:
 
 IMPLEMENTATION = Implementation(
     name="native", module=__name__, ops=frozenset(CACHE_OPS), devices=frozenset({"cpu", "cuda"}), modes=ALL_MODES,
-    available=unavailable_reason, rank=_rank, checks_inputs=True,
+    # CPU only: on CUDA a refusal thrown from check_cache has crashed the process (seen on the H100,
+    # not understood yet), so CUDA calls are validated in Python, or pre-checked without throwing by
+    # the eager router (fits_encode_and_write).
+    available=unavailable_reason, rank=_rank, checks_inputs=frozenset({"cpu"}),
 )

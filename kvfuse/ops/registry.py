@@ -141,9 +141,9 @@ class Implementation:
     modes: frozenset
     available: Callable[[str, str, KVQuantMode], Optional[str]]
     rank: Callable[[Situation], Optional[int]]
-    #: Its kernels check every condition of the op's validator before touching memory (native
-    #: C++): the op body then skips the Python validation on the hot path (see kvfuse.ops.library).
-    checks_inputs: bool = False
+    #: Device types on which its kernels check every condition of the op's validator before touching
+    #: memory and refuse cleanly: the op body then skips the Python validation there (kvfuse.ops.library).
+    checks_inputs: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         if self.name not in envs.BACKEND_NAMES:
