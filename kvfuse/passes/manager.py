@@ -25,11 +25,11 @@ import time
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import fuse_encode_cache_write
+from . import fuse_encode_cache_write, fuse_plain_cache_write
 
 logger = logging.getLogger(__name__)
 
-_PASSES = (fuse_encode_cache_write,)
+_PASSES = (fuse_encode_cache_write, fuse_plain_cache_write)
 _DUMP_COUNTER = itertools.count()
 
 
