@@ -25,7 +25,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kvfuse  # noqa: E402
-from benchmarks.common import current_commit  # noqa: E402
+from benchmarks.common import current_commit, pyplot  # noqa: E402
 from kvfuse import AttentionMetadata, KVCacheConfig, PagedAttention, allocate_kv_cache
 
 
@@ -155,12 +155,8 @@ def write_md_and_plot(result, out):
             lines.append(f"| {step} | {fuse} | {r['kernels']} | {r['median_us']:.1f} |")
     with open(os.path.join(out, "compile_pass.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    if "compile" in result:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    plt = pyplot(os.path.join(out, "compile_pass.png")) if "compile" in result else None
+    if plt is not None:
         fig, ax = plt.subplots(1, 2, figsize=(10, 4))
         ns = sorted({r["layers"] for r in result["compile"]})
         by = {(r["layers"], r["fuse"]): r for r in result["compile"]}
