@@ -208,3 +208,19 @@ def test_model_dtype_string_and_check_skip_rules(caplog):
         check_skip_rules(layers, strict=True)
     with pytest.raises(ValueError, match="model_dtype='int8' must name a native dtype"):
         PagedAttention(4, 2, 16, "model.layers.0.attn", model_dtype="int8")
+
+
+@pytest.mark.xfail(strict=True, reason="needs an inference-only Autograd kernel for kvfuse::encode_kv and "
+                                       "kvfuse::paged_attention in kvfuse/ops/__init__.py (issue 19, item 10)")
+def test_grad_mode_gives_no_autograd_warning_and_no_grad_output():
+    import warnings
+
+    attn = PagedAttention(4, 2, 16, "model.layers.0.attn", config=KVCacheConfig("fp8"))
+    q, k, v = (t.requires_grad_() for t in _inputs(4, 2, 16, [3]))
+    md, blocks = _prefill_metadata([3], 4)
+    cache = allocate_kv_cache(attn.spec, blocks, 4)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*autograd kernel was not registered.*")
+        out = attn(q, k, v, cache, md)
+    # The kernels are not differentiable: a result that claims a gradient would be silently wrong.
+    assert not out.requires_grad
