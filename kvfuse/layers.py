@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -15,7 +15,7 @@ from .kv_cache import KVCacheConfig, KVCacheSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AttentionMetadata", "PagedAttention"]
+__all__ = ["AttentionMetadata", "PagedAttention", "check_skip_rules"]
 
 
 @dataclass
@@ -54,7 +54,7 @@ class PagedAttention(nn.Module):
         head_size: int,
         layer_name: str,
         config: Optional[KVCacheConfig] = None,
-        model_dtype: torch.dtype = torch.bfloat16,
+        model_dtype: Union[torch.dtype, str] = torch.bfloat16,
         sliding_window: Optional[int] = None,
         layer_index: Optional[int] = None,
         sm_scale: Optional[float] = None,
@@ -68,6 +68,10 @@ class PagedAttention(nn.Module):
                 f"num_heads={num_heads}"
             )
         config = config if config is not None else KVCacheConfig()
+        if not isinstance(config, KVCacheConfig):
+            raise ValueError(f"layer {layer_name!r}: config is a {type(config).__name__}; expected a "
+                             f"kvfuse.KVCacheConfig (or None for the model dtype)")
+        self.config = config
         self.spec: KVCacheSpec = config.layer_spec(
             layer_name, num_kv_heads=num_kv_heads, head_size=head_size, model_dtype=model_dtype,
             sliding_window=sliding_window, layer_index=layer_index,
@@ -108,6 +112,21 @@ class PagedAttention(nn.Module):
             f"kv_cache={self.spec.kv_quant_mode.name}/{self.spec.kv_cache_torch_dtype}"
         )
 
+    def _check_argument_types(self, query, key, value, kv_cache, metadata) -> None:
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"layer {self.layer_name!r}: {name} is a {type(x).__name__}; expected a "
+                                 f"torch.Tensor [num_tokens, heads, head_size]")
+        if not isinstance(kv_cache, torch.Tensor):
+            hint = (" (pass this layer's own cache, e.g. kv_caches[i], not the list of every layer's caches)"
+                    if isinstance(kv_cache, (list, tuple)) else "")
+            raise ValueError(f"layer {self.layer_name!r}: kv_cache is a {type(kv_cache).__name__}; expected a "
+                             f"torch.Tensor from kvfuse.allocate_kv_cache(layer.spec, ...){hint}")
+        if not isinstance(metadata, AttentionMetadata):
+            hint = (" (build it with kvfuse.AttentionMetadata(**your_dict))" if isinstance(metadata, dict) else "")
+            raise ValueError(f"layer {self.layer_name!r}: metadata is a {type(metadata).__name__}; expected a "
+                             f"kvfuse.AttentionMetadata(slot_mapping, block_table, seq_lens, query_start_loc){hint}")
+
     def forward(
         self,
         query: torch.Tensor,
@@ -117,6 +136,7 @@ class PagedAttention(nn.Module):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         spec = self.spec
+        self._check_argument_types(query, key, value, kv_cache, metadata)
         if kv_cache.dtype != spec.kv_cache_torch_dtype or kv_cache.dim() != 5 or tuple(kv_cache.shape[3:]) != (
             spec.num_kv_heads, spec.row_dim
         ):
@@ -140,3 +160,20 @@ class PagedAttention(nn.Module):
             query, kv_cache, self.k_scale, self.v_scale, metadata.block_table, metadata.seq_lens,
             metadata.query_start_loc, mode, self.sm_scale, self.sliding_window, self.layer_name,
         )
+
+
+def check_skip_rules(model: nn.Module, strict: Optional[bool] = None) -> tuple[str, ...]:
+    """Check the skip rules of every :class:`KVCacheConfig` used by ``model``'s PagedAttention layers.
+
+    Warns (or raises ValueError when ``strict`` / ``config.strict_skip_layers``) for each rule
+    that matches none of the layers built from that config, and returns those rules. Call it
+    once the model is built, when every layer is known.
+    """
+    by_config: dict = {}
+    for module in model.modules():
+        if isinstance(module, PagedAttention):
+            by_config.setdefault(module.config, []).append(module.spec)
+    unmatched: list = []
+    for config, specs in by_config.items():
+        unmatched.extend(config.check_skip_rules(specs, strict=strict))
+    return tuple(unmatched)
