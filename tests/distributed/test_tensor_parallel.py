@@ -6,6 +6,7 @@ on 127.0.0.1, or two GPUs with NCCL) and check what rank 0 reports against the u
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from kvfuse import KVCacheConfig, KVQuantMode
+from kvfuse.__main__ import main
 from kvfuse.distributed import (ColumnParallelLinear, RowParallelLinear, TensorParallel, all_reduce,
                                 compare_reports, gather_reports, kv_head_shard)
 from kvfuse.examples.tp_demo import check
@@ -120,6 +122,45 @@ def test_page_allocator_per_rank():
     for a, b in zip(*metas):
         for name in ("slot_mapping", "block_table", "seq_lens", "query_start_loc"):
             assert torch.equal(getattr(a, name), getattr(b, name))
+
+
+def _table_rows(text):
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("-----")) + 1
+    end = next(i for i in range(start, len(lines) + 1) if i == len(lines) or not lines[i].strip())
+    return [re.split(r"\s{2,}", line.strip()) for line in lines[start:end]]
+
+
+def test_explain_prints_the_rank_plan(capsys):
+    argv = ["explain", "--kv-cache-dtype", "fp8", "--skip-layers", "0", "--layers", "3", "--kv-heads", "8",
+            "--head-size", "64"]
+    assert main(argv) == 0
+    full = _table_rows(capsys.readouterr().out)
+    assert main([*argv, "--tp-size", "4", "--tp-rank", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = _table_rows(out)
+    assert "tp_size 4, 2 KV heads per rank (rank 0: 0-1, rank 1: 2-3, rank 2: 4-5, rank 3: 6-7)" in out
+    assert "the table is rank 3's (KV heads 6-7 of 8)" in out
+    # Same decision per layer; a quarter of the bytes.
+    assert [r[3:5] + r[6:] for r in rows] == [r[3:5] + r[6:] for r in full]
+    assert [int(r[5]) * 4 for r in rows] == [int(r[5]) for r in full] == [2048, 1024, 1024]
+    assert "tensor parallel: 1024 bytes/token on each of 4 ranks, 4096 bytes/token over all ranks\n" in out
+    assert main(["explain", "--layers", "1", "--kv-heads", "2", "--tp-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "each KV head replicated on 2 ranks (rank 0: 0, rank 1: 0, rank 2: 1, rank 3: 1)" in out
+    assert "(replicated heads counted on every rank that stores them)" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tp-size", "2", "--kv-heads", "3"], "num_kv_heads=3 cannot be split over tp_size=2"),
+    (["--tp-size", "2", "--tp-rank", "2"], "--tp-rank=2 must be in 0..1 (--tp-size=2)"),
+    (["--tp-rank", "1"], "--tp-rank=1 must be in 0..0 (--tp-size=1)"),
+    (["--tp-size", "0"], "--tp-size=0 must be >= 1"),
+])
+def test_explain_tp_errors(capsys, argv, message):
+    assert main(["explain", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvfuse explain: error:") and message in err
 
 
 # ----------------------------------------------------------------------------- sharded weights
