@@ -25,6 +25,7 @@ clock timing) to check the script itself; its numbers mean nothing and it writes
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -95,7 +96,7 @@ def time_step(cache_name: str, tp_group, reps: int, trials: int, device: str, si
         c.copy_(torch.randn(c.shape, device=device, dtype=torch.bfloat16, generator=gen).to(c.dtype))
     input_ids, positions, metadata = step_inputs(device, sizes)
     compiled = torch.compile(model, backend=kvfuse.backend, dynamic=False)
-    step = lambda: compiled(input_ids, positions, caches, metadata)  # noqa: E731
+    step = functools.partial(compiled, input_ids, positions, caches, metadata)
     start = time.perf_counter()
     graph, error = None, None
     with torch.no_grad():
@@ -148,7 +149,7 @@ def time_step(cache_name: str, tp_group, reps: int, trials: int, device: str, si
                kv_cache_bytes_per_rank=sum(c.numel() * c.element_size() for c in caches))
     if error:
         row["capture_error"] = error
-    del graph, compiled, caches, model
+    del run, step, graph, compiled, caches, model  # the next configuration needs the memory
     if device == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -231,8 +232,8 @@ def _report(rows: list, args, write: bool) -> None:
                               "rank's time", "NCCL with NVLink multicast off (NCCL_NVLS_ENABLE=0)"])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *table_rows)]
     print()
-    print(f"decode step, batch {rows[0]['batch'] if rows else BATCH}, context {rows[0]['context'] if rows else CONTEXT}, "
-          f"{info['device']} x2 (NVLS off):")
+    batch, context = (rows[0]["batch"], rows[0]["context"]) if rows else (BATCH, CONTEXT)
+    print(f"decode step, batch {batch}, context {context}, {info['device']} x2 (NVLS off):")
     for line in (headers, *table_rows):
         print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip())
 

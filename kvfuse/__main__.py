@@ -153,7 +153,8 @@ def cmd_explain(args) -> int:
     print(_totals_line(specs))
     if config.tp_size > 1:
         per_rank = sum(s.bytes_per_token for s in specs)
-        replicated = " (replicated heads counted on every rank that stores them)" if config.tp_size > args.kv_heads else ""
+        replicated = (" (replicated heads counted on every rank that stores them)"
+                      if config.tp_size > args.kv_heads else "")
         print(f"tensor parallel: {per_rank} bytes/token on each of {config.tp_size} ranks, "
               f"{per_rank * config.tp_size} bytes/token over all ranks{replicated}")
     return 0

@@ -137,7 +137,8 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = len(kv_heads)
         self.head_size = d
         # Rows of the full fused weight [q heads | k heads | v heads] that this rank computes.
-        rows = torch.cat([_rows_of([heads], d), h * d + _rows_of([kv_heads], d), (h + kv) * d + _rows_of([kv_heads], d)])
+        kv_rows = _rows_of([kv_heads], d)
+        rows = torch.cat([_rows_of([heads], d), h * d + kv_rows, (h + kv) * d + kv_rows])
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, (h + 2 * kv) * d, rows)
         self.o_proj = RowParallelLinear(h * d, config.hidden_size, range(heads.start * d, heads.stop * d), tp, tp_group)
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_size, 2, dtype=torch.float32)

@@ -296,7 +296,7 @@ def _torchrun(tmp_path, *args, env_extra=None, timeout=240) -> dict:
     return json.loads(out.read_text())
 
 
-def _assert_tp2_matches_tp1(summary, dtypes, compiled, kv_heads):
+def _assert_tp2_matches_tp1(summary, dtypes, compiled, kv_heads, max_abs=1e-4):
     assert summary["tp_size"] == 2 and summary["failures"] == []
     assert [e["kv_cache_dtype"] for e in summary["results"]] == list(dtypes)
     for entry in summary["results"]:
@@ -316,7 +316,7 @@ def _assert_tp2_matches_tp1(summary, dtypes, compiled, kv_heads):
             assert got["tokens_equal"] and got["tokens"] == got["reference_tokens"]
             for what in ("logits", "greedy_logits"):
                 err = got[what]
-                assert err["close"] and err["max_abs"] < 1e-4 and err["top1_agree"] == err["rows"], (mode, what, err)
+                assert err["close"] and err["max_abs"] < max_abs and err["top1_agree"] == err["rows"], (mode, what, err)
             # Not vacuous: the split model sums its row-parallel products in another order, so its
             # logits round differently; bit-identical logits would mean rank 0 compared tp_size 1 with itself.
             assert got["logits"]["max_abs"] > 0
@@ -345,7 +345,9 @@ def test_tp2_gloo_replicated_kv_head(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_tp2_nccl_matches_tp1_eager_and_compiled(tmp_path):
+    # Looser than on CPU: cuBLAS picks its algorithm (and reduction order) by matrix shape, which
+    # differs between a shard and the whole weight, and Triton attention may take TF32 dots.
     summary = _torchrun(tmp_path, "--device", "cuda", "--kv-cache-dtypes", "fp8,nvfp4", "--seed", "3", "--check",
-                        env_extra={"NCCL_NVLS_ENABLE": "0"}, timeout=480)
+                        "--atol", "1e-3", "--rtol", "1e-3", env_extra={"NCCL_NVLS_ENABLE": "0"}, timeout=480)
     assert summary["backend"] == "nccl"
-    _assert_tp2_matches_tp1(summary, ("fp8", "nvfp4"), compiled=True, kv_heads=2)
+    _assert_tp2_matches_tp1(summary, ("fp8", "nvfp4"), compiled=True, kv_heads=2, max_abs=1e-3)
