@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 #: side; that is rare at these sizes and would show here.
 LOGIT_ATOL = 1e-4
 LOGIT_RTOL = 1e-4
+#: Quantized caches: the fraction of stored elements allowed to differ from the unsplit model's
+#: (inputs a float rounding apart, on the edge of a rounding step); anything systematic, such
+#: as a head quantized with another head's scale or written to the wrong place, is far above.
+MAX_CACHE_FLIPS = 1e-3
 
 
 @dataclass(frozen=True)
@@ -86,10 +90,30 @@ def _error(a: torch.Tensor, b: torch.Tensor, opts: "DemoOptions") -> dict:
 def _run(model, batch, prompts, opts: DemoOptions, pad_to: int, forward=None) -> dict:
     from ..models.demo import generate_greedy, run_steps
 
-    logits, _ = run_steps(model, batch, block_size=opts.block_size, forward=forward, pad_to=pad_to)
+    logits, manager = run_steps(model, batch, block_size=opts.block_size, forward=forward, pad_to=pad_to)
     tokens, greedy_logits = generate_greedy(model, prompts, opts.steps + 1, block_size=opts.block_size,
                                             forward=forward, pad_to=pad_to)
-    return {"logits": logits, "tokens": tokens, "greedy_logits": greedy_logits}
+    return {"logits": logits, "tokens": tokens, "greedy_logits": greedy_logits,
+            "caches": [c.cpu() for c in manager.kv_caches]}
+
+
+def _cache_differences(rank_caches: list, rank_plans: list, reference: list) -> list[dict]:
+    """Per rank and layer: how the rank's cache differs from the unsplit cache's rows of its heads.
+
+    ``elements_differ`` counts stored elements (bytes for NVFP4) that are not bit-identical;
+    ``max_abs`` is over the stored values for native and FP8 caches (None for NVFP4, whose
+    bytes hold packed codes and scales).
+    """
+    out = []
+    for rank, (caches, plan) in enumerate(zip(rank_caches, rank_plans)):
+        for layer, (mine, full) in enumerate(zip(caches, reference)):
+            heads = plan[layer]["kv_heads"]
+            want = full[:, :, :, heads[0]:heads[-1] + 1]
+            same = mine.view(torch.uint8) == want.view(torch.uint8) if mine.dtype.itemsize == 1 else mine == want
+            max_abs = None if mine.dtype == torch.uint8 else (mine.float() - want.float()).abs().max().item()
+            out.append({"rank": rank, "layer": layer, "mode": plan[layer]["mode"], "elements": mine.numel(),
+                        "elements_differ": int((~same).sum().item()), "max_abs": max_abs})
+    return out
 
 
 def _plan(model) -> list[dict]:
@@ -135,6 +159,12 @@ def run_rank(opts: DemoOptions, group=None) -> Optional[dict]:
         reports = gather_reports(report, group=group)
         plans = [None] * tp.tp_size if tp.rank == 0 else None
         dist.gather_object(_plan(model), plans, dst=dist.get_global_rank(group, 0), group=group)
+        # As raw bytes: float8 tensors do not survive pickling.
+        as_bytes = [(str(c.dtype).replace("torch.", ""), c.view(torch.uint8)) for c in runs["eager"]["caches"]]
+        rank_caches = [None] * tp.tp_size if tp.rank == 0 else None
+        dist.gather_object(as_bytes, rank_caches, dst=dist.get_global_rank(group, 0), group=group)
+        if rank_caches is not None:
+            rank_caches = [[raw.view(getattr(torch, name)) for name, raw in caches] for caches in rank_caches]
         # Every rank ends with complete logits (all-reduced hidden states, replicated lm_head),
         # and they must be the same bits on every rank: max - min over ranks is 0.
         high = runs["eager"]["logits"].to(device)
@@ -153,7 +183,8 @@ def run_rank(opts: DemoOptions, group=None) -> Optional[dict]:
                                         forward=torch.compile(reference, backend=make_backend()))
         entry = {"kv_cache_dtype": dtype, "plans": plans, "reports": reports,
                  "report_mismatches": compare_reports(reports) if opts.compile else [],
-                 "reference_plan": _plan(reference), "ranks_max_abs_diff": ranks_differ}
+                 "reference_plan": _plan(reference), "ranks_max_abs_diff": ranks_differ,
+                 "cache_differences": _cache_differences(rank_caches, plans, ref_runs["eager"]["caches"])}
         for mode, run in runs.items():
             ref = ref_runs[mode]
             entry[mode] = {"logits": _error(run["logits"], ref["logits"], opts),
@@ -180,6 +211,14 @@ def check(summary: dict) -> list[str]:
         failures += [f"{name}: {m}" for m in entry["report_mismatches"]]
         if entry["ranks_max_abs_diff"] != 0:
             failures.append(f"{name}: ranks' logits differ by {entry['ranks_max_abs_diff']:.3e}")
+        for d in entry.get("cache_differences", ()):
+            where = f"{name}: rank {d['rank']} layer {d['layer']} ({d['mode']}) cache"
+            if d["mode"] == "NONE":
+                if d["max_abs"] > summary["options"]["atol"]:
+                    failures.append(f"{where} differs from tp_size 1's by up to {d['max_abs']:.3e}")
+            elif d["elements_differ"] > MAX_CACHE_FLIPS * d["elements"]:
+                failures.append(f"{where}: {d['elements_differ']} of {d['elements']} stored elements differ "
+                                f"from tp_size 1's (allowed: {MAX_CACHE_FLIPS:.0e} of them)")
         for mode in ("eager", "compiled"):
             if mode not in entry:
                 continue
@@ -284,6 +323,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if dist.get_backend() == "nccl":
             flag = flag.cuda()
         dist.broadcast(flag, src=0)  # every rank exits with rank 0's verdict
+        # No rank tears its connections down while another still talks through them.
+        dist.barrier()
         return 1 if (args.check and flag.item()) else 0
     finally:
         dist.destroy_process_group()
