@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "TensorParallel",
     "kv_head_shard",
+    "shard_rows",
     "ColumnParallelLinear",
     "RowParallelLinear",
     "all_reduce",
@@ -118,10 +119,9 @@ class TensorParallel:
         return max(1, self.tp_size // num_kv_heads)
 
 
-def _rows_of(blocks: Sequence[range], width: int) -> torch.Tensor:
-    """Row indices of ``blocks`` of ``width`` rows each (e.g. heads -> their weight rows)."""
-    rows = [torch.arange(b.start * width, b.stop * width) for b in blocks]
-    return torch.cat(rows) if rows else torch.empty(0, dtype=torch.int64)
+def shard_rows(items: range, width: int = 1) -> torch.Tensor:
+    """Weight-row indices of ``items`` (heads, features) that are ``width`` rows each."""
+    return torch.arange(items.start * width, items.stop * width)
 
 
 class ColumnParallelLinear(nn.Linear):

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..distributed import ColumnParallelLinear, RowParallelLinear, TensorParallel, _rows_of
+from ..distributed import ColumnParallelLinear, RowParallelLinear, TensorParallel, shard_rows
 from ..kv_cache import KVCacheConfig, KVCacheSpec
 from ..layers import AttentionMetadata, PagedAttention
 
@@ -137,8 +137,8 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = len(kv_heads)
         self.head_size = d
         # Rows of the full fused weight [q heads | k heads | v heads] that this rank computes.
-        kv_rows = _rows_of([kv_heads], d)
-        rows = torch.cat([_rows_of([heads], d), h * d + kv_rows, (h + kv) * d + kv_rows])
+        kv_rows = shard_rows(kv_heads, d)
+        rows = torch.cat([shard_rows(heads, d), h * d + kv_rows, (h + kv) * d + kv_rows])
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, (h + 2 * kv) * d, rows)
         self.o_proj = RowParallelLinear(h * d, config.hidden_size, range(heads.start * d, heads.stop * d), tp, tp_group)
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_size, 2, dtype=torch.float32)
@@ -169,7 +169,7 @@ class LlamaMLP(nn.Module):
         super().__init__()
         features = tp.split(config.intermediate_size, "intermediate_size")
         size = config.intermediate_size
-        rows = torch.cat([_rows_of([features], 1), size + _rows_of([features], 1)])  # [gate | up]
+        rows = torch.cat([shard_rows(features), size + shard_rows(features)])  # [gate | up]
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, 2 * size, rows)
         self.down_proj = RowParallelLinear(size, config.hidden_size, features, tp, tp_group)
 

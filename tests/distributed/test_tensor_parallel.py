@@ -215,6 +215,9 @@ def test_sharded_math_sums_to_the_full_layer():
     torch.testing.assert_close(partial[0] + partial[1], x @ w1.T @ w2.T, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=r"full weight has shape \(5, 8\), expected \(12, 8\)"):
         col.load_full_weight(torch.zeros(5, 8))
+    with pytest.raises(ValueError, match="rows must be non-empty indices into the 12 output features, got 1 rows "
+                                         "spanning 12..12"):
+        ColumnParallelLinear(8, 12, torch.tensor([12]))
     with pytest.raises(ValueError, match="cols=range"):
         RowParallelLinear(12, 5, range(6, 14), TensorParallel(2, 1))
 
