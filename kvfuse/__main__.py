@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import platform
 import re
@@ -178,6 +179,11 @@ def _add_cache_flags(p: argparse.ArgumentParser, *, dtype_default: str, skip_def
 def cmd_explain(args) -> int:
     _positive(args, "--layers", "--kv-heads", "--head-size", "--sliding-window")
     config = _config_from_args(args)
+    if args.tp_size < 1:
+        raise CLIError(f"--tp-size={args.tp_size} must be >= 1")
+    if args.tp_rank is not None and not 0 <= args.tp_rank < args.tp_size:
+        raise CLIError(f"--tp-rank={args.tp_rank} must be in 0..{args.tp_size - 1} (--tp-size={args.tp_size})")
+    config = dataclasses.replace(config, tp_size=args.tp_size, tp_rank=args.tp_rank or 0)
     model_dtype = _model_dtype(args.model_dtype)
     windowed = set(_int_list(args.sliding_window_layers, "--sliding-window-layers"))
     out_of_range = sorted(i for i in windowed if not 0 <= i < args.layers)
@@ -194,13 +200,38 @@ def cmd_explain(args) -> int:
           f"checkpoint_kv_cache_dtype={config.checkpoint_kv_cache_dtype!r}")
     print(f"model dtype {_dtype_name(model_dtype)}, {args.kv_heads} KV heads x head size {args.head_size}; "
           f"sliding-window layers: {', '.join(map(str, sorted(windowed))) or 'none'}")
+    if config.tp_size > 1:
+        print(_tp_lines(config, args.kv_heads))
     print()
     print(_table(_SPEC_HEADERS, _spec_rows(specs)))
     print()
     print(_totals_line(specs))
     if warning:
         print(warning)
+    if config.tp_size > 1:
+        per_rank = sum(s.bytes_per_token for s in specs)
+        replicated = (" (replicated heads counted on every rank that stores them)"
+                      if config.tp_size > args.kv_heads else "")
+        print(f"tensor parallel: {per_rank} bytes/token on each of {config.tp_size} ranks, "
+              f"{per_rank * config.tp_size} bytes/token over all ranks{replicated}")
     return 0
+
+
+def _heads_text(heads: range) -> str:
+    return str(heads.start) if len(heads) == 1 else f"{heads.start}-{heads.stop - 1}"
+
+
+def _tp_lines(config: KVCacheConfig, num_kv_heads: int) -> str:
+    from .distributed import kv_head_shard
+
+    # Every layer splits the same way (one KV-head count), so one line per rank says it all.
+    shards = [kv_head_shard(num_kv_heads, config.tp_size, r) for r in range(config.tp_size)]
+    replicas = max(1, config.tp_size // num_kv_heads)
+    how = (f"each KV head replicated on {replicas} ranks" if replicas > 1
+           else f"{len(shards[0])} KV heads per rank")
+    ranks = ", ".join(f"rank {r}: {_heads_text(h)}" for r, h in enumerate(shards))
+    return (f"tensor parallel: tp_size {config.tp_size}, {how} ({ranks}); the table is rank {config.tp_rank}'s "
+            f"(KV heads {_heads_text(shards[config.tp_rank])} of {num_kv_heads}), bytes per rank")
 
 
 # ----------------------------------------------------------------------------- demo
@@ -415,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sliding-window", type=int, default=4096, help="window of those layers (default: 4096)")
     p.add_argument("--kv-heads", type=int, default=8, help="KV heads per layer (default: 8)")
     p.add_argument("--head-size", type=int, default=128, help="head size (default: 128)")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="tensor-parallel ranks: each holds its share of the KV heads (default: 1)")
+    p.add_argument("--tp-rank", type=int, default=None, help="the rank whose plan is printed (default: 0)")
     p.add_argument("--layer-name-format", default=LAYER_NAME_FORMAT,
                    help=f"layer names, '{{}}' = index (default: {LAYER_NAME_FORMAT})")
     p.set_defaults(func=cmd_explain)

@@ -287,6 +287,17 @@ class KVCacheSpec:
     kv_cache_torch_dtype: torch.dtype
     sliding_window: Optional[int]
     reason: str = field(compare=False)
+    # Tensor parallelism: num_kv_heads above is this rank's share of total_num_kv_heads.
+    tp_size: int = 1
+    tp_rank: int = 0
+    total_num_kv_heads: Optional[int] = None  # None: not sharded (= num_kv_heads)
+
+    @property
+    def kv_heads(self) -> range:
+        """The model's KV-head indices this cache holds (all of them without tensor parallelism)."""
+        from .distributed import kv_head_shard
+
+        return kv_head_shard(self.total_num_kv_heads or self.num_kv_heads, self.tp_size, self.tp_rank)
 
     @property
     def row_dim(self) -> int:
@@ -335,15 +346,28 @@ class KVCacheConfig:
     Precedence for a layer: a skip rule matches -> model dtype; else an explicit
     ``kv_cache_dtype`` (anything but "auto"); else ``checkpoint_kv_cache_dtype``; else the
     model dtype.
+
+    ``tp_size`` / ``tp_rank``: under tensor parallelism :meth:`layer_spec` still takes the
+    model's KV-head count and returns this rank's spec, whose cache holds only this rank's
+    heads (see :mod:`kvfuse.distributed` for the split and for replication when
+    ``tp_size > num_kv_heads``). The dtype decision is the same on every rank.
     """
 
     kv_cache_dtype: str = "auto"
     skip_layers: tuple = ()
     checkpoint_kv_cache_dtype: Optional[str] = None
+    tp_size: int = 1
+    tp_rank: int = 0
+
     #: :meth:`check_skip_rules` raises (instead of warning) when a rule matches no layer.
     strict_skip_layers: bool = False
 
     def __post_init__(self) -> None:
+        for name, value, minimum in (("tp_size", self.tp_size, 1), ("tp_rank", self.tp_rank, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
+        if self.tp_rank >= self.tp_size:
+            raise ValueError(f"tp_rank={self.tp_rank} must be < tp_size={self.tp_size}")
         if not isinstance(self.strict_skip_layers, bool):
             raise ValueError(f"strict_skip_layers={self.strict_skip_layers!r} must be a bool")
         _parse_dtype_name(self.kv_cache_dtype, "kv_cache_dtype")
@@ -427,12 +451,19 @@ class KVCacheConfig:
         """Decide one layer's cache mode and storage dtype (see the class docstring).
 
         ``model_dtype`` is a native ``torch.dtype`` or its name ("bfloat16", "half", ...).
+        ``num_kv_heads`` is the model's count; the spec's is this rank's share of it.
         """
         if not isinstance(layer_name, str) or not layer_name:
             raise ValueError(f"layer_name={layer_name!r} must be a non-empty str")
         for name, value in (("num_kv_heads", num_kv_heads), ("head_size", head_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"layer {layer_name!r}: {name}={value!r} must be a positive int")
+        from .distributed import kv_head_shard
+
+        try:
+            local_kv_heads = len(kv_head_shard(num_kv_heads, self.tp_size, self.tp_rank))
+        except ValueError as e:
+            raise ValueError(f"layer {layer_name!r}: {e}") from None
         try:
             model_dtype = parse_model_dtype(model_dtype)
         except ValueError as e:
@@ -471,13 +502,16 @@ class KVCacheConfig:
         spec = KVCacheSpec(
             layer_name=layer_name,
             layer_index=layer_index,
-            num_kv_heads=num_kv_heads,
+            num_kv_heads=local_kv_heads,
             head_size=head_size,
             model_dtype=model_dtype,
             kv_quant_mode=mode,
             kv_cache_torch_dtype=storage_dtype(mode, native),
             sliding_window=sliding_window,
             reason=reason,
+            tp_size=self.tp_size,
+            tp_rank=self.tp_rank,
+            total_num_kv_heads=num_kv_heads if self.tp_size > 1 else None,
         )
         logger.debug("layer %s: %s (%s), %s", layer_name, mode.name, spec.kv_cache_torch_dtype, reason)
         return spec

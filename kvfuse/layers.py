@@ -45,6 +45,12 @@ class PagedAttention(nn.Module):
     may differ (FP8 layers beside bf16 skip layers). In eager mode the write is the fused
     ``kvfuse::encode_and_cache_write``; under ``torch.compile`` the layer emits the unfused
     ``encode_kv`` + ``cache_write`` pair, which kvfuse's Inductor pass fuses (and reports).
+
+    ``num_heads`` / ``num_kv_heads`` are the model's counts. Under tensor parallelism
+    (``config.tp_size > 1``) the layer's ``num_heads`` / ``num_kv_heads`` attributes are this
+    rank's share (``num_heads / tp_size`` query heads; the spec's KV heads, see
+    :mod:`kvfuse.distributed`), and ``total_num_heads`` / ``total_num_kv_heads`` keep the
+    model's counts.
     """
 
     def __init__(
@@ -76,8 +82,16 @@ class PagedAttention(nn.Module):
             layer_name, num_kv_heads=num_kv_heads, head_size=head_size, model_dtype=model_dtype,
             sliding_window=sliding_window, layer_index=layer_index,
         )
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
+        if num_heads % config.tp_size:
+            raise ValueError(f"layer {layer_name!r}: num_heads={num_heads} is not divisible by "
+                             f"tp_size={config.tp_size}; every rank must hold an equal share of the query heads")
+        # Callers pass the model's head counts (the spec splits the KV heads itself); the attributes
+        # describe what this rank's tensors hold, so that a query/cache shape check on the layer
+        # never mixes the two. The totals stay available for reports.
+        self.total_num_heads = num_heads
+        self.total_num_kv_heads = num_kv_heads
+        self.num_heads = num_heads // config.tp_size
+        self.num_kv_heads = self.spec.num_kv_heads
         self.head_size = head_size
         self.layer_name = layer_name
         self.sliding_window = sliding_window
