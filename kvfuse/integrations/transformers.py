@@ -352,17 +352,23 @@ class KVFuseCache(Cache):
         self._num_blocks = num_blocks
         self.manager: Optional[PagedCacheManager] = None
         self._columns = 0
+        # While a step's forward runs, transformers must see the positions before it (as with a
+        # DynamicCache, whose layers grow only in update()): the model derives default position ids
+        # from get_seq_length().
+        self._past = 0
+        self._in_step = False
         self._batch: Optional[int] = None
         self._released: set = set()
 
     # ------------------------------------------------------------------ transformers' Cache API
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Positions seen so far, padding included (what a ``DynamicCache`` would hold)."""
-        return self._columns
+        """Positions seen so far, padding included (what a ``DynamicCache`` would hold); inside a
+        step's forward, the positions before that step."""
+        return self._past if self._in_step else self._columns
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self._columns + query_length, 0
+        return self.get_seq_length() + query_length, 0
 
     def get_max_length(self, layer_idx: Optional[int] = None) -> int:
         return -1
@@ -382,7 +388,8 @@ class KVFuseCache(Cache):
         if self.manager is not None:
             for seq in list(self.manager._pages):
                 self.manager.free(seq)
-        self._columns = 0
+        self._columns = self._past = 0
+        self._in_step = False
         self._batch = None
         self._released.clear()
 
@@ -412,16 +419,18 @@ class KVFuseCache(Cache):
                 self.manager.free(row)
             self._released.add(int(row))
 
+    def end_step(self) -> None:
+        """Mark the prepared step as done (the enabled model's forward hook calls it)."""
+        self._in_step = False
+
     def _ensure_capacity(self, lengths: list) -> None:
         longest = max(lengths) if lengths else 1
         if self.manager is None:
             max_seq_len = self._max_seq_len or longest + _DEFAULT_HEADROOM
-            max_seq_len = max(max_seq_len, longest)
             per_seq = -(-max_seq_len // self.block_size)
             num_blocks = self._num_blocks or per_seq * max(len(lengths), 1)
             self.manager = PagedCacheManager(self.specs, num_blocks=num_blocks, block_size=self.block_size,
                                              device=self.device, max_seq_len=max_seq_len)
-            return
         m = self.manager
         if longest > m.max_seq_len:
             m.grow(max_seq_len=max(2 * m.max_seq_len, longest))
@@ -459,7 +468,7 @@ class KVFuseCache(Cache):
             raise ValueError("the step has no real token (attention_mask is 0 for every new position)")
         self._ensure_capacity([(self.manager.seq_len(b) if self.manager else 0) + counts[b] for b in range(batch_size)])
         step = self.manager.step({b: [0] * counts[b] for b in rows}, pad_to=batch_size * num_new)
-        self._columns += num_new
+        self._past, self._columns, self._in_step = self._columns, self._columns + num_new, True
         self._batch = batch_size
         flat = real.reshape(-1)
         identity = bool(flat.all())
@@ -557,6 +566,13 @@ def _make_pre_hook(model: nn.Module, block_size: int):
     return pre_forward
 
 
+@torch.compiler.disable
+def _post_forward(module, args, kwargs, output):
+    cache = kwargs.get("past_key_values")
+    if isinstance(cache, KVFuseCache):
+        cache.end_step()
+
+
 def enable(model: nn.Module, config: Optional[KVCacheConfig] = None, *, block_size: int = _DEFAULT_BLOCK_SIZE,
            load_scales: bool = True, kv_scales: Optional[Mapping[str, Any]] = None) -> nn.Module:
     """Run ``model`` (a transformers decoder-only model) on kvfuse paged caches; returns ``model``.
@@ -599,11 +615,11 @@ def enable(model: nn.Module, config: Optional[KVCacheConfig] = None, *, block_si
         load_kv_scales(model, kv_scales, declared=config.checkpoint_kv_cache_dtype)
     AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    old = getattr(model, _HOOK_ATTR, None)
-    if old is not None:
+    for old in getattr(model, _HOOK_ATTR, ()):
         old.remove()
-    handle = model.register_forward_pre_hook(_make_pre_hook(model, block_size), with_kwargs=True)
-    object.__setattr__(model, _HOOK_ATTR, handle)
+    handles = (model.register_forward_pre_hook(_make_pre_hook(model, block_size), with_kwargs=True),
+               model.register_forward_hook(_post_forward, with_kwargs=True))
+    object.__setattr__(model, _HOOK_ATTR, handles)
     for layer in kvfuse_layers(model):
         logger.info("kvfuse layer %s: %s (%s)", layer.layer_name, layer.spec.kv_quant_mode.name, layer.spec.reason)
     return model
