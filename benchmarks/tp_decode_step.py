@@ -1,6 +1,6 @@
 """Decode-step latency of the demo model at tensor-parallel size 1 vs 2, compiled and CUDA-graphed.
 
-    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 benchmarks/tp_decode_step.py [--quick] [--out DIR]
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 -m benchmarks.tp_decode_step [--quick] [--out DIR]
 
 Model (as benchmarks/decode_step.py): 8 layers, hidden 2048, 16 query / 8 KV heads, head size
 128, MLP 5632, bf16 weights; batch 64, context 4096, page 16. Caches: all bf16; FP8 e4m3 with
@@ -36,8 +36,6 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # before NCCL initializes
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import kvfuse  # noqa: E402
 from benchmarks.common import device_info, markdown_table, write_json, write_markdown  # noqa: E402
@@ -163,10 +161,10 @@ def main() -> int:
     args = parser.parse_args()
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
-        print("tp_decode_step: needs CUDA GPUs (launch: torchrun --nproc-per-node 2 benchmarks/tp_decode_step.py)")
+        print("tp_decode_step: needs CUDA GPUs (launch: torchrun --nproc-per-node 2 -m benchmarks.tp_decode_step)")
         return 2
     if "RANK" not in os.environ:
-        print("tp_decode_step: launch with torchrun --nproc-per-node 2 benchmarks/tp_decode_step.py")
+        print("tp_decode_step: launch with torchrun --nproc-per-node 2 -m benchmarks.tp_decode_step")
         return 2
     tp = init_tensor_parallel(device=device)
     if tp.tp_size != 2:
@@ -210,7 +208,7 @@ def _report(rows: list, args, write: bool) -> None:
         base = next((r for r in rows if r["cache"] == row["cache"] and r["tp_size"] == 1 and "us" in r), None)
         if base and "us" in row:
             row["speedup_vs_tp1"] = round(base["us"] / row["us"], 3)
-    command = "torchrun --nproc-per-node 2 benchmarks/tp_decode_step.py" + (" --quick" if args.quick else "")
+    command = "torchrun --nproc-per-node 2 -m benchmarks.tp_decode_step" + (" --quick" if args.quick else "")
     info = device_info(command)
     try:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))

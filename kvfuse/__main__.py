@@ -1,10 +1,12 @@
-"""``python -m kvfuse``: explain | demo | info | bench.
+"""``python -m kvfuse``: explain | demo | info | bench | generate.
 
 - ``explain``: which cache mode each layer gets for a dtype request, and which rule decided;
 - ``demo``: the random-weight demo model with a mixed per-layer cache, its logit error against
   an all-model-dtype cache, and the same model compiled with kvfuse's backend;
 - ``info``: versions, the CUDA device, and which kernel backend runs each op family and mode;
-- ``bench NAME [args...]``: runs ``benchmarks/NAME.py`` of the source checkout.
+- ``bench NAME [args...]``: runs ``python -m benchmarks.NAME`` in the source checkout;
+- ``generate``: a transformers model (local directory or tiny random config) generating on
+  kvfuse caches, see :mod:`kvfuse.cli_generate`.
 
 The only module of kvfuse that prints. Heavy imports (the model, torch.compile, Triton)
 happen inside the command that needs them, so ``--help`` and ``explain`` start fast.
@@ -436,7 +438,7 @@ def cmd_bench(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvfuse", description="Per-layer paged KV caches for torch.compile.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="{explain,demo,info,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{explain,demo,info,bench,generate}")
     sub.required = True
 
     p = sub.add_parser("explain", help="which cache mode each layer gets, and why")
@@ -484,6 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a benchmark: attention, cache-write, compile-pass, decode-step, ...")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
     p.set_defaults(func=cmd_bench)
+
+    from .cli_generate import add_generate_parser  # its heavy imports happen when it runs
+
+    add_generate_parser(sub, emit=print)
     return parser
 
 

@@ -64,6 +64,7 @@ class PagedAttention(nn.Module):
         sliding_window: Optional[int] = None,
         layer_index: Optional[int] = None,
         sm_scale: Optional[float] = None,
+        logit_softcap: float = 0.0,
     ) -> None:
         super().__init__()
         if not isinstance(num_heads, int) or num_heads <= 0:
@@ -73,6 +74,11 @@ class PagedAttention(nn.Module):
                 f"layer {layer_name!r}: num_kv_heads={num_kv_heads!r} must be a positive int dividing "
                 f"num_heads={num_heads}"
             )
+        if isinstance(logit_softcap, bool) or not isinstance(logit_softcap, (int, float)) or not (
+            math.isfinite(logit_softcap) and logit_softcap >= 0
+        ):
+            raise ValueError(f"layer {layer_name!r}: logit_softcap={logit_softcap!r} must be a finite float >= 0 "
+                             f"(0.0: no soft-capping)")
         config = config if config is not None else KVCacheConfig()
         if not isinstance(config, KVCacheConfig):
             raise ValueError(f"layer {layer_name!r}: config is a {type(config).__name__}; expected a "
@@ -96,6 +102,7 @@ class PagedAttention(nn.Module):
         self.layer_name = layer_name
         self.sliding_window = sliding_window
         self.sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_size)
+        self.logit_softcap = float(logit_softcap)
         self.register_buffer("k_scale", torch.ones((), dtype=torch.float32))
         self.register_buffer("v_scale", torch.ones((), dtype=torch.float32))
 
@@ -124,6 +131,8 @@ class PagedAttention(nn.Module):
         return (
             f"{self.layer_name!r}, heads={self.num_heads}/{self.num_kv_heads}, head_size={self.head_size}, "
             f"kv_cache={self.spec.kv_quant_mode.name}/{self.spec.kv_cache_torch_dtype}"
+            + (f", sliding_window={self.sliding_window}" if self.sliding_window is not None else "")
+            + (f", logit_softcap={self.logit_softcap}" if self.logit_softcap else "")
         )
 
     def _check_argument_types(self, query, key, value, kv_cache, metadata) -> None:
@@ -148,7 +157,10 @@ class PagedAttention(nn.Module):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        sinks: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        """``sinks``: optional float32 ``[num_heads]`` per-head logits that join the softmax
+        denominator only (gpt-oss); passed per call so the model keeps owning the parameter."""
         spec = self.spec
         self._check_argument_types(query, key, value, kv_cache, metadata)
         if kv_cache.dtype != spec.kv_cache_torch_dtype or kv_cache.dim() != 5 or tuple(kv_cache.shape[3:]) != (
@@ -173,6 +185,7 @@ class PagedAttention(nn.Module):
         return torch.ops.kvfuse.paged_attention(
             query, kv_cache, self.k_scale, self.v_scale, metadata.block_table, metadata.seq_lens,
             metadata.query_start_loc, mode, self.sm_scale, self.sliding_window, self.layer_name,
+            self.logit_softcap, sinks,
         )
 
 

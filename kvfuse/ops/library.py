@@ -9,7 +9,8 @@ Ops (namespace ``kvfuse``)::
                            Tensor k_scale, Tensor v_scale, int kv_quant_mode, str layer_name) -> ()
     paged_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale,
                     Tensor block_table, Tensor seq_lens, Tensor query_start_loc, int kv_quant_mode,
-                    float sm_scale, int? sliding_window, str layer_name) -> Tensor
+                    float sm_scale, int? sliding_window, str layer_name, float logit_softcap=0.0,
+                    Tensor? sinks=None) -> Tensor
 
 Every op carries the layer's ``kv_quant_mode`` (a :class:`kvfuse.KVQuantMode` value) and
 ``layer_name``; nothing here reads a global cache dtype. One validator per op runs in the fake
@@ -281,12 +282,14 @@ def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_
 KVFUSE_LIB.define(
     "paged_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale, Tensor block_table, "
     "Tensor seq_lens, Tensor query_start_loc, int kv_quant_mode, float sm_scale, int? sliding_window, "
-    "str layer_name) -> Tensor"
+    # Appended with defaults so that callers written before soft-capping and sinks keep working.
+    "str layer_name, float logit_softcap=0.0, Tensor? sinks=None) -> Tensor"
 )
 
 
 def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                              kv_quant_mode, sm_scale, sliding_window, layer_name) -> KVQuantMode:
+                              kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0,
+                              sinks=None) -> KVQuantMode:
     op = "paged_attention"
     mode = _mode(op, layer_name, kv_quant_mode)
     _check_kv_input(op, layer_name, "query", query)
@@ -319,30 +322,38 @@ def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, se
         _fail(op, layer_name, f"sm_scale={sm_scale!r} must be a finite float > 0")
     if sliding_window is not None and sliding_window <= 0:
         _fail(op, layer_name, f"sliding_window={sliding_window!r} must be None or > 0")
+    if not (isinstance(logit_softcap, (int, float)) and math.isfinite(logit_softcap) and logit_softcap >= 0):
+        _fail(op, layer_name, f"logit_softcap={logit_softcap!r} must be a finite float >= 0 (0.0: no soft-capping)")
+    extra = {}
+    if sinks is not None:
+        if sinks.dtype != torch.float32 or sinks.dim() != 1 or sinks.shape[0] != num_q_heads:
+            _fail(op, layer_name, f"sinks must be a float32 tensor of shape [num_q_heads]=[{num_q_heads}] "
+                  f"(one logit per query head), got dtype {sinks.dtype} shape {tuple(sinks.shape)}")
+        extra["sinks"] = sinks
     _check_devices(op, layer_name, query=query, kv_cache=kv_cache, k_scale=k_scale, v_scale=v_scale,
-                   block_table=block_table, seq_lens=seq_lens, query_start_loc=query_start_loc)
+                   block_table=block_table, seq_lens=seq_lens, query_start_loc=query_start_loc, **extra)
     return mode
 
 
 @torch.library.register_fake("kvfuse::paged_attention", lib=KVFUSE_LIB)
 def _paged_attention_fake(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                          kv_quant_mode, sm_scale, sliding_window, layer_name):
+                          kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0, sinks=None):
     _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                              kv_quant_mode, sm_scale, sliding_window, layer_name)
+                              kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap, sinks)
     return query.new_empty(query.shape)
 
 
 def _paged_attention_impl(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                          kv_quant_mode, sm_scale, sliding_window, layer_name):
+                          kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0, sinks=None):
     mode = _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                                     kv_quant_mode, sm_scale, sliding_window, layer_name)
+                                     kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap, sinks)
     if checks.enabled():
         checks.check_attention_metadata("paged_attention", layer_name, query.shape[0], kv_cache, block_table,
                                         seq_lens, query_start_loc)
         if mode.is_quantized:
             checks.check_scales("paged_attention", layer_name, k_scale=k_scale, v_scale=v_scale)
     call = registry.AttentionCall(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                                  mode, sm_scale, sliding_window)
+                                  mode, sm_scale, sliding_window, float(logit_softcap), sinks)
     return registry.kernel("paged_attention", query.device.type, mode)(call)
 
 
