@@ -210,8 +210,6 @@ def test_model_dtype_string_and_check_skip_rules(caplog):
         PagedAttention(4, 2, 16, "model.layers.0.attn", model_dtype="int8")
 
 
-@pytest.mark.xfail(strict=True, reason="needs an inference-only Autograd kernel for kvfuse::encode_kv and "
-                                       "kvfuse::paged_attention in kvfuse/ops/__init__.py (issue 19, item 10)")
 def test_grad_mode_gives_no_autograd_warning_and_no_grad_output():
     import warnings
 

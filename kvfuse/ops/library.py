@@ -365,3 +365,28 @@ for _name, _impl in (
 ):
     KVFUSE_LIB.impl(_name, _impl, "CPU")
     KVFUSE_LIB.impl(_name, _impl, "CUDA")
+
+
+# ----------------------------------------------------------------------------- autograd
+
+# The kernels are inference-only: nothing here has a derivative formula. Without a kernel at the
+# Autograd key, a call on inputs that require grad goes through PyTorch's autograd fallback, which
+# warns and hands back outputs that claim a gradient and fail only at backward time. This kernel
+# runs the op below autograd instead, so the outputs are plain tensors (requires_grad=False)
+# whatever the grad mode, and a backward through them fails where it starts, on a leaf without
+# grad_fn. Ops that only mutate the cache return nothing and need no such kernel.
+
+
+def _below_autograd(name: str):
+    overload = getattr(torch.ops.kvfuse, name).default
+
+    def kernel(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload(*args)
+
+    kernel.__name__ = f"_{name}_autograd"
+    return kernel
+
+
+for _name in ("encode_kv", "paged_attention"):
+    KVFUSE_LIB.impl(_name, _below_autograd(_name), "Autograd")
