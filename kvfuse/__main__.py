@@ -498,10 +498,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if args.verbose:
-        # The native build echoes every ninja / compiler command line when its logger is at DEBUG;
-        # -v is for kvfuse's own decisions, so that logger stops at INFO (build start/end, errors).
-        logging.getLogger("kvfuse.ops.native").setLevel(logging.INFO)
     try:
         return args.func(args)
     except (CLIError, ValueError) as e:
