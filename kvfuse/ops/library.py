@@ -17,6 +17,8 @@ Every op carries the layer's ``kv_quant_mode`` (a :class:`kvfuse.KVQuantMode` va
 (meta) implementation, at trace time, and in the real body before any kernel touches memory,
 so a bad call fails before anything is written. The real body (registered for CPU and CUDA)
 then asks :mod:`.registry` for the kernel of this (op, device, mode, size) and calls it.
+The ops are inference-only: ``encode_kv`` and ``paged_attention`` also have an Autograd kernel
+that runs them below autograd, so their outputs never claim a gradient.
 
 The unfused graph is ``encode_kv`` (K) + ``encode_kv`` (V) + ``cache_write``; the fused
 ``encode_and_cache_write`` is defined to be exactly that composition.
