@@ -464,5 +464,9 @@ def _meta(args, copy_bw, tuned):
 
 
 
+# Read (as text) by `python -m kvfuse bench`, which refuses to start this on a host without CUDA.
+REQUIRES_CUDA = True
+
+
 if __name__ == "__main__":
     main()

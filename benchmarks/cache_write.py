@@ -438,5 +438,9 @@ def write_report(out_dir, info, rows, tokens, formats, copy_gb_s, notes) -> None
                       "effective GB/s", hline=(copy_gb_s, "copy"), panels=list(formats))
 
 
+# Read (as text) by `python -m kvfuse bench`, which refuses to start this on a host without CUDA.
+REQUIRES_CUDA = True
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -205,13 +205,28 @@ def write_markdown(path: str, title: str, info: dict, body: str, notes: Sequence
         f.write(head + body + "\n" + (tail + "\n" if tail else ""))
 
 
+def pyplot(path: str):
+    """``matplotlib.pyplot`` (Agg backend), or None with a note on stderr when matplotlib is not
+    installed: plots are optional, the results (JSON, markdown, stdout) are written anyway."""
+    try:
+        import matplotlib
+    except ImportError:
+        import sys
+
+        print(f"note: plot {path} skipped: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_lines(path: str, series: dict, title: str, xlabel: str, ylabel: str,
                hline: Optional[tuple[float, str]] = None, panels: Optional[Sequence[str]] = None) -> None:
     """PNG of ``series[panel][label] = [(x, y), ...]`` with log2 x, one subplot per panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     panels = list(panels or series)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)

@@ -23,7 +23,7 @@ from torch import nn
 
 
 import kvfuse
-from benchmarks.common import current_commit
+from benchmarks.common import current_commit, pyplot
 from kvfuse import AttentionMetadata, KVCacheConfig, PagedAttention, allocate_kv_cache
 
 
@@ -153,12 +153,8 @@ def write_md_and_plot(result, out):
             lines.append(f"| {step} | {fuse} | {r['kernels']} | {r['median_us']:.1f} |")
     with open(os.path.join(out, "compile_pass.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    if "compile" in result:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    plt = pyplot(os.path.join(out, "compile_pass.png")) if "compile" in result else None
+    if plt is not None:
         fig, ax = plt.subplots(1, 2, figsize=(10, 4))
         ns = sorted({r["layers"] for r in result["compile"]})
         by = {(r["layers"], r["fuse"]): r for r in result["compile"]}

@@ -118,5 +118,9 @@ def main():
     print(json.dumps(rows))
 
 
+# Read (as text) by `python -m kvfuse bench`, which refuses to start this on a host without CUDA.
+REQUIRES_CUDA = True
+
+
 if __name__ == "__main__":
     main()

@@ -49,6 +49,10 @@ def native_write_case():
     torch.cuda.synchronize()
 
 
+# Read (as text) by `python -m kvfuse bench`, which refuses to start this on a host without CUDA.
+REQUIRES_CUDA = True
+
+
 if __name__ == "__main__":
     attention_cases()
     native_write_case()

@@ -1,10 +1,12 @@
-"""``python -m kvfuse``: explain | demo | info | bench.
+"""``python -m kvfuse``: explain | demo | info | bench | generate.
 
 - ``explain``: which cache mode each layer gets for a dtype request, and which rule decided;
 - ``demo``: the random-weight demo model with a mixed per-layer cache, its logit error against
   an all-model-dtype cache, and the same model compiled with kvfuse's backend;
 - ``info``: versions, the CUDA device, and which kernel backend runs each op family and mode;
-- ``bench NAME [args...]``: runs ``benchmarks/NAME.py`` of the source checkout.
+- ``bench NAME [args...]``: runs ``python -m benchmarks.NAME`` in the source checkout;
+- ``generate``: a transformers model (local directory or tiny random config) generating on
+  kvfuse caches, see :mod:`kvfuse.cli_generate`.
 
 The only module of kvfuse that prints. Heavy imports (the model, torch.compile, Triton)
 happen inside the command that needs them, so ``--help`` and ``explain`` start fast.
@@ -13,8 +15,11 @@ happen inside the command that needs them, so ``--help`` and ``explain`` start f
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import logging
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +27,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .kv_cache import KVCacheConfig, KVQuantMode, _parse_dtype_name
+from .kv_cache import KVCacheConfig, describe_unmatched_skip_rules, parse_model_dtype
 
 LAYER_NAME_FORMAT = "model.layers.{}.self_attn.attn"
 
@@ -58,12 +63,62 @@ def _skip_rules(text: Optional[str]) -> tuple:
 
 
 def _model_dtype(name: str) -> torch.dtype:
-    # The one dtype parser decides what a name means; "auto" and quantized names make no
-    # sense for a model's own dtype.
-    mode, native = _parse_dtype_name(name, "--model-dtype")
-    if mode is not KVQuantMode.NONE or native is None:
-        raise CLIError(f"--model-dtype={name!r} must name a native dtype: bfloat16, float16/half or float32/float")
-    return native
+    # "auto" and quantized names make no sense for a model's own dtype: only native names are offered.
+    return parse_model_dtype(name, "--model-dtype")
+
+
+def _positive(args, *flags: str) -> None:
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is None or value <= 0:
+            raise CLIError(f"{flag}={value} must be a positive integer")
+
+
+def _device(text: Optional[str]) -> torch.device:
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise CLIError(f"--device={text!r} is not a device kvfuse runs on; allowed: 'cpu', 'cuda' or 'cuda:N'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CLIError(f"--device {text} was requested but torch sees no CUDA device "
+                       f"(torch {torch.__version__}, built with CUDA {torch.version.cuda or 'none'})")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise CLIError(f"--device {text}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+@contextlib.contextmanager
+def _status(text: str):
+    """A one-line status on stderr during long first-use work; silent unless stderr is a terminal.
+
+    The line is erased when the work ends, so it never mixes with the command's output.
+    """
+    stream = sys.stderr
+    live = bool(getattr(stream, "isatty", lambda: False)())
+    if live:
+        stream.write(f"{text}...")
+        stream.flush()
+    try:
+        yield
+    finally:
+        if live:
+            stream.write("\r\033[K")
+            stream.flush()
+
+
+def _skip_rule_warning(config: KVCacheConfig, specs) -> Optional[str]:
+    """The warning line for skip rules that match no layer (raises with --strict-skip-layers)."""
+    unmatched = config.unmatched_skip_rules(specs)
+    if not unmatched:
+        return None
+    message = describe_unmatched_skip_rules(unmatched, specs)
+    if config.strict_skip_layers:
+        raise CLIError(message)
+    return f"warning: {message} (--strict-skip-layers makes this an error)"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -101,6 +156,7 @@ def _config_from_args(args) -> KVCacheConfig:
         kv_cache_dtype=args.kv_cache_dtype,
         skip_layers=_skip_rules(args.skip_layers),
         checkpoint_kv_cache_dtype=args.checkpoint_kv_cache_dtype,
+        strict_skip_layers=args.strict_skip_layers,
     )
 
 
@@ -113,16 +169,23 @@ def _add_cache_flags(p: argparse.ArgumentParser, *, dtype_default: str, skip_def
                         f"full layer names (default: {skip_default or 'none'})")
     p.add_argument("--checkpoint-kv-cache-dtype", default=None,
                    help="the KV-cache dtype a quantized checkpoint declares (default: none)")
-    p.add_argument("--model-dtype", default="bfloat16", help="model dtype (default: bfloat16)")
+    p.add_argument("--strict-skip-layers", action="store_true",
+                   help="fail (instead of warning) when a skip rule matches no layer")
+    p.add_argument("--model-dtype", default="bfloat16",
+                   help="model dtype: bfloat16, float16, half, float32 or float (default: bfloat16)")
 
 
 # ----------------------------------------------------------------------------- explain
 
 
 def cmd_explain(args) -> int:
-    if args.layers <= 0:
-        raise CLIError(f"--layers={args.layers} must be positive")
+    _positive(args, "--layers", "--kv-heads", "--head-size", "--sliding-window")
     config = _config_from_args(args)
+    if args.tp_size < 1:
+        raise CLIError(f"--tp-size={args.tp_size} must be >= 1")
+    if args.tp_rank is not None and not 0 <= args.tp_rank < args.tp_size:
+        raise CLIError(f"--tp-rank={args.tp_rank} must be in 0..{args.tp_size - 1} (--tp-size={args.tp_size})")
+    config = dataclasses.replace(config, tp_size=args.tp_size, tp_rank=args.tp_rank or 0)
     model_dtype = _model_dtype(args.model_dtype)
     windowed = set(_int_list(args.sliding_window_layers, "--sliding-window-layers"))
     out_of_range = sorted(i for i in windowed if not 0 <= i < args.layers)
@@ -134,15 +197,43 @@ def cmd_explain(args) -> int:
                           layer_index=i)
         for i in range(args.layers)
     ]
+    warning = _skip_rule_warning(config, specs)
     print(f"kv_cache_dtype={config.kv_cache_dtype!r} skip_layers={list(config.skip_layers)} "
           f"checkpoint_kv_cache_dtype={config.checkpoint_kv_cache_dtype!r}")
     print(f"model dtype {_dtype_name(model_dtype)}, {args.kv_heads} KV heads x head size {args.head_size}; "
           f"sliding-window layers: {', '.join(map(str, sorted(windowed))) or 'none'}")
+    if config.tp_size > 1:
+        print(_tp_lines(config, args.kv_heads))
     print()
     print(_table(_SPEC_HEADERS, _spec_rows(specs)))
     print()
     print(_totals_line(specs))
+    if warning:
+        print(warning)
+    if config.tp_size > 1:
+        per_rank = sum(s.bytes_per_token for s in specs)
+        replicated = (" (replicated heads counted on every rank that stores them)"
+                      if config.tp_size > args.kv_heads else "")
+        print(f"tensor parallel: {per_rank} bytes/token on each of {config.tp_size} ranks, "
+              f"{per_rank * config.tp_size} bytes/token over all ranks{replicated}")
     return 0
+
+
+def _heads_text(heads: range) -> str:
+    return str(heads.start) if len(heads) == 1 else f"{heads.start}-{heads.stop - 1}"
+
+
+def _tp_lines(config: KVCacheConfig, num_kv_heads: int) -> str:
+    from .distributed import kv_head_shard
+
+    # Every layer splits the same way (one KV-head count), so one line per rank says it all.
+    shards = [kv_head_shard(num_kv_heads, config.tp_size, r) for r in range(config.tp_size)]
+    replicas = max(1, config.tp_size // num_kv_heads)
+    how = (f"each KV head replicated on {replicas} ranks" if replicas > 1
+           else f"{len(shards[0])} KV heads per rank")
+    ranks = ", ".join(f"rank {r}: {_heads_text(h)}" for r, h in enumerate(shards))
+    return (f"tensor parallel: tp_size {config.tp_size}, {how} ({ranks}); the table is rank {config.tp_rank}'s "
+            f"(KV heads {_heads_text(shards[config.tp_rank])} of {num_kv_heads}), bytes per rank")
 
 
 # ----------------------------------------------------------------------------- demo
@@ -153,8 +244,8 @@ def cmd_demo(args) -> int:
     from .models.llama import LlamaConfig, LlamaForCausalLM
 
     model_dtype = _model_dtype(args.model_dtype)
-    if args.layers <= 0:
-        raise CLIError(f"--layers={args.layers} must be positive")
+    _positive(args, "--layers", "--hidden", "--heads", "--kv-heads", "--head-size", "--vocab", "--block-size",
+              "--sliding-window")
     if args.steps < 0:
         raise CLIError(f"--steps={args.steps} must be >= 0")
     if args.sliding_window_layers is None:
@@ -164,9 +255,7 @@ def cmd_demo(args) -> int:
     prompt_lens = _int_list(args.prompt_lens, "--prompt-lens")
     if not prompt_lens or min(prompt_lens) <= 0:
         raise CLIError(f"--prompt-lens={args.prompt_lens!r} must list positive lengths")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CLIError("--device cuda was requested but torch sees no CUDA device")
+    device = _device(args.device)
     dump = None
     if args.dump is not None:
         try:
@@ -182,6 +271,7 @@ def cmd_demo(args) -> int:
     )
     baseline_config = KVCacheConfig(kv_cache_dtype="auto")
     specs = model_config.layer_specs(config)  # fails here, before any work, on a bad request
+    warning = _skip_rule_warning(config, specs)
     batch = make_batch(model_config.vocab_size, prompt_lens, args.steps, seed=args.seed)
     pad_to = -(-max(sum(prompt_lens), len(prompt_lens)) // 8) * 8
 
@@ -194,12 +284,15 @@ def cmd_demo(args) -> int:
     print(_table(_SPEC_HEADERS, _spec_rows(specs)))
     print()
     print(_totals_line(specs))
+    if warning:
+        print(warning)
     print()
 
     model = LlamaForCausalLM(model_config, config, device=device)
     baseline = LlamaForCausalLM(model_config, baseline_config, device=device)
-    logits, _ = run_steps(model, batch, block_size=args.block_size, pad_to=pad_to)
-    reference, _ = run_steps(baseline, batch, block_size=args.block_size, pad_to=pad_to)
+    with _status("running the model eagerly (the first call may build kvfuse's native kernels, ~20 s)"):
+        logits, _ = run_steps(model, batch, block_size=args.block_size, pad_to=pad_to)
+        reference, _ = run_steps(baseline, batch, block_size=args.block_size, pad_to=pad_to)
     steps_text = (f"prefill of {len(prompt_lens)} sequences (lengths {', '.join(map(str, prompt_lens))}) + "
                   f"{args.steps} decode steps, every step padded to {pad_to} tokens (slot -1)")
     print(f"eager: {steps_text}")
@@ -207,15 +300,13 @@ def cmd_demo(args) -> int:
 
     if args.no_compile:
         return 0
-    import contextlib
-
     from . import make_backend
 
     print()
     be = make_backend()
     compiled = torch.compile(model, backend=be)
     context = dump.dump(args.dump) if dump is not None else contextlib.nullcontext()
-    with context:
+    with context, _status("compiling the model with torch.compile(backend=kvfuse) (first run: ~20 s on CPU)"):
         compiled_logits, _ = run_steps(model, batch, block_size=args.block_size, pad_to=pad_to, forward=compiled)
     report = list(getattr(be, "report", None) or [])
     print("compiled: torch.compile(model, backend=kvfuse.make_backend())")
@@ -294,7 +385,8 @@ def cmd_info(args) -> int:
 
     print()
     try:
-        info = native.build_info()
+        with _status("checking kvfuse's native kernels (the first use builds them, ~20 s)"):
+            info = native.build_info()
     except Exception as e:  # the report must not die on a broken toolchain
         print(f"native extension: build_info() failed: {type(e).__name__}: {e}")
     else:
@@ -307,6 +399,14 @@ def cmd_info(args) -> int:
 # ----------------------------------------------------------------------------- bench
 
 
+_REQUIRES_CUDA = re.compile(r"^REQUIRES_CUDA = True$", re.MULTILINE)
+
+
+def _benchmarks(bench_dir: Path) -> list:
+    return sorted(p.stem.replace("_", "-") for p in bench_dir.glob("*.py")
+                  if not p.stem.startswith("_") and p.stem != "common")
+
+
 def cmd_bench(args) -> int:
     root = Path(__file__).resolve().parent.parent
     bench_dir = root / "benchmarks"
@@ -314,12 +414,20 @@ def cmd_bench(args) -> int:
         raise CLIError(f"kvfuse bench runs the benchmarks of a source checkout, but {root} has no benchmarks/ "
                        f"directory (kvfuse is installed from a wheel?); clone the repository and "
                        f"pip install -e it")
+    if args.name is None:
+        raise CLIError(f"name a benchmark: {', '.join(_benchmarks(bench_dir)) or 'none found'} "
+                       f"(python -m kvfuse bench NAME --help shows its options)")
     script = bench_dir / f"{args.name.replace('-', '_')}.py"
     if not script.is_file():
-        known = sorted(p.stem.replace("_", "-") for p in bench_dir.glob("*.py")
-                       if not p.stem.startswith("_") and p.stem != "common")
         raise CLIError(f"no benchmark {args.name!r} ({script} does not exist); available: "
-                       f"{', '.join(known) or 'none'}")
+                       f"{', '.join(_benchmarks(bench_dir)) or 'none'}")
+    wants_help = any(a in ("-h", "--help") for a in args.args)
+    if not wants_help and _REQUIRES_CUDA.search(script.read_text()) and not torch.cuda.is_available():
+        on_cpu = [n for n in _benchmarks(bench_dir)
+                  if not _REQUIRES_CUDA.search((bench_dir / f"{n.replace('-', '_')}.py").read_text())]
+        raise CLIError(f"benchmark {args.name!r} needs a CUDA device, and torch {torch.__version__} sees none "
+                       f"(built with CUDA {torch.version.cuda or 'none'}); on this machine: "
+                       f"{', '.join(on_cpu) or 'none'}")
     # A package run from the checkout's root: `benchmarks.common` and `kvfuse` import from there.
     return subprocess.call([sys.executable, "-m", f"benchmarks.{script.stem}", *args.args], cwd=str(root))
 
@@ -330,7 +438,7 @@ def cmd_bench(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvfuse", description="Per-layer paged KV caches for torch.compile.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="{explain,demo,info,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{explain,demo,info,bench,generate}")
     sub.required = True
 
     p = sub.add_parser("explain", help="which cache mode each layer gets, and why")
@@ -340,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sliding-window", type=int, default=4096, help="window of those layers (default: 4096)")
     p.add_argument("--kv-heads", type=int, default=8, help="KV heads per layer (default: 8)")
     p.add_argument("--head-size", type=int, default=128, help="head size (default: 128)")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="tensor-parallel ranks: each holds its share of the KV heads (default: 1)")
+    p.add_argument("--tp-rank", type=int, default=None, help="the rank whose plan is printed (default: 0)")
     p.add_argument("--layer-name-format", default=LAYER_NAME_FORMAT,
                    help=f"layer names, '{{}}' = index (default: {LAYER_NAME_FORMAT})")
     p.set_defaults(func=cmd_explain)
@@ -368,11 +479,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="versions and available kernel backends")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("bench", help="run benchmarks/NAME.py of the source checkout",
-                       description="Runs benchmarks/<NAME with - replaced by _>.py; ARGS are passed through.")
-    p.add_argument("name", metavar="NAME")
+    p = sub.add_parser("bench", help="run python -m benchmarks.NAME in the source checkout",
+                       description="Runs python -m benchmarks.<NAME with - replaced by _> from the checkout's root; "
+                                   "ARGS are passed through.")
+    p.add_argument("name", metavar="NAME", nargs="?", default=None,
+                   help="a benchmark: attention, cache-write, compile-pass, decode-step, ...")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
     p.set_defaults(func=cmd_bench)
+
+    from .cli_generate import add_generate_parser  # its heavy imports happen when it runs
+
+    add_generate_parser(sub, emit=print)
     return parser
 
 

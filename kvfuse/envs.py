@@ -14,6 +14,8 @@ Whoever changes a variable at run time (a test, a benchmark that forces a backen
 ``KVFUSE_NATIVE_BUILD_DIR``     where native builds are cached (default ``~/.cache/kvfuse/native``)
 ``KVFUSE_NATIVE_MAX_TOKENS``    token count from which CUDA cache ops prefer Triton, every format
 ``KVFUSE_NATIVE_CUDA_FLAGS``    tuning only: extra nvcc flags (the build gets its own directory)
+``KVFUSE_NATIVE_VERBOSE``       ``1`` / ``true`` / ``yes`` / ``on``: the native build prints its ninja and
+                                compiler command lines (default off; a failed build raises with its log)
 ``KVFUSE_CHECK``                ``1`` / ``true`` / ``yes`` / ``on``: checked mode (see ``ops.checks``)
 ``KVFUSE_DUMP_DIR``             write the pass graphs and the fusion report of every compile there
 ``TRITON_INTERPRET``            Triton's own switch, read here so kernels know they are interpreted
@@ -47,6 +49,7 @@ class Settings:
     native_build_dir: Path
     native_max_tokens: Optional[int]
     native_cuda_flags: tuple[str, ...]
+    native_verbose: bool
     check: bool
     dump_dir: Optional[str]
     triton_interpret: bool
@@ -107,6 +110,7 @@ def _parse(environ) -> Settings:
         native_build_dir=_build_dir(environ),
         native_max_tokens=_positive_int(environ, "KVFUSE_NATIVE_MAX_TOKENS"),
         native_cuda_flags=tuple(environ.get("KVFUSE_NATIVE_CUDA_FLAGS", "").split()),
+        native_verbose=_flag(environ, "KVFUSE_NATIVE_VERBOSE", False),
         check=_flag(environ, "KVFUSE_CHECK", False),
         dump_dir=environ.get("KVFUSE_DUMP_DIR") or None,
         triton_interpret=environ.get("TRITON_INTERPRET", "0").strip() == "1",

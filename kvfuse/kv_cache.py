@@ -31,6 +31,8 @@ __all__ = [
     "nvfp4_quantize_reference",
     "nvfp4_dequantize_reference",
     "fp8_max",
+    "parse_model_dtype",
+    "describe_unmatched_skip_rules",
 ]
 
 
@@ -239,14 +241,37 @@ def nvfp4_dequantize_reference(rows: torch.Tensor, global_scale: Union[torch.Ten
 
 # ----------------------------------------------------------------------------- config and spec
 
-_DIGITS = re.compile(r"\d+")
 _DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.\w+)+$")
 
 
 def layer_index_from_name(layer_name: str) -> Optional[int]:
-    """The one integer in ``layer_name`` ("model.layers.3.attn" -> 3), or None if none or several."""
-    found = _DIGITS.findall(layer_name)
+    """The one all-digit dotted component of ``layer_name``, or None if it has none or several.
+
+    "model.layers.3.fp8_attn" -> 3 and "h2o.layers.3.attn" -> 3 (digits inside a component do
+    not count, as in vLLM's ``extract_layer_index``); "model.layers.3.experts.7.attn" -> None.
+    """
+    found = [part for part in layer_name.split(".") if part.isdigit()]
     return int(found[0]) if len(found) == 1 else None
+
+
+_NATIVE_NAMES = tuple(n for n, (mode, native) in _DTYPE_NAMES.items() if native is not None)
+
+
+def parse_model_dtype(value: object, argument: str = "model_dtype") -> torch.dtype:
+    """A model dtype given as a ``torch.dtype`` or a native name ("bfloat16", "half", ...).
+
+    Names go through the one dtype parser; only native dtypes are model dtypes, so the error
+    lists only those (never "auto", FP8 or NVFP4 names).
+    """
+    if isinstance(value, torch.dtype):
+        if value in NATIVE_CACHE_DTYPES:
+            return value
+    elif isinstance(value, str) and value.strip().lower() in _NATIVE_NAMES:
+        return _DTYPE_NAMES[value.strip().lower()][1]
+    raise ValueError(
+        f"{argument}={value!r} must name a native dtype: one of "
+        f"{', '.join(repr(n) for n in _NATIVE_NAMES)} or {', '.join(map(str, NATIVE_CACHE_DTYPES))}"
+    )
 
 
 @dataclass(frozen=True)
@@ -262,6 +287,17 @@ class KVCacheSpec:
     kv_cache_torch_dtype: torch.dtype
     sliding_window: Optional[int]
     reason: str = field(compare=False)
+    # Tensor parallelism: num_kv_heads above is this rank's share of total_num_kv_heads.
+    tp_size: int = 1
+    tp_rank: int = 0
+    total_num_kv_heads: Optional[int] = None  # None: not sharded (= num_kv_heads)
+
+    @property
+    def kv_heads(self) -> range:
+        """The model's KV-head indices this cache holds (all of them without tensor parallelism)."""
+        from .distributed import kv_head_shard
+
+        return kv_head_shard(self.total_num_kv_heads or self.num_kv_heads, self.tp_size, self.tp_rank)
 
     @property
     def row_dim(self) -> int:
@@ -310,13 +346,30 @@ class KVCacheConfig:
     Precedence for a layer: a skip rule matches -> model dtype; else an explicit
     ``kv_cache_dtype`` (anything but "auto"); else ``checkpoint_kv_cache_dtype``; else the
     model dtype.
+
+    ``tp_size`` / ``tp_rank``: under tensor parallelism :meth:`layer_spec` still takes the
+    model's KV-head count and returns this rank's spec, whose cache holds only this rank's
+    heads (see :mod:`kvfuse.distributed` for the split and for replication when
+    ``tp_size > num_kv_heads``). The dtype decision is the same on every rank.
     """
 
     kv_cache_dtype: str = "auto"
     skip_layers: tuple = ()
     checkpoint_kv_cache_dtype: Optional[str] = None
+    tp_size: int = 1
+    tp_rank: int = 0
+
+    #: :meth:`check_skip_rules` raises (instead of warning) when a rule matches no layer.
+    strict_skip_layers: bool = False
 
     def __post_init__(self) -> None:
+        for name, value, minimum in (("tp_size", self.tp_size, 1), ("tp_rank", self.tp_rank, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
+        if self.tp_rank >= self.tp_size:
+            raise ValueError(f"tp_rank={self.tp_rank} must be < tp_size={self.tp_size}")
+        if not isinstance(self.strict_skip_layers, bool):
+            raise ValueError(f"strict_skip_layers={self.strict_skip_layers!r} must be a bool")
         _parse_dtype_name(self.kv_cache_dtype, "kv_cache_dtype")
         if self.checkpoint_kv_cache_dtype is not None:
             _parse_dtype_name(self.checkpoint_kv_cache_dtype, "checkpoint_kv_cache_dtype")
@@ -346,7 +399,8 @@ class KVCacheConfig:
                 if layer_index is None:
                     raise ValueError(
                         f"layer {layer_name!r}: skip_layers has index rule {rule!r} but the layer's "
-                        f"index cannot be known (its name must hold exactly one integer); pass "
+                        f"index cannot be known (its name must have exactly one all-digit dotted "
+                        f"component, as in 'model.layers.3.attn'); pass "
                         f"layer_index= to layer_spec"
                     )
                 if int(rule) == layer_index:
@@ -355,26 +409,65 @@ class KVCacheConfig:
                 return f"skip rule {rule!r} (layer name)"
         return None
 
+    @staticmethod
+    def _rule_matches(rule: str, spec: KVCacheSpec) -> bool:
+        if rule == SLIDING_WINDOW_RULE:
+            return spec.sliding_window is not None
+        if rule.isdigit():
+            return spec.layer_index == int(rule)
+        return spec.layer_name == rule
+
+    def unmatched_skip_rules(self, specs) -> tuple[str, ...]:
+        """The skip rules that match none of ``specs`` (every layer of a model, once known).
+
+        Such a rule is almost always a mistake (an index past the last layer, a partial or
+        misspelled name, "sliding_window" on a model without sliding-window layers).
+        """
+        specs = list(specs)
+        return tuple(r for r in self.skip_layers if not any(self._rule_matches(r, s) for s in specs))
+
+    def check_skip_rules(self, specs, strict: Optional[bool] = None) -> tuple[str, ...]:
+        """Warn (or, with ``strict`` / ``strict_skip_layers``, raise ValueError) about skip rules
+        that match no layer of ``specs``; returns them. Call it once every layer is known."""
+        specs = list(specs)
+        unmatched = self.unmatched_skip_rules(specs)
+        if not unmatched:
+            return unmatched
+        message = describe_unmatched_skip_rules(unmatched, specs)
+        if self.strict_skip_layers if strict is None else strict:
+            raise ValueError(message)
+        logger.warning("%s", message)
+        return unmatched
+
     def layer_spec(
         self,
         layer_name: str,
         num_kv_heads: int,
         head_size: int,
-        model_dtype: torch.dtype = torch.bfloat16,
+        model_dtype: Union[torch.dtype, str] = torch.bfloat16,
         sliding_window: Optional[int] = None,
         layer_index: Optional[int] = None,
     ) -> KVCacheSpec:
-        """Decide one layer's cache mode and storage dtype (see the class docstring)."""
+        """Decide one layer's cache mode and storage dtype (see the class docstring).
+
+        ``model_dtype`` is a native ``torch.dtype`` or its name ("bfloat16", "half", ...).
+        ``num_kv_heads`` is the model's count; the spec's is this rank's share of it.
+        """
         if not isinstance(layer_name, str) or not layer_name:
             raise ValueError(f"layer_name={layer_name!r} must be a non-empty str")
         for name, value in (("num_kv_heads", num_kv_heads), ("head_size", head_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"layer {layer_name!r}: {name}={value!r} must be a positive int")
-        if model_dtype not in NATIVE_CACHE_DTYPES:
-            raise ValueError(
-                f"layer {layer_name!r}: model_dtype={model_dtype} is not one of "
-                f"{[str(d) for d in NATIVE_CACHE_DTYPES]}"
-            )
+        from .distributed import kv_head_shard
+
+        try:
+            local_kv_heads = len(kv_head_shard(num_kv_heads, self.tp_size, self.tp_rank))
+        except ValueError as e:
+            raise ValueError(f"layer {layer_name!r}: {e}") from None
+        try:
+            model_dtype = parse_model_dtype(model_dtype)
+        except ValueError as e:
+            raise ValueError(f"layer {layer_name!r}: {e}") from None
         if sliding_window is not None and (
             not isinstance(sliding_window, int) or isinstance(sliding_window, bool) or sliding_window <= 0
         ):
@@ -409,16 +502,34 @@ class KVCacheConfig:
         spec = KVCacheSpec(
             layer_name=layer_name,
             layer_index=layer_index,
-            num_kv_heads=num_kv_heads,
+            num_kv_heads=local_kv_heads,
             head_size=head_size,
             model_dtype=model_dtype,
             kv_quant_mode=mode,
             kv_cache_torch_dtype=storage_dtype(mode, native),
             sliding_window=sliding_window,
             reason=reason,
+            tp_size=self.tp_size,
+            tp_rank=self.tp_rank,
+            total_num_kv_heads=num_kv_heads if self.tp_size > 1 else None,
         )
         logger.debug("layer %s: %s (%s), %s", layer_name, mode.name, spec.kv_cache_torch_dtype, reason)
         return spec
+
+
+def describe_unmatched_skip_rules(unmatched, specs) -> str:
+    """One line naming the skip rules that match no layer and the layers that exist."""
+    specs = list(specs)
+    names = [s.layer_name for s in specs]
+    shown = ", ".join(repr(n) for n in names[:4]) + (f", ... ({len(names)} layers)" if len(names) > 4 else "")
+    indices = sorted({s.layer_index for s in specs if s.layer_index is not None})
+    index_text = f"indices {indices[0]}..{indices[-1]}" if indices else "no layer indices"
+    windows = [s.layer_index if s.layer_index is not None else s.layer_name for s in specs
+               if s.sliding_window is not None]
+    rules = ", ".join(repr(r) for r in unmatched)
+    return (f"skip_layers rule{'s' if len(unmatched) > 1 else ''} {rules} match{'' if len(unmatched) > 1 else 'es'} "
+            f"no layer; layers seen: {shown} ({index_text}; sliding-window layers: "
+            f"{windows or 'none'}); a rule is a layer index, 'sliding_window' or a full layer name")
 
 
 def allocate_kv_cache(

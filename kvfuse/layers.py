@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -15,7 +15,7 @@ from .kv_cache import KVCacheConfig, KVCacheSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AttentionMetadata", "PagedAttention"]
+__all__ = ["AttentionMetadata", "PagedAttention", "check_skip_rules"]
 
 
 @dataclass
@@ -45,6 +45,12 @@ class PagedAttention(nn.Module):
     may differ (FP8 layers beside bf16 skip layers). In eager mode the write is the fused
     ``kvfuse::encode_and_cache_write``; under ``torch.compile`` the layer emits the unfused
     ``encode_kv`` + ``cache_write`` pair, which kvfuse's Inductor pass fuses (and reports).
+
+    ``num_heads`` / ``num_kv_heads`` are the model's counts. Under tensor parallelism
+    (``config.tp_size > 1``) the layer's ``num_heads`` / ``num_kv_heads`` attributes are this
+    rank's share (``num_heads / tp_size`` query heads; the spec's KV heads, see
+    :mod:`kvfuse.distributed`), and ``total_num_heads`` / ``total_num_kv_heads`` keep the
+    model's counts.
     """
 
     def __init__(
@@ -54,10 +60,11 @@ class PagedAttention(nn.Module):
         head_size: int,
         layer_name: str,
         config: Optional[KVCacheConfig] = None,
-        model_dtype: torch.dtype = torch.bfloat16,
+        model_dtype: Union[torch.dtype, str] = torch.bfloat16,
         sliding_window: Optional[int] = None,
         layer_index: Optional[int] = None,
         sm_scale: Optional[float] = None,
+        logit_softcap: float = 0.0,
     ) -> None:
         super().__init__()
         if not isinstance(num_heads, int) or num_heads <= 0:
@@ -67,17 +74,35 @@ class PagedAttention(nn.Module):
                 f"layer {layer_name!r}: num_kv_heads={num_kv_heads!r} must be a positive int dividing "
                 f"num_heads={num_heads}"
             )
+        if isinstance(logit_softcap, bool) or not isinstance(logit_softcap, (int, float)) or not (
+            math.isfinite(logit_softcap) and logit_softcap >= 0
+        ):
+            raise ValueError(f"layer {layer_name!r}: logit_softcap={logit_softcap!r} must be a finite float >= 0 "
+                             f"(0.0: no soft-capping)")
         config = config if config is not None else KVCacheConfig()
+        if not isinstance(config, KVCacheConfig):
+            raise ValueError(f"layer {layer_name!r}: config is a {type(config).__name__}; expected a "
+                             f"kvfuse.KVCacheConfig (or None for the model dtype)")
+        self.config = config
         self.spec: KVCacheSpec = config.layer_spec(
             layer_name, num_kv_heads=num_kv_heads, head_size=head_size, model_dtype=model_dtype,
             sliding_window=sliding_window, layer_index=layer_index,
         )
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
+        if num_heads % config.tp_size:
+            raise ValueError(f"layer {layer_name!r}: num_heads={num_heads} is not divisible by "
+                             f"tp_size={config.tp_size}; every rank must hold an equal share of the query heads")
+        # Callers pass the model's head counts (the spec splits the KV heads itself); the attributes
+        # describe what this rank's tensors hold, so that a query/cache shape check on the layer
+        # never mixes the two. The totals stay available for reports.
+        self.total_num_heads = num_heads
+        self.total_num_kv_heads = num_kv_heads
+        self.num_heads = num_heads // config.tp_size
+        self.num_kv_heads = self.spec.num_kv_heads
         self.head_size = head_size
         self.layer_name = layer_name
         self.sliding_window = sliding_window
         self.sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_size)
+        self.logit_softcap = float(logit_softcap)
         self.register_buffer("k_scale", torch.ones((), dtype=torch.float32))
         self.register_buffer("v_scale", torch.ones((), dtype=torch.float32))
 
@@ -106,7 +131,24 @@ class PagedAttention(nn.Module):
         return (
             f"{self.layer_name!r}, heads={self.num_heads}/{self.num_kv_heads}, head_size={self.head_size}, "
             f"kv_cache={self.spec.kv_quant_mode.name}/{self.spec.kv_cache_torch_dtype}"
+            + (f", sliding_window={self.sliding_window}" if self.sliding_window is not None else "")
+            + (f", logit_softcap={self.logit_softcap}" if self.logit_softcap else "")
         )
+
+    def _check_argument_types(self, query, key, value, kv_cache, metadata) -> None:
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"layer {self.layer_name!r}: {name} is a {type(x).__name__}; expected a "
+                                 f"torch.Tensor [num_tokens, heads, head_size]")
+        if not isinstance(kv_cache, torch.Tensor):
+            hint = (" (pass this layer's own cache, e.g. kv_caches[i], not the list of every layer's caches)"
+                    if isinstance(kv_cache, (list, tuple)) else "")
+            raise ValueError(f"layer {self.layer_name!r}: kv_cache is a {type(kv_cache).__name__}; expected a "
+                             f"torch.Tensor from kvfuse.allocate_kv_cache(layer.spec, ...){hint}")
+        if not isinstance(metadata, AttentionMetadata):
+            hint = (" (build it with kvfuse.AttentionMetadata(**your_dict))" if isinstance(metadata, dict) else "")
+            raise ValueError(f"layer {self.layer_name!r}: metadata is a {type(metadata).__name__}; expected a "
+                             f"kvfuse.AttentionMetadata(slot_mapping, block_table, seq_lens, query_start_loc){hint}")
 
     def forward(
         self,
@@ -115,8 +157,12 @@ class PagedAttention(nn.Module):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        sinks: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        """``sinks``: optional float32 ``[num_heads]`` per-head logits that join the softmax
+        denominator only (gpt-oss); passed per call so the model keeps owning the parameter."""
         spec = self.spec
+        self._check_argument_types(query, key, value, kv_cache, metadata)
         if kv_cache.dtype != spec.kv_cache_torch_dtype or kv_cache.dim() != 5 or tuple(kv_cache.shape[3:]) != (
             spec.num_kv_heads, spec.row_dim
         ):
@@ -139,4 +185,22 @@ class PagedAttention(nn.Module):
         return torch.ops.kvfuse.paged_attention(
             query, kv_cache, self.k_scale, self.v_scale, metadata.block_table, metadata.seq_lens,
             metadata.query_start_loc, mode, self.sm_scale, self.sliding_window, self.layer_name,
+            self.logit_softcap, sinks,
         )
+
+
+def check_skip_rules(model: nn.Module, strict: Optional[bool] = None) -> tuple[str, ...]:
+    """Check the skip rules of every :class:`KVCacheConfig` used by ``model``'s PagedAttention layers.
+
+    Warns (or raises ValueError when ``strict`` / ``config.strict_skip_layers``) for each rule
+    that matches none of the layers built from that config, and returns those rules. Call it
+    once the model is built, when every layer is known.
+    """
+    by_config: dict = {}
+    for module in model.modules():
+        if isinstance(module, PagedAttention):
+            by_config.setdefault(module.config, []).append(module.spec)
+    unmatched: list = []
+    for config, specs in by_config.items():
+        unmatched.extend(config.check_skip_rules(specs, strict=strict))
+    return tuple(unmatched)

@@ -128,3 +128,140 @@ def test_help_lists_commands(capsys):
     out = capsys.readouterr().out
     for command in ("explain", "demo", "info", "bench"):
         assert command in out
+
+
+# ----------------------------------------------------------------------------- what a new user hit (issue 19)
+
+
+def _one_line_error(capsys, command):
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvfuse {command}: error: "), captured.err
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+def test_bench_without_a_name_lists_the_benchmarks(capsys):
+    assert main(["bench"]) == 2
+    line = _one_line_error(capsys, "bench")
+    for name in ("attention", "cache-write", "compile-pass", "decode-step"):
+        assert name in line
+    assert "common" not in line
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for hosts without CUDA")
+@pytest.mark.parametrize("name", ["attention", "decode-step", "cache-write"])
+def test_cuda_benchmarks_refuse_a_cpu_host_in_one_line(capsys, name):
+    assert main(["bench", name]) == 2
+    line = _one_line_error(capsys, "bench")
+    assert f"benchmark {name!r} needs a CUDA device" in line and "compile-pass" in line and "attention" not in \
+        line.split("on this machine:")[1]
+
+
+def test_benchmark_plots_are_skipped_without_matplotlib(tmp_path, monkeypatch, capsys):
+    import sys as _sys
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.setitem(_sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    from benchmarks import common, compile_pass
+
+    common.plot_lines(str(tmp_path / "x.png"), {"p": {"a": [(1, 2.0), (2, 3.0)]}}, "t", "x", "y")
+    result = {"date": "2024-01-01", "device": "cpu", "torch": "x", "commit": "c", "command": "cmd",
+              "compile": [{"layers": 2, "fuse": f, "compile_s": 1.5, "pass_ms": 2.0} for f in (False, True)]}
+    compile_pass.write_md_and_plot(result, str(tmp_path))
+    assert (tmp_path / "compile_pass.md").read_text().count("| 2 | 1.50 | 1.50 |") == 1
+    assert not (tmp_path / "compile_pass.png").exists() and not (tmp_path / "x.png").exists()
+    err = capsys.readouterr().err
+    assert "plot" in err and "skipped: matplotlib is not installed" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--block-size", "0"], "--block-size=0 must be a positive integer"),
+    (["--device", "gpu"], "--device='gpu' is not a device kvfuse runs on; allowed: 'cpu', 'cuda' or 'cuda:N'"),
+    (["--device", "mps"], "--device='mps' is not a device kvfuse runs on"),
+    (["--heads", "-2"], "--heads=-2 must be a positive integer"),
+    (["--model-dtype", "float64"], "--model-dtype='float64' must name a native dtype"),
+])
+def test_demo_argument_errors_are_one_line(capsys, argv, message):
+    assert main(["demo", "--no-compile", *argv]) == 2
+    assert message in _one_line_error(capsys, "demo")
+
+
+def test_model_dtype_error_lists_only_native_names(capsys):
+    assert main(["explain", "--model-dtype", "float64"]) == 2
+    line = _one_line_error(capsys, "explain")
+    assert "'bfloat16'" in line and "'half'" in line
+    for name in ("fp8", "nvfp4", "'auto'"):
+        assert name not in line, line
+
+
+def test_skip_rules_matching_no_layer_are_reported(capsys):
+    assert main(["explain", "--kv-cache-dtype", "fp8", "--skip-layers", "7,layers.0,1"]) == 0
+    out = capsys.readouterr().out
+    (warning,) = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert "'7', 'layers.0' match no layer" in warning and "'model.layers.0.self_attn.attn'" in warning
+    assert "indices 0..3" in warning
+    assert main(["explain", "--skip-layers", "7", "--strict-skip-layers"]) == 2
+    assert "'7' matches no layer" in _one_line_error(capsys, "explain")
+    assert main(["explain", "--skip-layers", "1"]) == 0
+    assert "warning" not in capsys.readouterr().out
+    assert main(["demo", "--no-compile", "--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1",
+                 "--head-size", "16", "--vocab", "64", "--prompt-lens", "3", "--steps", "0", "--device", "cpu",
+                 "--skip-layers", "model.layers.1.self_attn.attn", "--sliding-window-layers", ""]) == 0
+    out = capsys.readouterr().out
+    assert "warning: skip_layers rule 'model.layers.1.self_attn.attn' matches no layer" in out
+
+
+def test_status_line_only_on_a_terminal(monkeypatch):
+    import io
+
+    from kvfuse import __main__ as cli
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(cli.sys, "stderr", stream)
+        with cli._status("compiling the model"):
+            pass
+        text = stream.getvalue()
+        assert text == ("compiling the model...\r\033[K" if shown else ""), repr(text)
+
+
+@pytest.mark.parametrize("value, verbose", [(None, False), ("1", True), ("off", False)])
+def test_native_build_verbosity_is_a_setting_not_the_log_level(monkeypatch, tmp_path, capsys, value, verbose):
+    # `-v` is for kvfuse's own decisions: the build's ninja / compiler lines follow
+    # KVFUSE_NATIVE_VERBOSE only, whatever the log level.
+    from torch.utils import cpp_extension
+
+    from kvfuse import envs
+    from kvfuse.ops import native
+
+    seen = {}
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: seen.update(kwargs) or str(tmp_path / "lib.so"))
+    monkeypatch.setenv("KVFUSE_NATIVE_BUILD_DIR", str(tmp_path))
+    if value is None:
+        monkeypatch.delenv("KVFUSE_NATIVE_VERBOSE", raising=False)
+    else:
+        monkeypatch.setenv("KVFUSE_NATIVE_VERBOSE", value)
+    envs.reload()
+    assert main(["-v", "explain", "--layers", "1"]) == 0
+    native._compile(tmp_path, None)  # the build call itself is faked: only its arguments matter
+    assert seen["verbose"] is verbose
+
+
+def test_native_verbose_refuses_a_non_boolean(monkeypatch):
+    from kvfuse import envs
+
+    monkeypatch.setenv("KVFUSE_NATIVE_VERBOSE", "loud")
+    with pytest.raises(ValueError, match=r"KVFUSE_NATIVE_VERBOSE='loud' is not a boolean"):
+        envs.reload()
+
+
+def test_numpy_is_a_dependency():
+    # torch's compile stack imports numpy; without it every compile prints "Failed to initialize NumPy".
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.split(">")[0].split("=")[0].strip() == "numpy" for d in deps), deps

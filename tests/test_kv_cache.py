@@ -118,8 +118,11 @@ def test_config_is_frozen():
     ("model.layers.17.self_attn.attn", 17),
     ("layers.0", 0),
     ("attn", None),
-    ("model.layers.3.experts.7.attn", None),
-    ("h2o.layers.3.attn", None),  # two integers: ambiguous
+    ("model.layers.3.experts.7.attn", None),  # two all-digit components: ambiguous
+    ("h2o.layers.3.attn", 3),  # digits inside a component do not count (as in vLLM)
+    ("model.layers.3.fp8_attn", 3),
+    ("model.layers.12.mlp.fc2", 12),
+    ("layer3.attn", None),
 ])
 def test_layer_index_from_name(name, index):
     assert layer_index_from_name(name) == index
@@ -136,6 +139,65 @@ def test_unknown_index_with_index_rule_raises_and_keyword_fixes_it():
     assert cfg.layer_spec("model.blocks.3.experts.1.attn", 8, 128, layer_index=1).kv_quant_mode is KVQuantMode.FP8_E4M3
     # Without index rules an index is never needed.
     assert KVCacheConfig("fp8").layer_spec("decoder_attention", 8, 128).kv_quant_mode is KVQuantMode.FP8_E4M3
+
+
+def test_index_rule_with_digits_inside_components():
+    cfg = KVCacheConfig("fp8", skip_layers=("3",))
+    assert cfg.layer_spec("model.layers.3.fp8_attn", 8, 128).kv_quant_mode is KVQuantMode.NONE
+    assert cfg.layer_spec("model.layers.8.fp8_attn", 8, 128).kv_quant_mode is KVQuantMode.FP8_E4M3
+    with pytest.raises(ValueError, match="exactly one all-digit dotted component"):
+        cfg.layer_spec("model.layers.3.experts.3.attn", 8, 128)
+
+
+def _four_layer_specs(cfg, windowed=()):
+    return [cfg.layer_spec(f"model.layers.{i}.attn", 2, 64, sliding_window=64 if i in windowed else None)
+            for i in range(4)]
+
+
+@pytest.mark.parametrize("rule", ["7", "layers.0", "model.layers.0.attention", "sliding_window"])
+def test_skip_rule_matching_no_layer_warns_and_strict_raises(rule, caplog):
+    cfg = KVCacheConfig("fp8", skip_layers=("1", rule))
+    specs = _four_layer_specs(cfg)
+    assert cfg.unmatched_skip_rules(specs) == (rule,)
+    with caplog.at_level("WARNING", logger="kvfuse.kv_cache"):
+        assert cfg.check_skip_rules(specs) == (rule,)
+    (record,) = [r for r in caplog.records if r.name == "kvfuse.kv_cache"]
+    assert f"{rule!r} matches no layer" in record.getMessage() and "'model.layers.0.attn'" in record.getMessage()
+    assert "indices 0..3" in record.getMessage()
+    with pytest.raises(ValueError, match=f"{rule!r} matches no layer"):
+        cfg.check_skip_rules(specs, strict=True)
+    strict = KVCacheConfig("fp8", skip_layers=("1", rule), strict_skip_layers=True)
+    with pytest.raises(ValueError, match="matches no layer"):
+        strict.check_skip_rules(_four_layer_specs(strict))
+
+
+def test_skip_rules_that_match_are_silent(caplog):
+    cfg = KVCacheConfig("fp8", skip_layers=("3", "sliding_window", "model.layers.0.attn"), strict_skip_layers=True)
+    specs = _four_layer_specs(cfg, windowed=(2,))
+    with caplog.at_level("WARNING"):
+        assert cfg.check_skip_rules(specs) == ()
+    assert not caplog.records
+    assert [s.kv_quant_mode for s in specs] == [KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.NONE,
+                                                 KVQuantMode.NONE]
+    with pytest.raises(ValueError, match="strict_skip_layers='yes' must be a bool"):
+        KVCacheConfig(strict_skip_layers="yes")
+
+
+@pytest.mark.parametrize("name,dtype", [("bfloat16", torch.bfloat16), ("half", torch.float16),
+                                        ("Float32", torch.float32), (torch.float16, torch.float16)])
+def test_model_dtype_by_name(name, dtype):
+    spec = KVCacheConfig("auto").layer_spec("model.layers.0.attn", 2, 64, model_dtype=name)
+    assert spec.model_dtype == dtype and spec.kv_cache_torch_dtype == dtype
+
+
+@pytest.mark.parametrize("bad", ["float64", "fp8", "auto", "nvfp4", torch.float64, torch.float8_e4m3fn, 16])
+def test_model_dtype_errors_list_only_native_names(bad):
+    with pytest.raises(ValueError) as info:
+        KVCacheConfig().layer_spec("model.layers.0.attn", 2, 64, model_dtype=bad)
+    message = str(info.value)
+    assert f"model_dtype={bad!r}" in message and "'bfloat16'" in message and "'half'" in message
+    for quantized in ("fp8", "nvfp4", "'auto'", "e5m2"):
+        assert quantized not in message.split("must name")[1], message
 
 
 def test_layer_index_keyword_overrides_the_name():

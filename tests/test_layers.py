@@ -168,3 +168,57 @@ def test_compiled_layer_emits_unfused_ops_and_matches_eager(dtype_name):
     assert sum("paged_attention" in t for t in kvfuse_ops) == 1, kvfuse_ops
     assert torch.equal(compiled_cache.view(torch.uint8), eager_cache.view(torch.uint8))
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("which,bad,allowed", [
+    ("kv_cache", "list", "not the list of every layer's caches"),
+    ("metadata", "dict", "kvfuse.AttentionMetadata(**your_dict)"),
+    ("query", "list", "expected a torch.Tensor [num_tokens, heads, head_size]"),
+])
+def test_wrong_argument_types_name_the_argument(which, bad, allowed):
+    attn = PagedAttention(4, 2, 16, "model.layers.0.attn", config=KVCacheConfig("fp8"))
+    q, k, v = _inputs(4, 2, 16, [3])
+    md, blocks = _prefill_metadata([3], 4)
+    cache = allocate_kv_cache(attn.spec, blocks, 4)
+    args = {"query": q, "key": k, "value": v, "kv_cache": cache, "metadata": md}
+    before = cache.clone()
+    if bad == "list":
+        args[which] = [args[which]]
+    else:
+        args[which] = {f: getattr(md, f) for f in ("slot_mapping", "block_table", "seq_lens", "query_start_loc")}
+    with pytest.raises(ValueError) as info:
+        attn(**args)
+    message = str(info.value)
+    assert message.startswith("layer 'model.layers.0.attn': ") and f"{which} is a {bad}" in message, message
+    assert allowed in message, message
+    assert torch.equal(cache.view(torch.uint8), before.view(torch.uint8))
+
+
+def test_model_dtype_string_and_check_skip_rules(caplog):
+    from kvfuse.layers import check_skip_rules
+
+    cfg = KVCacheConfig("fp8", skip_layers=("0", "9"))
+    layers = torch.nn.ModuleList(PagedAttention(4, 2, 16, f"model.layers.{i}.attn", config=cfg, model_dtype="half")
+                                 for i in range(2))
+    assert [a.spec.kv_cache_torch_dtype for a in layers] == [torch.float16, torch.float8_e4m3fn]
+    with caplog.at_level("WARNING", logger="kvfuse.kv_cache"):
+        assert check_skip_rules(layers) == ("9",)
+    assert "'9' matches no layer" in caplog.text
+    with pytest.raises(ValueError, match="'9' matches no layer"):
+        check_skip_rules(layers, strict=True)
+    with pytest.raises(ValueError, match="model_dtype='int8' must name a native dtype"):
+        PagedAttention(4, 2, 16, "model.layers.0.attn", model_dtype="int8")
+
+
+def test_grad_mode_gives_no_autograd_warning_and_no_grad_output():
+    import warnings
+
+    attn = PagedAttention(4, 2, 16, "model.layers.0.attn", config=KVCacheConfig("fp8"))
+    q, k, v = (t.requires_grad_() for t in _inputs(4, 2, 16, [3]))
+    md, blocks = _prefill_metadata([3], 4)
+    cache = allocate_kv_cache(attn.spec, blocks, 4)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*autograd kernel was not registered.*")
+        out = attn(q, k, v, cache, md)
+    # The kernels are not differentiable: a result that claims a gradient would be silently wrong.
+    assert not out.requires_grad

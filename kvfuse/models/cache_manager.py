@@ -104,6 +104,33 @@ class PagedCacheManager:
             raise ValueError(f"position={position} of seq_id={seq_id!r} has no page (it owns {len(pages)})")
         return pages[position // self.block_size] * self.block_size + position % self.block_size
 
+    def grow(self, num_blocks: Optional[int] = None, max_seq_len: Optional[int] = None) -> None:
+        """Enlarge the page pool and/or the per-sequence limit, keeping every cached token.
+
+        New pages get the next ids, so existing block tables stay valid; the caches are
+        reallocated and copied, so fetch ``kv_caches`` again afterwards. A compiled model sees new
+        shapes (one recompile), which is why callers grow geometrically.
+        """
+        if num_blocks is not None:
+            if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < self.num_blocks:
+                raise ValueError(f"num_blocks={num_blocks!r} must be an int >= the current {self.num_blocks}")
+            if num_blocks > self.num_blocks:
+                grown = []
+                for spec, old in zip(self.specs, self.kv_caches):
+                    new = allocate_kv_cache(spec, num_blocks, self.block_size, device=self.device)
+                    new[: self.num_blocks].copy_(old)
+                    grown.append(new)
+                self.kv_caches = grown
+                # Prepended, so the pages freed before are handed out first (pop takes from the end).
+                self._free = list(range(num_blocks - 1, self.num_blocks - 1, -1)) + self._free
+                self.num_blocks = num_blocks
+        if max_seq_len is not None:
+            if not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < self.max_seq_len:
+                raise ValueError(f"max_seq_len={max_seq_len!r} must be an int >= the current {self.max_seq_len}")
+            self.max_seq_len = max_seq_len
+            self.max_blocks_per_seq = -(-max_seq_len // self.block_size)
+        logger.debug("cache grown to %d blocks, max_seq_len %d", self.num_blocks, self.max_seq_len)
+
     # ------------------------------------------------------------------ steps
 
     def step(self, new_tokens: Mapping, pad_to: Optional[int] = None) -> StepInputs:

@@ -18,7 +18,7 @@ from .llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DemoBatch", "LogitError", "make_batch", "run_steps", "compare_logits"]
+__all__ = ["DemoBatch", "LogitError", "make_batch", "run_steps", "generate_greedy", "compare_logits"]
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,7 @@ def run_steps(
     input shape. The block table width is fixed by the batch's length for the same reason.
     """
     forward = forward if forward is not None else model
-    device = next(model.parameters()).device
-    blocks_per_seq = -(-batch.max_seq_len // block_size)
-    manager = PagedCacheManager(model.kv_specs, num_blocks=blocks_per_seq * len(batch.prompts),
-                                block_size=block_size, device=device,
-                                max_seq_len=blocks_per_seq * block_size)
+    manager = _manager_for(model, len(batch.prompts), batch.max_seq_len, block_size)
     outputs = []
     steps = [dict(enumerate(batch.prompts))]
     steps += [{b: (tok,) for b, tok in enumerate(step)} for step in batch.decode_tokens]
@@ -78,6 +74,52 @@ def run_steps(
             logits = forward(inputs.input_ids, inputs.positions, manager.kv_caches, inputs.metadata)
             outputs.append(logits[: inputs.num_real_tokens].float().cpu())
     return torch.cat(outputs), manager
+
+
+def _manager_for(model: LlamaForCausalLM, num_seqs: int, max_seq_len: int, block_size: int) -> PagedCacheManager:
+    # Pages for every sequence at its longest, and a block table as wide as the longest needs.
+    # Under tensor parallelism each rank builds its own manager from its own specs; the page
+    # ids agree across ranks because every rank runs the same steps in the same order.
+    blocks_per_seq = -(-max_seq_len // block_size)
+    return PagedCacheManager(model.kv_specs, num_blocks=blocks_per_seq * num_seqs, block_size=block_size,
+                             device=next(model.parameters()).device, max_seq_len=blocks_per_seq * block_size)
+
+
+def generate_greedy(
+    model: LlamaForCausalLM,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    block_size: int = 16,
+    forward: Optional[Callable] = None,
+    pad_to: Optional[int] = None,
+) -> tuple[tuple, torch.Tensor]:
+    """Greedy decoding: prefill ``prompts``, then feed back each step's argmax token.
+
+    Returns ``(tokens, logits)``: ``tokens[b]`` holds sequence b's ``max_new_tokens`` generated
+    ids, ``logits`` ``[max_new_tokens, B, vocab]`` float32 on the CPU holds the logits each
+    token was picked from. ``forward`` / ``pad_to`` as in :func:`run_steps`.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError(f"prompts must be a non-empty list of non-empty token lists, got {prompts!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive int")
+    forward = forward if forward is not None else model
+    # The last generated token is never fed back, hence - 1.
+    manager = _manager_for(model, len(prompts), max(len(p) for p in prompts) + max_new_tokens - 1, block_size)
+    new_tokens = {b: tuple(p) for b, p in enumerate(prompts)}
+    generated, step_logits = [[] for _ in prompts], []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            inputs = manager.step(new_tokens, pad_to=pad_to)
+            logits = forward(inputs.input_ids, inputs.positions, manager.kv_caches, inputs.metadata)
+            picked = logits[inputs.logits_indices].float().cpu()
+            step_logits.append(picked)
+            next_ids = picked.argmax(-1).tolist()
+            for b, tok in enumerate(next_ids):
+                generated[b].append(tok)
+            new_tokens = {b: (tok,) for b, tok in enumerate(next_ids)}
+    return tuple(tuple(g) for g in generated), torch.stack(step_logits)
 
 
 @dataclass(frozen=True)

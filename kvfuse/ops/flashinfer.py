@@ -19,6 +19,11 @@ Decode batches (one query token per sequence) use ``BatchDecodeWithPagedKVCacheW
 ``BatchPrefillWithPagedKVCacheWrapper`` with a bottom-right causal mask. kvfuse's NHD cache
 ``(num_blocks, 2, block_size, num_kv_heads, head_size)`` is FlashInfer's single-tensor NHD layout.
 
+Attention logit soft-capping maps to FlashInfer's ``logits_soft_cap`` (same definition:
+``cap * tanh(s / cap)`` on the scaled scores). Attention sinks are refused with a ValueError:
+FlashInfer 0.6's paged decode/prefill wrappers have no sink argument, so a call with ``sinks``
+must run on the Triton backend (the default order picks it first).
+
 NVFP4 is not offered: kvfuse's NVFP4 row keeps the e4m3 block scales inline after the packed
 E2M1 codes, while FlashInfer 0.6 reads them from a separate ``kv_cache_sf`` tensor and only on
 its fa2 / trtllm-gen paths; the Triton kernel reads kvfuse's row directly.
@@ -106,7 +111,7 @@ class _Plan:
 
 
 def _make_plan(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc, mode, sm_scale,
-               sliding_window) -> _Plan:
+               sliding_window, logit_softcap=0.0) -> _Plan:
     fi = _flashinfer()
     page = kv_cache.shape[2]
     num_q_heads, head_size = query.shape[1], query.shape[2]
@@ -129,6 +134,8 @@ def _make_plan(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_s
     decode = bool(torch.all(q_lens == 1)) and first_row == 0
     common = dict(q_data_type=query.dtype, kv_data_type=kv_cache.dtype, sm_scale=float(sm_scale),
                   window_left=window_left)
+    if logit_softcap > 0:
+        common["logits_soft_cap"] = float(logit_softcap)
     if decode:
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(_workspace(query.device), "NHD",
                                                         use_tensor_cores=quantized)
@@ -146,20 +153,26 @@ def _make_plan(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_s
 
 
 def _plan_key(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc, mode, sm_scale,
-              sliding_window) -> tuple:
+              sliding_window, logit_softcap=0.0) -> tuple:
     tensors = (block_table, seq_lens, query_start_loc, k_scale, v_scale)
     return (
         tuple((id(t), t._version) for t in tensors),
         tuple(query.shape), query.dtype, tuple(kv_cache.shape), kv_cache.dtype, int(mode), float(sm_scale),
-        sliding_window, query.device.index,
+        sliding_window, float(logit_softcap), query.device.index,
     )
 
 
 def paged_attention(call: AttentionCall) -> torch.Tensor:
     """Semantics of :func:`kvfuse.ops.reference.paged_attention`, computed by FlashInfer."""
+    if call.sinks is not None:
+        raise ValueError(
+            f"sinks (attention sinks, gpt-oss; shape {tuple(call.sinks.shape)}) are not supported by kvfuse's "
+            f"FlashInfer backend: FlashInfer 0.6's paged wrappers take no sink logits; allowed: sinks=None, or run "
+            f"the triton backend (KVFUSE_ATTENTION_BACKEND=triton, or unset)"
+        )
     query, kv_quant_mode = call.query, call.kv_quant_mode
     args = (query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,
-            call.query_start_loc, kv_quant_mode, call.sm_scale, call.sliding_window)
+            call.query_start_loc, kv_quant_mode, call.sm_scale, call.sliding_window, float(call.logit_softcap))
     key = _plan_key(*args)
     with _lock:
         plan = _plans.get(key)

@@ -9,13 +9,16 @@ Ops (namespace ``kvfuse``)::
                            Tensor k_scale, Tensor v_scale, int kv_quant_mode, str layer_name) -> ()
     paged_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale,
                     Tensor block_table, Tensor seq_lens, Tensor query_start_loc, int kv_quant_mode,
-                    float sm_scale, int? sliding_window, str layer_name) -> Tensor
+                    float sm_scale, int? sliding_window, str layer_name, float logit_softcap=0.0,
+                    Tensor? sinks=None) -> Tensor
 
 Every op carries the layer's ``kv_quant_mode`` (a :class:`kvfuse.KVQuantMode` value) and
 ``layer_name``; nothing here reads a global cache dtype. One validator per op runs in the fake
 (meta) implementation, at trace time, and in the real body before any kernel touches memory,
 so a bad call fails before anything is written. The real body (registered for CPU and CUDA)
 then asks :mod:`.registry` for the kernel of this (op, device, mode, size) and calls it.
+The ops are inference-only: ``encode_kv`` and ``paged_attention`` also have an Autograd kernel
+that runs them below autograd, so their outputs never claim a gradient.
 
 The unfused graph is ``encode_kv`` (K) + ``encode_kv`` (V) + ``cache_write``; the fused
 ``encode_and_cache_write`` is defined to be exactly that composition.
@@ -283,12 +286,14 @@ def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_
 KVFUSE_LIB.define(
     "paged_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale, Tensor block_table, "
     "Tensor seq_lens, Tensor query_start_loc, int kv_quant_mode, float sm_scale, int? sliding_window, "
-    "str layer_name) -> Tensor"
+    # Appended with defaults so that callers written before soft-capping and sinks keep working.
+    "str layer_name, float logit_softcap=0.0, Tensor? sinks=None) -> Tensor"
 )
 
 
 def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                              kv_quant_mode, sm_scale, sliding_window, layer_name) -> KVQuantMode:
+                              kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0,
+                              sinks=None) -> KVQuantMode:
     op = "paged_attention"
     mode = _mode(op, layer_name, kv_quant_mode)
     _check_kv_input(op, layer_name, "query", query)
@@ -321,30 +326,38 @@ def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, se
         _fail(op, layer_name, f"sm_scale={sm_scale!r} must be a finite float > 0")
     if sliding_window is not None and sliding_window <= 0:
         _fail(op, layer_name, f"sliding_window={sliding_window!r} must be None or > 0")
+    if not (isinstance(logit_softcap, (int, float)) and math.isfinite(logit_softcap) and logit_softcap >= 0):
+        _fail(op, layer_name, f"logit_softcap={logit_softcap!r} must be a finite float >= 0 (0.0: no soft-capping)")
+    extra = {}
+    if sinks is not None:
+        if sinks.dtype != torch.float32 or sinks.dim() != 1 or sinks.shape[0] != num_q_heads:
+            _fail(op, layer_name, f"sinks must be a float32 tensor of shape [num_q_heads]=[{num_q_heads}] "
+                  f"(one logit per query head), got dtype {sinks.dtype} shape {tuple(sinks.shape)}")
+        extra["sinks"] = sinks
     _check_devices(op, layer_name, query=query, kv_cache=kv_cache, k_scale=k_scale, v_scale=v_scale,
-                   block_table=block_table, seq_lens=seq_lens, query_start_loc=query_start_loc)
+                   block_table=block_table, seq_lens=seq_lens, query_start_loc=query_start_loc, **extra)
     return mode
 
 
 @torch.library.register_fake("kvfuse::paged_attention", lib=KVFUSE_LIB)
 def _paged_attention_fake(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                          kv_quant_mode, sm_scale, sliding_window, layer_name):
+                          kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0, sinks=None):
     _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                              kv_quant_mode, sm_scale, sliding_window, layer_name)
+                              kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap, sinks)
     return query.new_empty(query.shape)
 
 
 def _paged_attention_impl(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                          kv_quant_mode, sm_scale, sliding_window, layer_name):
+                          kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0, sinks=None):
     mode = _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                                     kv_quant_mode, sm_scale, sliding_window, layer_name)
+                                     kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap, sinks)
     if checks.enabled():
         checks.check_attention_metadata("paged_attention", layer_name, query.shape[0], kv_cache, block_table,
                                         seq_lens, query_start_loc)
         if mode.is_quantized:
             checks.check_scales("paged_attention", layer_name, k_scale=k_scale, v_scale=v_scale)
     call = registry.AttentionCall(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                                  mode, sm_scale, sliding_window)
+                                  mode, sm_scale, sliding_window, float(logit_softcap), sinks)
     return registry.kernel("paged_attention", query.device.type, mode)(call)
 
 
@@ -379,3 +392,28 @@ def release_python_cuda_body() -> None:
     if _PYTHON_CUDA_BODY is not None:
         _PYTHON_CUDA_BODY._destroy()
         _PYTHON_CUDA_BODY = None
+
+
+# ----------------------------------------------------------------------------- autograd
+
+# The kernels are inference-only: nothing here has a derivative formula. Without a kernel at the
+# Autograd key, a call on inputs that require grad goes through PyTorch's autograd fallback, which
+# warns and hands back outputs that claim a gradient and fail only at backward time. This kernel
+# runs the op below autograd instead, so the outputs are plain tensors (requires_grad=False)
+# whatever the grad mode, and a backward through them fails where it starts, on a leaf without
+# grad_fn. Ops that only mutate the cache return nothing and need no such kernel.
+
+
+def _below_autograd(name: str):
+    overload = getattr(torch.ops.kvfuse, name).default
+
+    def kernel(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload(*args)
+
+    kernel.__name__ = f"_{name}_autograd"
+    return kernel
+
+
+for _name in ("encode_kv", "paged_attention"):
+    KVFUSE_LIB.impl(_name, _below_autograd(_name), "Autograd")

@@ -138,8 +138,9 @@ def _compile(csrc: Path, gencode: Optional[str]) -> tuple[str, Path]:
             build_directory=str(build_dir),
             with_cuda=gencode is not None,
             is_python_module=False,
-            # ninja's command lines are no use to a user; a failed build raises with its log.
-            verbose=False,
+            # ninja's command lines are no use to a user (a failed build raises with its log);
+            # whoever debugs the build asks for them explicitly.
+            verbose=envs.settings().native_verbose,
         )
     return str(library), build_dir
 

@@ -94,12 +94,19 @@ def paged_attention(call: AttentionCall) -> torch.Tensor:
     Sequence ``b`` owns query rows ``qsl[b]:qsl[b+1]`` (its ``q_len`` newest tokens) and
     ``seq_lens[b]`` cached tokens, so its query row ``i`` sits at position
     ``p = seq_lens[b] - q_len + i`` and attends to keys ``j`` with ``j <= p`` and, with a
-    sliding window ``W``, ``p - j < W``. Query head ``h`` reads KV head ``h // (Hq / Hkv)``.
-    Rows not covered by ``query_start_loc`` (padding) are returned as zeros.
+    sliding window ``W``, ``p - j < W`` (the window counts the query's own position, as in
+    transformers' ``sliding_window_overlay``). Query head ``h`` reads KV head ``h // (Hq / Hkv)``.
+
+    Scores are ``s_j = (q . k_j) * sm_scale``; with ``logit_softcap = c > 0`` they become
+    ``c * tanh(s_j / c)`` before masking (Gemma 2). ``sinks[h]``, where given, is one more logit
+    in head ``h``'s softmax denominator whose value vector is zero (gpt-oss): the weights are
+    ``exp(s_j) / (exp(sinks[h]) + sum_i exp(s_i))``. Rows not covered by ``query_start_loc``
+    (padding) are returned as zeros.
     """
     query, kv_cache, k_scale, v_scale = call.query, call.kv_cache, call.k_scale, call.v_scale
     block_table, kv_quant_mode, sm_scale, sliding_window = (call.block_table, call.kv_quant_mode, call.sm_scale,
                                                             call.sliding_window)
+    logit_softcap, sinks = call.logit_softcap, call.sinks
     num_tokens, num_q_heads, head_size = query.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_q_heads // num_kv_heads
@@ -120,12 +127,18 @@ def paged_attention(call: AttentionCall) -> torch.Tensor:
         v = v.repeat_interleave(group, dim=1)
         q = query[q_start:q_end].float()  # [q_len, Hq, D]
         scores = torch.einsum("qhd,khd->hqk", q, k) * sm_scale
+        if logit_softcap > 0:
+            scores = logit_softcap * torch.tanh(scores / logit_softcap)
         q_pos = (seq_len - q_len + torch.arange(q_len, device=query.device)).unsqueeze(1)
         k_pos = positions.unsqueeze(0)
         allowed = k_pos <= q_pos
         if sliding_window is not None:
             allowed &= (q_pos - k_pos) < sliding_window
         scores = scores.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        if sinks is not None:
+            sink = sinks.float().reshape(num_q_heads, 1, 1).expand(num_q_heads, q_len, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v)
     return out.to(query.dtype)

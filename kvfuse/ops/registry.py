@@ -90,6 +90,10 @@ class AttentionCall:
     kv_quant_mode: KVQuantMode
     sm_scale: float
     sliding_window: Optional[int]
+    #: ``c * tanh(s / c)`` on the scaled scores when > 0 (Gemma 2); 0.0 leaves them as they are.
+    logit_softcap: float = 0.0
+    #: float32 ``[num_q_heads]``: one extra logit per head in the softmax denominator (gpt-oss).
+    sinks: Optional[torch.Tensor] = None
 
 
 class EncodeKV(Protocol):

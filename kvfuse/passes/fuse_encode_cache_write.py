@@ -106,8 +106,13 @@ def _scale_problem(enc: Encoding, x_val) -> Optional[str]:
     return None
 
 
-def check_pair(site: Site, k: Union[Encoding, Rejection], v: Union[Encoding, Rejection]) -> Optional[str]:
-    """None if the pair may be fused, else the reason it may not."""
+def check_pair(site: Site, k: Union[Encoding, Rejection], v: Union[Encoding, Rejection],
+               consumers: Optional[dict] = None) -> Optional[str]:
+    """None if the pair may be fused, else the reason it may not.
+
+    ``consumers`` ({"key": node, "value": node}) names the node allowed to use each of the
+    rows when that is not ``site.node`` (a plain write consumes K and V rows in two nodes).
+    """
     for which, enc in (("key", k), ("value", v)):
         if isinstance(enc, Rejection):
             return f"{which}: {enc.reason}"
@@ -120,7 +125,7 @@ def check_pair(site: Site, k: Union[Encoding, Rejection], v: Union[Encoding, Rej
         return f"cache dtypes disagree: key -> {k.cache_dtype}, value -> {v.cache_dtype}, cache {rows_dtype}"
     for which, enc, rows in (("key", k, site.args["key_rows"]), ("value", v, site.args["value_rows"])):
         if enc.nodes:
-            extra = other_users(rows, site.node)
+            extra = other_users(rows, (consumers or {}).get(which, site.node))
             if extra:
                 return (f"the encoded {which} rows {rows.name} have other users "
                         f"({', '.join(describe(u) for u in extra)}); fusing would encode twice")

@@ -32,12 +32,12 @@ from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ..kv_cache import KVQuantMode
-from . import fuse_encode_cache_write
+from . import fuse_encode_cache_write, fuse_plain_cache_write
 from .fuse_encode_cache_write import FusionRecord
 
 logger = logging.getLogger(__name__)
 
-_PASSES = (fuse_encode_cache_write,)
+_PASSES = (fuse_encode_cache_write, fuse_plain_cache_write)
 _DUMP_COUNTER = itertools.count()
 #: Counter keys of fusion records: ``<prefix><index in graph>/<json record>``.
 RECORD_PREFIX = "kvfuse.fusion_record/"

@@ -311,6 +311,38 @@ def test_opcheck_every_op(mode, dtype):
                  (query, cache, scale, scale, block_table, seq_lens, qsl, int(mode), 0.125, window, "l0"), dtype)
 
 
+@pytest.mark.parametrize("mode,dtype", [(KVQuantMode.NONE, torch.bfloat16), (KVQuantMode.FP8_E4M3, torch.float8_e4m3fn)],
+                         ids=["bf16", "fp8"])
+def test_ops_with_outputs_are_inference_only_under_grad_mode(mode, dtype):
+    # Inputs that require grad: the ops run below autograd (their Autograd kernel), so no output
+    # claims a gradient, no fallback warning is raised, and opcheck's autograd-registration check
+    # finds the kernel.
+    import warnings
+
+    head_size, heads = 32, 2
+    key = _randn((5, heads, head_size), torch.bfloat16, seed=4).requires_grad_()
+    scale = torch.tensor(0.5, requires_grad=True)
+    cache = torch.zeros(4, 2, 4, heads, row_dim_for(mode, head_size), dtype=dtype)
+    encode_and_cache_write(key.detach(), key.detach(), cache, torch.arange(5), scale.detach(), scale.detach(), mode)
+    query = _randn((3, 4, head_size), torch.bfloat16, seed=5).requires_grad_()
+    attn_args = (query, cache, scale, scale, torch.tensor([[0, 1]], dtype=torch.int32),
+                 torch.tensor([5], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), int(mode), 0.125,
+                 None, "l0")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*autograd kernel was not registered.*")
+        rows = OPS.encode_kv.default(key, scale, int(mode), dtype, "l0")
+        out = OPS.paged_attention.default(*attn_args)
+    assert not rows.requires_grad and rows.grad_fn is None
+    assert not out.requires_grad and out.grad_fn is None
+    with torch.no_grad():
+        expected = OPS.paged_attention.default(query.detach(), *attn_args[1:])
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    for op, args in ((OPS.encode_kv.default, (key, scale, int(mode), dtype, "l0")),
+                     (OPS.paged_attention.default, attn_args)):
+        torch.library.opcheck(op, args, test_utils=("test_autograd_registration", "test_faketensor",
+                                                    "test_aot_dispatch_dynamic"))
+
+
 # ----------------------------------------------------------------------------- attention
 
 

@@ -157,6 +157,16 @@ def _softmax_update(s, allowed, m_i, l_i, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _softcap(s, cap, SOFTCAP: tl.constexpr):
+    """``cap * tanh(s / cap)``; ``s`` and ``cap`` both in base-2 units (the cap times log2(e)), which
+    is the natural-unit cap applied before the change of base. tanh as ``1 - 2 / (e^2x + 1)``: it
+    saturates to +-1 without inf/inf, and the interpreter has no tanh."""
+    if SOFTCAP:
+        s = cap * (1.0 - 2.0 / (tl.math.exp2(s * (2.0 * 1.4426950408889634 / cap)) + 1.0))
+    return s
+
+
+@triton.jit
 def _allowed(kpos, kmask, qpos, window, HAS_WINDOW: tl.constexpr):
     ok = kmask[None, :] & (kpos[None, :] <= qpos[:, None])
     if HAS_WINDOW:
@@ -166,11 +176,11 @@ def _allowed(kpos, kmask, qpos, window, HAS_WINDOW: tl.constexpr):
 
 @triton.jit
 def _attend_range(
-    acc, m_i, l_i, q, qpos, lo, hi, window, qk_scale,
+    acc, m_i, l_i, q, qpos, lo, hi, window, qk_scale, cap,
     cache_ptr, bt_row_ptr, kvh, stride_cb, stride_ckv, stride_cs, stride_ch,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    ROW_ALIGN: tl.constexpr, KEYS_FIRST: tl.constexpr,
+    ROW_ALIGN: tl.constexpr, KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Keys ``[lo, hi)`` of a bf16/fp16/fp32 or FP8 cache (FP8 converts exactly to DOT_DTYPE).
 
@@ -190,6 +200,7 @@ def _attend_range(
             k = tl.load(cache_ptr + off[None, :] + offs_d[:, None], mask=kmask[None, :] & dmask[:, None],
                         other=0.0)
             s = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * qk_scale
+        s = _softcap(s, cap, SOFTCAP)
         allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
         p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
         v = tl.load(cache_ptr + stride_ckv + off[:, None] + offs_d[None, :], mask=kmask[:, None] & dmask[None, :],
@@ -293,12 +304,12 @@ def _nvfp4_tile(row_ptr, kmask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, NB: 
 
 @triton.jit
 def _attend_range_nvfp4(
-    acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, lo, hi, window, qk_scale,
+    acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, lo, hi, window, qk_scale, cap,
     cache_ptr, bt_row_ptr, kvh, stride_cb, stride_ckv, stride_cs, stride_ch,
     HEAD: tl.constexpr, HALF_PAD: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    KEYS_FIRST: tl.constexpr,
+    KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Keys ``[lo, hi)`` of an NVFP4 cache. Even and odd head-dim elements (low and high nibbles)
     stay in separate tiles: ``q . k = q_even . k_lo + q_odd . k_hi`` and ``P @ V`` fills two
@@ -319,6 +330,7 @@ def _attend_range_nvfp4(
                                      USE_ASM)
             s = tl.dot(q_e, k_lo.to(DOT_DTYPE), input_precision=PRECISION)
             s = tl.dot(q_o, k_hi.to(DOT_DTYPE), s, input_precision=PRECISION) * qk_scale
+        s = _softcap(s, cap, SOFTCAP)
         allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
         p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
         v_lo, v_hi = _nvfp4_tile(cache_ptr + stride_ckv + off, kmask, HALF, HALF_PAD, NB, BLOCK_N, False,
@@ -345,16 +357,16 @@ def _fp16_safe_scale(amax):
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, cache_ptr, k_scale_ptr, v_scale_ptr, bt_ptr, seq_lens_ptr, qsl_ptr,
+    q_ptr, cache_ptr, k_scale_ptr, v_scale_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
     out_ptr, pout_ptr, plse_ptr,
-    qk_scale, window, num_seqs, num_splits,
+    qk_scale, cap, window, num_seqs, num_splits,
     stride_qt, stride_qh, stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt,
     stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
     MODE: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     Q_RESCALE: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    KEYS_FIRST: tl.constexpr,
+    KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
@@ -406,6 +418,13 @@ def _paged_attention_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:
+        # The sink is a virtual key of value zero: it seeds the running max and denominator. Only
+        # split 0 carries it, so the split reduction counts it once.
+        sink = tl.load(sinks_ptr + head, mask=row_ok, other=float("-inf")) * 1.4426950408889634
+        sink = tl.where(split == 0, sink, float("-inf"))
+        m_i = sink
+        l_i = tl.where(sink == float("-inf"), 0.0, 1.0)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     k_scale = 1.0
     v_scale = 1.0
@@ -440,17 +459,17 @@ def _paged_attention_kernel(
         acc_o = tl.zeros([BLOCK_M, HALF_PAD], tl.float32)
         if HAS_WINDOW:
             acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
-                acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, s_lo, a, window, qk, cache_ptr, bt_row, kvh,
+                acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh,
                 stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
-                HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST)
+                HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
-            acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, a, c, window, qk, cache_ptr, bt_row, kvh,
+            acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh,
             stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, False,
-            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST)
+            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
-            acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, c, s_hi, window, qk, cache_ptr, bt_row, kvh,
+            acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh,
             stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
-            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST)
+            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o_e = acc_e * inv[:, None]
         o_o = acc_o * inv[:, None]
@@ -476,17 +495,17 @@ def _paged_attention_kernel(
         acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
         if HAS_WINDOW:
             acc, m_i, l_i = _attend_range(
-                acc, m_i, l_i, q, qpos, s_lo, a, window, qk, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+                acc, m_i, l_i, q, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
                 stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-                ROW_ALIGN, KEYS_FIRST)
+                ROW_ALIGN, KEYS_FIRST, SOFTCAP)
         acc, m_i, l_i = _attend_range(
-            acc, m_i, l_i, q, qpos, a, c, window, qk, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+            acc, m_i, l_i, q, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN, KEYS_FIRST)
+            ROW_ALIGN, KEYS_FIRST, SOFTCAP)
         acc, m_i, l_i = _attend_range(
-            acc, m_i, l_i, q, qpos, c, s_hi, window, qk, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+            acc, m_i, l_i, q, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN, KEYS_FIRST)
+            ROW_ALIGN, KEYS_FIRST, SOFTCAP)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o = acc * inv[:, None]
         if SPLIT:
@@ -579,6 +598,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     query, kv_cache, k_scale, v_scale = call.query, call.kv_cache, call.k_scale, call.v_scale
     block_table, seq_lens, query_start_loc = call.block_table, call.seq_lens, call.query_start_loc
     mode, sm_scale, sliding_window = KVQuantMode(call.kv_quant_mode), call.sm_scale, call.sliding_window
+    logit_softcap, sinks = call.logit_softcap, call.sinks
     interpret = envs.settings().triton_interpret
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = block_table.shape[0]
@@ -632,6 +652,8 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     scale_gather = cfg.SCALE_GATHER or _next_pow2(head_size) != head_size or head_size < 32
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     qk_scale = float(sm_scale) * _LOG2E
+    softcap = float(logit_softcap) > 0
+    cap = float(logit_softcap) * _LOG2E if softcap else 1.0
     window = int(sliding_window) if sliding_window is not None else 0
     has_window = sliding_window is not None
     cache = kv_cache
@@ -652,8 +674,9 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     grid = (num_tiles, num_kv_heads, num_splits)
     _paged_attention_kernel[grid](
         query, cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
+        sinks if sinks is not None else k_scale,  # never read without HAS_SINKS
         out, pout, plse,
-        qk_scale, window, num_seqs, num_splits,
+        qk_scale, cap, window, num_seqs, num_splits,
         query.stride(0), query.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), block_table.stride(0),
         out.stride(0), out.stride(1),
@@ -664,7 +687,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         BLOCK_Q=block_q, BLOCK_N=cfg.BLOCK_N, PAGE=page, SPLIT=num_splits > 1,
         HAS_WINDOW=has_window, DOT_DTYPE=dot_dtype, PRECISION=precision,
         Q_RESCALE=q_rescale, SCALE_GATHER=scale_gather, USE_ASM=use_asm, ROW_ALIGN=row_align,
-        KEYS_FIRST=cfg.KEYS_FIRST,
+        KEYS_FIRST=cfg.KEYS_FIRST, SOFTCAP=softcap, HAS_SINKS=sinks is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
     )

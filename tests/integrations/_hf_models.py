@@ -1,0 +1,59 @@
+"""Tiny random-weight transformers models (built from configs, nothing downloaded) for kvfuse tests."""
+
+from __future__ import annotations
+
+import torch
+
+VOCAB = 96
+
+
+def _common(**kw):
+    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
+                eos_token_id=2, initializer_range=0.08)
+    base.update(kw)
+    return base
+
+
+def build(name: str, dtype=torch.float32, seed: int = 0):
+    """A tiny eval-mode ``*ForCausalLM`` with transformers' eager attention, in ``dtype``."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    if name == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**_common()))
+    elif name == "qwen3":  # QK-norm
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**_common(num_key_value_heads=1)))
+    elif name == "mistral":  # one sliding window on every layer, shorter than the test sequences
+        model = tf.MistralForCausalLM(tf.MistralConfig(**_common(sliding_window=5)))
+    elif name == "gemma2":  # soft-capping, alternating windows, head_dim 256, query_pre_attn_scalar
+        cfg = tf.Gemma2Config(**_common(head_dim=256, sliding_window=6, attn_logit_softcapping=1.5,
+                                        final_logit_softcapping=30.0, query_pre_attn_scalar=64))
+        model = tf.Gemma2ForCausalLM(cfg)
+    elif name == "gemma3":  # 5 local : 1 global over 6 layers, query_pre_attn_scalar
+        cfg = tf.Gemma3TextConfig(**_common(num_hidden_layers=6, sliding_window=4, query_pre_attn_scalar=24,
+                                            head_dim=32))
+        model = tf.Gemma3ForCausalLM(cfg)
+    elif name == "gpt_oss":  # attention sinks, alternating windows, a tiny MoE
+        cfg = tf.GptOssConfig(**_common(num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                                        intermediate_size=32, max_position_embeddings=131072))
+        model = tf.GptOssForCausalLM(cfg)
+        with torch.no_grad():  # sinks around the scores' range, so they take a visible share
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 1.5)
+    else:
+        raise ValueError(f"unknown test model {name!r}")
+    model.set_attn_implementation("eager")
+    return model.to(dtype).eval()
+
+
+def left_padded_batch(lengths=(9, 4, 6), seed: int = 1):
+    """Three prompts of different lengths, left-padded with token 0, and their attention mask."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        ids[b, width - n:] = torch.randint(3, VOCAB, (n,), generator=gen)
+        mask[b, width - n:] = 1
+    return ids, mask
