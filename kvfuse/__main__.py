@@ -308,19 +308,13 @@ def cmd_demo(args) -> int:
     context = dump.dump(args.dump) if dump is not None else contextlib.nullcontext()
     with context, _status("compiling the model with torch.compile(backend=kvfuse) (first run: ~20 s on CPU)"):
         compiled_logits, _ = run_steps(model, batch, block_size=args.block_size, pad_to=pad_to, forward=compiled)
-    report = list(getattr(be, "report", None) or [])
     print("compiled: torch.compile(model, backend=kvfuse.make_backend())")
-    if report:
-        rows = [
-            (getattr(r, "layer_name", "?"),
-             getattr(getattr(r, "kv_quant_mode", None), "name", getattr(r, "kv_quant_mode", "?")),
-             "yes" if getattr(r, "fused", False) else "no",
-             getattr(r, "reason", ""))
-            for r in report
-        ]
+    if be.report:
+        rows = [(r.layer_name, getattr(r.kv_quant_mode, "name", r.kv_quant_mode), "yes" if r.fused else "no", r.reason)
+                for r in be.report]
         print(_table(("layer", "mode", "fused", "reason"), rows))
-    else:
-        print("(the backend recorded no fusion report: no kvfuse pass ran on the compiled graph)")
+    for note in be.notes or ([] if be.report else ["no compiled graph reached kvfuse's passes"]):
+        print(f"note: {note}")
     print(f"compiled vs eager logits: {compare_logits(compiled_logits, logits)}")
     if model_dtype != torch.float32:
         print(f"  (in {_dtype_name(model_dtype)}, Inductor rounds the model's intermediate results differently from "

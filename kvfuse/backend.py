@@ -41,12 +41,14 @@ _MAX_REPORTS = 256
 class GraphReport:
     """What kvfuse did in one compiled graph: ``compile_id`` (Dynamo's ``frame/compile``),
     ``records`` (one per cache write, graph order), ``source`` (``"passes"``, or the cache entry
-    the records were replayed from) and ``seconds`` (compile time, kvfuse passes included)."""
+    the records were replayed from), ``seconds`` (compile time, kvfuse passes included) and
+    ``notes`` (a graph with no cache write at all: why, one line per reason)."""
 
     compile_id: str
     records: tuple
     source: str
     seconds: float
+    notes: tuple = ()  # for a graph with no cache write: why, one line per reason
 
 
 def _compile_id(gm) -> tuple[Optional[int], str]:
@@ -87,6 +89,7 @@ class KVFuseBackend:
         self.fuse = fuse
         self.inductor_options = dict(inductor_options)
         self.report: list = []
+        self.notes: list = []  # the current report's lines on graphs without any cache write
         self.reports: list[GraphReport] = []
         self.last_compile: dict = {}
         self._report_frames: set = set()
@@ -132,7 +135,7 @@ class KVFuseBackend:
         self._check_options()
         manager = self.pass_manager
         manager.take()  # drop anything a failed earlier compile left behind
-        pass_manager.take_replayed_records()
+        pass_manager.take_replayed()
         patches = self.config_patches()
         dump_dir = debug.active_dump_dir()
         if dump_dir:  # a cache hit would skip the passes, and so their graphs
@@ -140,15 +143,16 @@ class KVFuseBackend:
         start = time.perf_counter()
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
         seconds = time.perf_counter() - start
+        notes = manager.take_notes()
         records, graphs, pass_seconds = manager.take()
-        replayed = pass_manager.take_replayed_records()
+        replayed, replayed_notes = pass_manager.take_replayed()
         if graphs:
             source = "passes"
         else:
-            records = replayed
+            records, notes = replayed, replayed_notes
             source = "stored report (replayed from Inductor's cache entry)"
         frame, compile_id = _compile_id(gm)
-        self._add(GraphReport(compile_id, tuple(records), source, seconds), frame, _is_resumption(gm))
+        self._add(GraphReport(compile_id, tuple(records), source, seconds, tuple(notes)), frame, _is_resumption(gm))
         self.last_compile = {"records": len(records), "fused": sum(r.fused for r in records),
                              "compile_seconds": seconds, "pass_seconds": pass_seconds,
                              "graphs_processed": graphs, "report_source": source, "compile_id": compile_id}
@@ -156,7 +160,8 @@ class KVFuseBackend:
                      "kvfuse passes %.3f ms", compile_id, len(records), self.last_compile["fused"], source,
                      seconds, 1e3 * pass_seconds)
         if dump_dir:
-            debug.write_report(dump_dir, "report", {"fuse": self.fuse, "records": [r.as_dict() for r in self.report]})
+            debug.write_report(dump_dir, "report", {"fuse": self.fuse, "records": [r.as_dict() for r in self.report],
+                                                    "notes": list(self.notes)})
         return compiled
 
     def _add(self, graph_report: GraphReport, frame: Optional[int], resumption: bool) -> None:
@@ -164,10 +169,12 @@ class KVFuseBackend:
         # continues it (see the module docstring).
         if not resumption or frame is None or frame in self._report_frames:
             self.report = []
+            self.notes = []
             self._report_frames = set()
         if frame is not None:
             self._report_frames.add(frame)
         self.report.extend(graph_report.records)
+        self.notes.extend(graph_report.notes)
         self.reports.append(graph_report)
         del self.reports[:-_MAX_REPORTS]
 

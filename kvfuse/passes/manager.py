@@ -13,7 +13,7 @@ a graph compiled by other pass code or other options.
 
 Records. Every decision is also counted in ``torch._dynamo.utils.counters["inductor"]`` under a
 key holding the record (:data:`RECORD_PREFIX`): Inductor stores a graph's counter increments
-with its cache entry and replays them on a hit, so :func:`take_replayed_records` gives the
+with its cache entry and replays them on a hit, so :func:`take_replayed` gives the
 backend the records of a graph whose passes did not run.
 """
 
@@ -41,6 +41,8 @@ _PASSES = (fuse_encode_cache_write, fuse_plain_cache_write)
 _DUMP_COUNTER = itertools.count()
 #: Counter keys of fusion records: ``<prefix><index in graph>/<json record>``.
 RECORD_PREFIX = "kvfuse.fusion_record/"
+#: Counter keys of the notes on a graph without any cache write: ``<prefix><index>/<json line>``.
+NOTE_PREFIX = "kvfuse.fusion_note/"
 
 
 def _source_files() -> tuple[str, ...]:
@@ -61,24 +63,30 @@ def hash_source(*paths: str) -> str:
     return h.hexdigest()
 
 
-def _count_records(records: list) -> None:
+def _count(records: list, notes: list) -> None:
     for i, record in enumerate(records):
         counters["inductor"][f"{RECORD_PREFIX}{i:06d}/{json.dumps(record.as_dict(), sort_keys=True)}"] += 1
+    for i, note in enumerate(notes):
+        counters["inductor"][f"{NOTE_PREFIX}{i:06d}/{json.dumps(note)}"] += 1
 
 
-def take_replayed_records() -> list:
-    """The records counted since the last call (by the passes, or replayed from Inductor's cache),
-    in graph order; removes them from the counters."""
+def _take_counted(prefix: str) -> list:
     inductor = counters["inductor"]
-    keys = sorted(k for k in inductor if k.startswith(RECORD_PREFIX))
-    out = []
+    keys = sorted(k for k in inductor if k.startswith(prefix))
     for key in keys:
         del inductor[key]
-        raw = json.loads(key.split("/", 2)[2])
+    return [json.loads(key.split("/", 2)[2]) for key in keys]
+
+
+def take_replayed() -> tuple[list, list]:
+    """(records, notes) counted since the last call (by the passes, or replayed from Inductor's
+    cache), in graph order; removes them from the counters."""
+    records = []
+    for raw in _take_counted(RECORD_PREFIX):
         mode = raw["kv_quant_mode"]
         mode = KVQuantMode[mode] if isinstance(mode, str) and mode in KVQuantMode.__members__ else mode
-        out.append(FusionRecord(raw["layer_name"], mode, bool(raw["fused"]), raw["reason"]))
-    return out
+        records.append(FusionRecord(raw["layer_name"], mode, bool(raw["fused"]), raw["reason"]))
+    return records, _take_counted(NOTE_PREFIX)
 
 
 class KVFusePassManager(CustomGraphPass):
@@ -93,6 +101,7 @@ class KVFusePassManager(CustomGraphPass):
             raise ValueError(f"fuse={fuse!r} must be a bool")
         self.fuse = fuse
         self._records: list = []
+        self._notes: list = []
         self._invocations = 0
         self._seconds = 0.0
 
@@ -124,14 +133,23 @@ class KVFusePassManager(CustomGraphPass):
                 debug.write_graph(dump_dir, f"{seq:03d}_{p.NAME}.after", graph)
             graph_records.extend(records)
             self._records.extend(records)
-        _count_records(graph_records)
+        # A graph with no cache write at all: say why, in lines a user can act on.
+        notes = [] if graph_records else fuse_plain_cache_write.explain_no_writes(graph)
+        self._notes.extend(notes)
+        _count(graph_records, notes)
         self._invocations += 1
         self._seconds += time.perf_counter() - start
 
     def take(self) -> tuple[list, int, float]:
-        """(records, number of graphs processed, seconds spent) since the last take; resets them."""
+        """(records, number of graphs processed, seconds spent) since the last take; resets them
+        (and the notes: see :meth:`take_notes`)."""
         out = (self._records, self._invocations, self._seconds)
-        self._records, self._invocations, self._seconds = [], 0, 0.0
+        self._records, self._notes, self._invocations, self._seconds = [], [], 0, 0.0
+        return out
+
+    def take_notes(self) -> list:
+        """Lines on the graphs without any cache write since the last take (one per reason)."""
+        out, self._notes = self._notes, []
         return out
 
     def __repr__(self) -> str:

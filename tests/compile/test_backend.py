@@ -252,3 +252,47 @@ def test_fresh_process_shared_cache_dir(tmp_path):
     assert hit["source"].startswith("stored report") and hit["modes"] == first["modes"] and all(hit["fused"])
     assert changed == {"modes": ["NVFP4"] * 2, "fused": [True] * 2, "source": "passes",
                        "dtypes": ["torch.uint8"] * 2}
+
+
+def test_report_notes_say_why_a_graph_has_no_cache_write(tmp_path, monkeypatch):
+    """A graph without any kvfuse write gets one actionable line, also when served from the cache."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+    def no_cache(x, cache):
+        cache.add_(1.0)  # written in place, but not by slot: not a paged-cache write
+        return x * 2
+
+    def nothing(x):
+        return x.sin()
+
+    for fn, expected in ((no_cache, "is overwritten, but not by indexed writes kvfuse recognises"),
+                         (nothing, "the graph writes no KV cache")):
+        sources = []
+        for _ in range(2):  # cold, then served from Inductor's cache
+            torch._dynamo.reset()
+            be = kvfuse.make_backend()
+            args = (torch.randn(4, 8),) + ((torch.zeros(2, 2, 4, 1, 8),) if fn is no_cache else ())
+            torch.compile(fn, backend=be, fullgraph=True)(*args)
+            assert be.report == [] and len(be.notes) == 1 and expected in be.notes[0], be.notes
+            assert be.reports[-1].notes == tuple(be.notes)
+            sources.append(be.last_compile["report_source"])
+        assert sources == ["passes", "stored report (replayed from Inductor's cache entry)"], sources
+
+
+def test_dumps_have_the_pass_graphs_on_a_warm_cache(tmp_path, monkeypatch):
+    """Issue 19: the second run (Inductor's cache warm) still dumps the before/after graphs and the report."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    x, md = make_inputs(T=7)
+    for run in ("cold", "warm"):
+        torch._dynamo.reset()
+        model = TinyModel(2, KVCacheConfig(kv_cache_dtype="fp8"))
+        be = kvfuse.make_backend()
+        if run == "warm":
+            with kvfuse.debug.dump(str(tmp_path / run)):
+                _run(model, be, x, md)
+        else:
+            _run(model, be, x, md)
+    after = glob.glob(str(tmp_path / "warm" / "kvfuse" / "*fuse_encode_cache_write.after.py"))
+    assert len(after) == 1 and open(after[0]).read().count("kvfuse.encode_and_cache_write.default") == 2
+    report = json.load(open(tmp_path / "warm" / "kvfuse" / "report.json"))
+    assert [(r["kv_quant_mode"], r["fused"]) for r in report["records"]] == [("FP8_E4M3", True)] * 2
