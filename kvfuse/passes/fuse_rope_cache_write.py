@@ -23,7 +23,12 @@ included): the fused op reads them as per-token rows ``[T, W]``.
 
 Exactness: the fused op computes what Inductor computes for these expressions (see
 :func:`kvfuse.ops.reference.apply_rope`): the rotation in float32, rounded once to the key's
-dtype, then encoded. Refused, with the reason in the layer's record:
+dtype, then encoded. Tables the graph computes in float32 and casts to bf16/fp16 (transformers'
+``cos.to(x.dtype)``) are handed over *before* the cast: Inductor inlines such cheap tables into
+the unfused rotation kernel and drops the down/up-cast pair, so that kernel multiplies by the
+float32 values (see :func:`_unrounded_source`; if Inductor's heuristics realize the table as a
+buffer instead, the unfused graph reads it rounded and the two differ in the last bits).
+Refused, with the reason in the layer's record:
 ``emulate_precision_casts`` with bf16/fp16 arithmetic (Inductor then rounds after every op); the
 sum written sin-term first on CUDA (Triton contracts ``a*b + c*d`` into ``fma(a, b, c*d)``, so the
 operand order decides the bits); a rotated key the graph also uses elsewhere; a key whose dtype
@@ -314,7 +319,7 @@ def match_rotation(target: Any) -> Union[Rotation, Rejection]:
                          f"the rotated values to the input's dtype")
     # Everything from the rotation's result to the input must feed only the next step: otherwise
     # the rotated values are needed anyway and fusing would rotate twice.
-    for step in chain[1:] + steps:
+    for step in chain + steps:
         if len(step.users) > 1:
             return Rejection(f"the rotated values {describe(step)} have other users "
                              f"({', '.join(describe(u) for u in step.users)})")
@@ -383,12 +388,44 @@ def _as_rows(graph: fx.Graph, rot: Rotation, target: fx.Node) -> tuple[fx.Node, 
     if _shape(x) != _shape(target):
         x = make_call(graph, aten.reshape.default, (x, [-1, heads, head_size]))
     width = _shape(rot.cos)[-1]
+    sources = [_unrounded_source(rot.cos), _unrounded_source(rot.sin)]
     tables = []
-    for table in (rot.cos, rot.sin):
+    for table, source in zip((rot.cos, rot.sin), sources):
+        if all(s is not None for s in sources):
+            table = source
         if len(_shape(table)) != 2 or rot.labels[0] is None:
             table = make_call(graph, aten.reshape.default, (table, [-1, width]))
         tables.append(table)
     return x, tables[0], tables[1]
+
+
+_TABLE_VIEWS = {aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.unsqueeze.default,
+                aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.alias.default}
+
+
+def _unrounded_source(table: fx.Node) -> Optional[fx.Node]:
+    """The float32 value behind a bf16/fp16 table the graph computes as ``t.to(bf16)``, else None.
+
+    Why: the unfused graph's rotation kernel inlines the table's computation (it is cheap
+    pointwise math) and Inductor drops the ``.to(bf16)`` / back-to-float32 pair there, so the
+    rotation multiplies by the *unrounded* float32 values. A custom op's input is a buffer
+    (rounded), so the fused op is handed the float32 values instead, which is what the unfused
+    kernel used. Tables that are graph inputs or buffers stay as they are (read rounded by both).
+    """
+    node = table
+    while _call(node, *_TABLE_VIEWS):
+        node = node.args[0]
+    if not (_call(node, prims.convert_element_type.default) and node.args[1] in (torch.bfloat16, torch.float16)):
+        return None
+    source = node.args[0]
+    if not (isinstance(source, fx.Node) and source.op == "call_function"
+            and getattr(val(source), "dtype", None) == torch.float32):
+        return None
+    kept = [s for s in _shape(source) if not _is_one(s)]
+    want = [s for s in _shape(table) if not _is_one(s)]
+    if len(kept) != len(want) or not all(_same_size(a, b) for a, b in zip(kept, want)):
+        return None
+    return source
 
 
 def _find_attention(graph: fx.Graph, layer_name: str) -> Optional[fx.Node]:
@@ -422,6 +459,8 @@ def _backend_problem() -> Optional[str]:
 
 def _describe(rot: Rotation, with_query: bool) -> str:
     table = "half-width" if rot.half_table else "full-width"
+    if _unrounded_source(rot.cos) is not None and _unrounded_source(rot.sin) is not None:
+        table += " (read in float32, before their .to(low precision), as Inductor's kernel reads them)"
     return (f"{rot.style}, rotary_dim={rot.rotary_dim}, {table} per-token cos/sin"
             + (", with the query" if with_query else ""))
 
@@ -518,10 +557,20 @@ def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None) -> l
         def note(text: str) -> None:
             records[i] = dataclasses.replace(record, reason=f"{record.reason}; rotary: {text}")
 
-        if site.op is not FUSED_WRITE:
+        if site.op is FUSED_WRITE:
+            key_input = site.args["key"]
+        elif not fuse and not record.fused:
+            # The baseline: say what would happen if the encode fusion had run.
+            from .fuse_encode_cache_write import _recognise
+
+            enc = _recognise(site.args["key_rows"], site)
+            key_input = getattr(enc, "x", None)
+        else:
+            key_input = None
+        if key_input is None:
             note("not fused (the encode and the write are not fused)")
             continue
-        key_rot = match_rotation(site.args["key"])
+        key_rot = match_rotation(key_input)
         if isinstance(key_rot, Rejection):
             note(f"not fused: key: {key_rot.reason}")
             continue
