@@ -234,8 +234,7 @@ KVFUSE_LIB.define(
 
 
 def _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode,
-                                     layer_name) -> KVQuantMode:
-    op = "encode_and_cache_write"
+                                     layer_name, op: str = "encode_and_cache_write") -> KVQuantMode:
     mode = _mode(op, layer_name, kv_quant_mode)
     _check_kv_input(op, layer_name, "key", key)
     _check_kv_input(op, layer_name, "value", value)
@@ -295,7 +294,7 @@ def _validate_rope_encode_and_cache_write(query, key, value, kv_cache, slot_mapp
                                           positions, rotary_dim, is_neox, kv_quant_mode, layer_name) -> KVQuantMode:
     op = "rope_encode_and_cache_write"
     mode = _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode,
-                                            layer_name)
+                                            layer_name, op)
     head_size = key.shape[-1]
     if type(rotary_dim) is not int or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_size:
         _fail(op, layer_name, f"rotary_dim={rotary_dim!r} must be an even int in [2, head_size={head_size}]")

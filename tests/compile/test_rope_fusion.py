@@ -123,6 +123,28 @@ def test_skip_layer_beside_fp8_and_nvfp4_layers(v2):
     assert all("rotary: fused" in r.reason for r in be.report)
 
 
+def test_dynamic_token_count():
+    """With a symbolic token count the views the pass builds stay symbolic: one graph serves
+    7 and 5 tokens, bit-exact with the unfused graph for both."""
+    model = RopeModel(("hf_neox", "demo"), [KVCacheConfig(kv_cache_dtype="fp8")] * 2, seed=11)
+    be = snapshot_backend()
+    base = kvfuse.make_backend(fuse=False, force_disable_caches=True)
+    torch._dynamo.reset()
+    fused_fn = torch.compile(model, backend=be, dynamic=True)
+    base_fn = torch.compile(model, backend=base, dynamic=True)
+    for T in (7, 5):
+        x, md, positions = _inputs(T, 32, seed=T)
+        caches, ref_caches = _caches(model), _caches(model)
+        with torch.no_grad():
+            out = fused_fn(x, caches, md, positions)
+            ref_out = base_fn(x, ref_caches, md, positions)
+        for i, (c, r) in enumerate(zip(caches, ref_caches)):
+            assert_bytes_equal(c, r, f"T={T} layer {i} cache")
+        assert_bytes_equal(out, ref_out, f"T={T} output")
+    assert be.pass_manager.after == [{"rope_encode_and_cache_write": 2, "paged_attention": 2}]
+    assert all("rotary: fused" in r.reason for r in be.report)
+
+
 class _KeyUsedTwice(RopeModel):
     """The rotated key is also read by other code: the rotation must stay."""
 

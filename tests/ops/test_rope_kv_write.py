@@ -244,7 +244,8 @@ def _bad(c, **changes):
     (dict(positions=torch.zeros(5)), r"positions must be 1-D int32 or int64, got dtype torch.float32"),
     (dict(query=torch.zeros(5, 4, 16, dtype=torch.bfloat16)), r"query .* must have key's dtype torch.bfloat16 and head_size 32"),
     (dict(query=torch.zeros(4, 4, 32, dtype=torch.bfloat16)), r"query has 4 tokens but key has 5"),
-    (dict(kv_quant_mode=7), r"kv_quant_mode=7 is not one of"),
+    (dict(kv_quant_mode=7), r"kvfuse::rope_encode_and_cache_write .*kv_quant_mode=7 is not one of"),
+    (dict(slot_mapping=torch.zeros(4, dtype=torch.int64)), r"slot_mapping has 4 entries but there are 5 tokens"),
 ])
 def test_validation_names_argument_value_and_allowed(change, match):
     c = _case(5, 4, 2, 32, KVQuantMode.NONE, torch.bfloat16, seed=1)
