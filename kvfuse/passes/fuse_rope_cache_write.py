@@ -365,7 +365,7 @@ def _same_value(a: Any, b: Any, depth: int = 12) -> bool:
         return a == b if not isinstance(a, fx.Node) and not isinstance(b, fx.Node) else False
     if a.op != "call_function" or b.op != "call_function" or a.target != b.target:
         return False
-    if len(a.args) != len(b.args) or a.kwargs != b.kwargs and set(a.kwargs) != set(b.kwargs):
+    if len(a.args) != len(b.args) or set(a.kwargs) != set(b.kwargs):
         return False
 
     def same(x, y):
