@@ -22,7 +22,7 @@ import torch
 
 from .. import envs
 
-__all__ = ["checked", "enabled", "check_slots", "check_scales", "check_attention_metadata"]
+__all__ = ["checked", "enabled", "check_slots", "check_scales", "check_positions", "check_attention_metadata"]
 
 _local = threading.local()
 _lock = threading.Lock()
@@ -86,6 +86,14 @@ def check_slots(op: str, layer_name: str, slot_mapping: torch.Tensor, kv_cache: 
             dup = int(unique[counts > 1][0])
             _fail(op, layer_name, f"slot_mapping writes slot {dup} {int(counts.max())} times in one call; "
                   f"each slot may be written at most once per call")
+
+
+def check_positions(op: str, layer_name: str, positions: torch.Tensor, num_rows: int) -> None:
+    bad = (positions < 0) | (positions >= num_rows)
+    if bool(bad.any()):
+        index = int(bad.nonzero()[0, 0])
+        _fail(op, layer_name, f"positions[{index}]={int(positions[index])} is out of range; allowed: "
+              f"0 <= position < {num_rows} (the rows of cos/sin)")
 
 
 def check_attention_metadata(op: str, layer_name: str, num_tokens: int, kv_cache: torch.Tensor,

@@ -7,6 +7,10 @@ Ops (namespace ``kvfuse``)::
                 int kv_quant_mode, str layer_name) -> ()
     encode_and_cache_write(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping,
                            Tensor k_scale, Tensor v_scale, int kv_quant_mode, str layer_name) -> ()
+    rope_encode_and_cache_write(Tensor? query, Tensor key, Tensor value, Tensor(a!) kv_cache,
+                                Tensor slot_mapping, Tensor k_scale, Tensor v_scale, Tensor cos, Tensor sin,
+                                Tensor? positions, int rotary_dim, bool is_neox, int kv_quant_mode,
+                                str layer_name) -> Tensor
     paged_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale,
                     Tensor block_table, Tensor seq_lens, Tensor query_start_loc, int kv_quant_mode,
                     float sm_scale, int? sliding_window, str layer_name, float logit_softcap=0.0,
@@ -21,7 +25,9 @@ The ops are inference-only: ``encode_kv`` and ``paged_attention`` also have an A
 that runs them below autograd, so their outputs never claim a gradient.
 
 The unfused graph is ``encode_kv`` (K) + ``encode_kv`` (V) + ``cache_write``; the fused
-``encode_and_cache_write`` is defined to be exactly that composition.
+``encode_and_cache_write`` is defined to be exactly that composition, and
+``rope_encode_and_cache_write`` exactly the rotary embedding of the key (and of the query, which
+it returns) followed by ``encode_and_cache_write`` (:func:`kvfuse.ops.reference.apply_rope`).
 """
 
 from __future__ import annotations
@@ -231,8 +237,7 @@ KVFUSE_LIB.define(
 
 
 def _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode,
-                                     layer_name) -> KVQuantMode:
-    op = "encode_and_cache_write"
+                                     layer_name, op: str = "encode_and_cache_write") -> KVQuantMode:
     mode = _mode(op, layer_name, kv_quant_mode)
     _check_kv_input(op, layer_name, "key", key)
     _check_kv_input(op, layer_name, "value", value)
@@ -279,6 +284,90 @@ def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_
             checks.check_scales("encode_and_cache_write", layer_name, k_scale=k_scale, v_scale=v_scale)
     registry.kernel("encode_and_cache_write", kv_cache.device.type, mode, key.shape[0])(
         key, value, kv_cache, slot_mapping, k_scale, v_scale, mode)
+
+
+# ----------------------------------------------------------------------------- rope_encode_and_cache_write
+
+KVFUSE_LIB.define(
+    "rope_encode_and_cache_write(Tensor? query, Tensor key, Tensor value, Tensor(a!) kv_cache, "
+    "Tensor slot_mapping, Tensor k_scale, Tensor v_scale, Tensor cos, Tensor sin, Tensor? positions, "
+    "int rotary_dim, bool is_neox, int kv_quant_mode, str layer_name) -> Tensor"
+)
+
+
+def _validate_rope_encode_and_cache_write(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin,
+                                          positions, rotary_dim, is_neox, kv_quant_mode, layer_name) -> KVQuantMode:
+    op = "rope_encode_and_cache_write"
+    mode = _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode,
+                                            layer_name, op)
+    head_size = key.shape[-1]
+    if type(rotary_dim) is not int or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_size:
+        _fail(op, layer_name, f"rotary_dim={rotary_dim!r} must be an even int in [2, head_size={head_size}]")
+    if type(is_neox) is not bool:
+        _fail(op, layer_name, f"is_neox={is_neox!r} must be a bool (True: rotate-half pairs (i, i + rotary_dim/2); "
+              f"False: GPT-J interleaved pairs (2i, 2i + 1))")
+    if query is not None:
+        _check_kv_input(op, layer_name, "query", query)
+        if query.dtype != key.dtype or query.shape[-1] != head_size:
+            _fail(op, layer_name, f"query ({query.dtype}, {tuple(query.shape)}) must have key's dtype {key.dtype} "
+                  f"and head_size {head_size}")
+        _check(query.shape[0] == key.shape[0], op, layer_name,
+               lambda: f"query has {query.shape[0]} tokens but key has {key.shape[0]}")
+    widths = (rotary_dim, rotary_dim // 2)
+    for name, table in (("cos", cos), ("sin", sin)):
+        if table.dim() != 2 or table.dtype not in _INPUT_DTYPES:
+            _fail(op, layer_name, f"{name} must be 2-D [tokens or positions, width] of {list(_INPUT_DTYPES)}, got "
+                  f"dtype {table.dtype} shape {tuple(table.shape)}")
+        if table.shape[1] not in widths:
+            _fail(op, layer_name, f"{name} has width {table.shape[1]}; allowed: rotary_dim={rotary_dim} (one "
+                  f"column per feature) or rotary_dim / 2={rotary_dim // 2} (one column per pair)")
+        if table.stride(-1) != 1:
+            _fail(op, layer_name, f"{name} must have a contiguous last dim, got strides {tuple(table.stride())}")
+    if cos.dtype != sin.dtype or tuple(cos.shape) != tuple(sin.shape):
+        _fail(op, layer_name, f"cos ({cos.dtype}, {tuple(cos.shape)}) and sin ({sin.dtype}, {tuple(sin.shape)}) "
+              f"must have the same dtype and shape")
+    if positions is None:
+        _check(cos.shape[0] == key.shape[0], op, layer_name,
+               lambda: f"cos/sin have {cos.shape[0]} rows but there are {key.shape[0]} tokens; give per-token "
+                       f"rows, or a table and positions")
+    else:
+        if positions.dim() != 1 or positions.dtype not in _SLOT_DTYPES:
+            _fail(op, layer_name, f"positions must be 1-D int32 or int64, got dtype {positions.dtype} "
+                  f"shape {tuple(positions.shape)}")
+        _check(positions.shape[0] == key.shape[0], op, layer_name,
+               lambda: f"positions has {positions.shape[0]} entries but there are {key.shape[0]} tokens")
+    tensors = {"key": key, "cos": cos, "sin": sin}
+    if query is not None:
+        tensors["query"] = query
+    if positions is not None:
+        tensors["positions"] = positions
+    _check_devices(op, layer_name, **tensors)
+    return mode
+
+
+@torch.library.register_fake("kvfuse::rope_encode_and_cache_write", lib=KVFUSE_LIB)
+def _rope_encode_and_cache_write_fake(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin,
+                                      positions, rotary_dim, is_neox, kv_quant_mode, layer_name):
+    _validate_rope_encode_and_cache_write(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin,
+                                          positions, rotary_dim, is_neox, kv_quant_mode, layer_name)
+    if query is None:
+        return key.new_empty((0,))
+    return query.new_empty(query.shape)
+
+
+def _rope_encode_and_cache_write_impl(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin,
+                                      positions, rotary_dim, is_neox, kv_quant_mode, layer_name):
+    mode = _validate_rope_encode_and_cache_write(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos,
+                                                 sin, positions, rotary_dim, is_neox, kv_quant_mode, layer_name)
+    if checks.enabled():
+        op = "rope_encode_and_cache_write"
+        checks.check_slots(op, layer_name, slot_mapping, kv_cache)
+        if positions is not None:
+            checks.check_positions(op, layer_name, positions, cos.shape[0])
+        if mode.is_quantized:
+            checks.check_scales(op, layer_name, k_scale=k_scale, v_scale=v_scale)
+    return registry.kernel("rope_encode_and_cache_write", kv_cache.device.type, mode, key.shape[0])(
+        query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin, positions, rotary_dim, is_neox, mode)
 
 
 # ----------------------------------------------------------------------------- paged_attention
@@ -365,6 +454,7 @@ for _name, _impl in (
     ("encode_kv", _encode_kv_impl),
     ("cache_write", _cache_write_impl),
     ("encode_and_cache_write", _encode_and_cache_write_impl),
+    ("rope_encode_and_cache_write", _rope_encode_and_cache_write_impl),
     ("paged_attention", _paged_attention_impl),
 ):
     KVFUSE_LIB.impl(_name, _impl, "CPU")

@@ -12,7 +12,8 @@ import torch
 from ..kv_cache import KVQuantMode, fp8_max, nvfp4_dequantize_reference, nvfp4_quantize_reference
 from .registry import ALL_MODES, OPS, AttentionCall, Implementation
 
-__all__ = ["encode_kv", "cache_write", "encode_and_cache_write", "paged_attention", "decode_rows", "IMPLEMENTATION"]
+__all__ = ["encode_kv", "cache_write", "encode_and_cache_write", "apply_rope", "rope_encode_and_cache_write",
+           "paged_attention", "decode_rows", "IMPLEMENTATION"]
 
 #: Runs everything, everywhere; chosen last (its rank), as the fallback and the oracle.
 IMPLEMENTATION = Implementation(
@@ -86,6 +87,65 @@ def encode_and_cache_write(
         kv_cache,
         slot_mapping,
     )
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions, rotary_dim: int,
+               is_neox: bool) -> torch.Tensor:
+    """Rotate the first ``rotary_dim`` features of ``x [T, H, D]``; the result has ``x``'s dtype.
+
+    ``cos``/``sin`` are ``[T, W]`` per token, or ``[P, W]`` tables read at ``positions [T]``, with
+    ``W = rotary_dim`` (element ``i`` uses column ``i``, the table transformers builds) or
+    ``W = rotary_dim / 2`` (both elements of pair ``p`` use column ``p``). The partner of element
+    ``i`` and its sign (``rot``): NeoX / rotate-half pairs ``(i, i + R/2)``, ``rot = [-x2, x1]``;
+    GPT-J interleaved pairs ``(2p, 2p + 1)``, ``rot = [-x1, x0, -x3, x2, ...]``. Then, in float32,
+
+        ``y_i = x_i * cos_i + rot_i * sin_i``   (two products, one sum, each rounded to float32)
+
+    rounded once to ``x.dtype``; features from ``rotary_dim`` on are passed through. This is what
+    Inductor computes for ``x * cos + rotate_half(x) * sin`` in any of bf16/fp16/fp32 (it keeps
+    fused intermediates in float32 and rounds at the store), and what the demo model computes.
+    """
+    r, half = rotary_dim, rotary_dim // 2
+    if positions is not None:
+        cos, sin = cos[positions.long()], sin[positions.long()]
+    cos, sin = cos.float(), sin.float()
+    if cos.shape[-1] == half:
+        if is_neox:
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+        else:
+            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    xf = x.float()
+    xr = xf[..., :r]
+    if is_neox:
+        rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    else:
+        rot = torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)
+    y = xr * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
+    return torch.cat([y, xf[..., r:]], dim=-1).to(x.dtype)
+
+
+def rope_encode_and_cache_write(
+    query,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions,
+    rotary_dim: int,
+    is_neox: bool,
+    kv_quant_mode: int,
+) -> torch.Tensor:
+    """Exactly :func:`apply_rope` of the key, then :func:`encode_and_cache_write`; returns the rotated
+    query (:func:`apply_rope` of ``query``), or an empty tensor when ``query`` is None."""
+    encode_and_cache_write(apply_rope(key, cos, sin, positions, rotary_dim, is_neox), value, kv_cache,
+                           slot_mapping, k_scale, v_scale, kv_quant_mode)
+    if query is None:
+        return key.new_empty((0,))
+    return apply_rope(query, cos, sin, positions, rotary_dim, is_neox)
 
 
 def paged_attention(call: AttentionCall) -> torch.Tensor:

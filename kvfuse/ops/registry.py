@@ -5,7 +5,7 @@ Every implementation module (:mod:`.reference`, :mod:`.native`, :mod:`.triton`,
 modes it covers, an ``available`` check (optional dependencies, a build that failed) and a
 ``rank`` (its selection rule: lower wins, None = only when forced). Its kernels implement the
 per-op protocols below (:class:`EncodeKV`, :class:`CacheWrite`, :class:`EncodeAndCacheWrite`,
-:class:`PagedAttentionKernel`), so each signature is written once, here.
+:class:`RopeEncodeAndCacheWrite`, :class:`PagedAttentionKernel`), so each signature is written once, here.
 
 A choice is made once per :class:`Situation` ``(op, device type, mode, size class, captured)``
 and cached; the per-call path (:func:`kernel`) is one size-class test and one dict lookup.
@@ -34,12 +34,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "CACHE_OPS",
+    "ROPE_OPS",
     "ATTENTION_OPS",
     "OPS",
     "AttentionCall",
     "EncodeKV",
     "CacheWrite",
     "EncodeAndCacheWrite",
+    "RopeEncodeAndCacheWrite",
     "PagedAttentionKernel",
     "Implementation",
     "Situation",
@@ -57,8 +59,11 @@ __all__ = [
 ]
 
 CACHE_OPS = ("encode_kv", "cache_write", "encode_and_cache_write")
+# Cache writes with the rotary embedding folded in: the "cache" family (one forced cache backend
+# covers them), kept out of CACHE_OPS because the measured CUDA policy of .tuning is about those.
+ROPE_OPS = ("rope_encode_and_cache_write",)
 ATTENTION_OPS = ("paged_attention",)
-OPS = CACHE_OPS + ATTENTION_OPS
+OPS = CACHE_OPS + ROPE_OPS + ATTENTION_OPS
 ALL_MODES = frozenset(KVQuantMode)
 
 # Implementation modules, each exporting IMPLEMENTATION; imported on the first selection only.
@@ -109,6 +114,13 @@ class CacheWrite(Protocol):
 class EncodeAndCacheWrite(Protocol):
     def __call__(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                  k_scale: torch.Tensor, v_scale: torch.Tensor, kv_quant_mode: int) -> None: ...
+
+
+class RopeEncodeAndCacheWrite(Protocol):
+    def __call__(self, query: Optional[torch.Tensor], key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, positions: Optional[torch.Tensor], rotary_dim: int, is_neox: bool,
+                 kv_quant_mode: int) -> torch.Tensor: ...
 
 
 class PagedAttentionKernel(Protocol):
@@ -193,7 +205,7 @@ def implementations() -> dict[str, Implementation]:
 
 
 def family(op: str) -> str:
-    if op in CACHE_OPS:
+    if op in CACHE_OPS or op in ROPE_OPS:
         return "cache"
     if op in ATTENTION_OPS:
         return "attention"

@@ -32,12 +32,14 @@ from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ..kv_cache import KVQuantMode
-from . import fuse_encode_cache_write, fuse_plain_cache_write
+from . import fuse_encode_cache_write, fuse_plain_cache_write, fuse_rope_cache_write
 from .fuse_encode_cache_write import FusionRecord
 
 logger = logging.getLogger(__name__)
 
-_PASSES = (fuse_encode_cache_write, fuse_plain_cache_write)
+# A pass with AMENDS_RECORDS = True gets the records of the passes before it and returns them
+# amended (one record per cache write stays one record).
+_PASSES = (fuse_encode_cache_write, fuse_plain_cache_write, fuse_rope_cache_write)
 _DUMP_COUNTER = itertools.count()
 #: Counter keys of fusion records: ``<prefix><index in graph>/<json record>``.
 RECORD_PREFIX = "kvfuse.fusion_record/"
@@ -124,15 +126,19 @@ class KVFusePassManager(CustomGraphPass):
             if dump_dir:
                 debug.write_graph(dump_dir, f"{seq:03d}_{p.NAME}.before", graph)
             t0 = time.perf_counter()
-            records = p.run(graph, fuse=self.fuse)
-            if self.fuse and any(r.fused for r in records):
+            if getattr(p, "AMENDS_RECORDS", False):
+                graph_records = p.run(graph, fuse=self.fuse, records=graph_records)
+                records = []
+            else:
+                records = p.run(graph, fuse=self.fuse)
+            if self.fuse and any(r.fused for r in records + graph_records):
                 graph.lint()
-            logger.debug("pass %s: %d cache writes, %d fused, %.3f ms", p.NAME, len(records),
-                         sum(r.fused for r in records), 1e3 * (time.perf_counter() - t0))
+            logger.debug("pass %s: %d cache writes, %d fused, %.3f ms", p.NAME, len(graph_records) + len(records),
+                         sum(r.fused for r in records + graph_records), 1e3 * (time.perf_counter() - t0))
             if dump_dir:
                 debug.write_graph(dump_dir, f"{seq:03d}_{p.NAME}.after", graph)
             graph_records.extend(records)
-            self._records.extend(records)
+        self._records.extend(graph_records)
         # A graph with no cache write at all: say why, in lines a user can act on.
         notes = [] if graph_records else fuse_plain_cache_write.explain_no_writes(graph)
         self._notes.extend(notes)

@@ -16,6 +16,7 @@ _EXPORTS = {
     "encode_kv": ".kv_write",
     "cache_write": ".kv_write",
     "encode_and_cache_write": ".kv_write",
+    "rope_encode_and_cache_write": ".rope_kv_write",
     "paged_attention": ".attention",
 }
 

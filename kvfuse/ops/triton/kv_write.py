@@ -114,11 +114,10 @@ def _encode_rows(
     offs_h = h0 + tl.arange(0, BLOCK_H)
     h_ok = offs_h < H
     if MODE == _NVFP4:
-        NB: tl.constexpr = D // 16
         BLOCK_NB: tl.constexpr = BLOCK_D // 16
         offs_b = tl.arange(0, BLOCK_NB)
         offs_i = tl.arange(0, 16)
-        row_ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_b < NB)[None, None, :]
+        row_ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_b < D // 16)[None, None, :]
         src = (
             src_tok[:, None, None, None]
             + (offs_h * SRC_STRIDE_H)[None, :, None, None]
@@ -126,86 +125,111 @@ def _encode_rows(
             + offs_i[None, None, None, :]
         )
         x = tl.load(src_ptr + src, mask=row_ok[:, :, :, None]).to(tl.float32)
-        # NaN encodes as +0 and is ignored by amax: zero it once, here, so that nothing below
-        # needs a per-element NaN test (those selects are what this ALU-bound path pays for).
-        x = tl.where(x == x, x, 0.0)
-        gs = tl.load(scale_ptr)
-        amax = tl.max(tl.abs(x), axis=3)
-        s = tl.minimum(tl.math.div_rn(amax, gs * 6.0), 448.0, propagate_nan=tl.PropagateNan.ALL)
-        s_code, s_val = _fp8_rne(s, 3, 7)
-        # Blocks whose divisor s * gs is not > 0 encode all-zero codes (the reference's q = 0):
-        # per block, a safe divisor and a byte mask applied after packing.
-        pos = s_val * gs > 0
-        denom = tl.where(pos, s_val * gs, 1.0)
-        keep = tl.where(pos, 0xFF, 0).to(tl.uint8)
-        q = tl.math.div_rn(x, denom[:, :, :, None])
-        # E2M1 round-to-nearest-even, saturating at 6, as rint on the binade's grid: steps of 0.5
-        # below 2 (codes 0..4), of 1 in [2, 4) (codes 4..6), of 2 from 4 (codes 6, 7); the grid
-        # points' own ties (0.25, 1.25, 2.5, 5 down; 0.75, 1.75, 3.5 up) are rint's ties to even.
-        # rint is the 1.5 * 2**23 trick (a * m is exact, m a power of two). About half the ALU
-        # work of counting seven thresholds, which is what bounds this kernel.
-        a = tl.abs(q)
-        big = a >= 4.0
-        mid = a >= 2.0
-        m = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
-        c = tl.where(big, 4.0, tl.where(mid, 2.0, 0.0))
-        mag = tl.minimum(((a * m + 12582912.0) - 12582912.0) + c, 7.0).to(tl.uint8)
-        code = mag | tl.where(q < 0, 8, 0).to(tl.uint8)
-        pairs = tl.reshape(code, (code.shape[0], BLOCK_H, BLOCK_NB, 8, 2))
-        lo, hi = tl.split(pairs)
-        packed = (lo | (hi << 4)) & keep[:, :, :, None]
-        offs_j = tl.arange(0, 8)
-        dst_row = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None]
-        # NVFP4 rows are uint8 (caches and encode_kv outputs alike): no pointer cast, which
-        # would hide the pointer's alignment and split the stores into bytes.
-        tl.store(
-            dst_ptr + dst_row[:, :, :, None] + (offs_b * 8)[None, None, :, None] + offs_j[None, None, None, :],
-            packed,
-            mask=row_ok[:, :, :, None],
-        )
-        tl.store(dst_ptr + dst_row + D // 2 + offs_b[None, None, :], s_code, mask=row_ok)
+        _store_nvfp4(x, dst_ptr, scale_ptr, dst_tok, offs_h, row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D)
     else:
         offs_d = tl.arange(0, BLOCK_D)
         ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_d < D)[None, None, :]
         src = src_tok[:, None, None] + (offs_h * SRC_STRIDE_H)[None, :, None] + offs_d[None, None, :]
         dst = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None] + offs_d[None, None, :]
         x = tl.load(src_ptr + src, mask=ok)
-        if MODE == _COPY:
-            tl.store(dst_ptr + dst, x, mask=ok)
-        elif MODE == _NONE:
-            # Through float32 (exact), then Triton's default narrowing, round-to-nearest-even, as
-            # PyTorch converts; the direct fp16 <-> bf16 cast is wrong in the interpreter.
-            xf = x.to(tl.float32)
-            if SOFT_ROUNDING and dst_ptr.dtype.element_ty == tl.bfloat16:
-                # The interpreter truncates float32 -> bfloat16; round to nearest even by hand.
-                b = xf.to(tl.uint32, bitcast=True)
-                b = tl.where(xf != xf, b | 0x400000, b + 0x7FFF + ((b >> 16) & 1))
-                y = (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            else:
-                y = xf.to(dst_ptr.dtype.element_ty)
-            tl.store(dst_ptr + dst, y, mask=ok)
+        _store_dense(x, dst_ptr + dst, scale_ptr, ok, MODE, SOFT_ROUNDING)
+
+
+@triton.jit
+def _store_nvfp4(
+    x,  # [BLOCK_T, BLOCK_H, BLOCK_D // 16, 16] float32 values of the rows
+    dst_ptr,
+    scale_ptr,
+    dst_tok,  # [BLOCK_T] int64 element offset of each token's row in dst
+    offs_h,  # [BLOCK_H] head indices
+    row_ok,  # [BLOCK_T, BLOCK_H, BLOCK_D // 16] write this 16-block
+    DST_STRIDE_H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """NVFP4-encode ``x`` (block scales + packed E2M1) into rows at ``dst_tok``; see the kernel docstring."""
+    BLOCK_NB: tl.constexpr = BLOCK_D // 16
+    offs_b = tl.arange(0, BLOCK_NB)
+    # NaN encodes as +0 and is ignored by amax: zero it once, here, so that nothing below
+    # needs a per-element NaN test (those selects are what this ALU-bound path pays for).
+    x = tl.where(x == x, x, 0.0)
+    gs = tl.load(scale_ptr)
+    amax = tl.max(tl.abs(x), axis=3)
+    s = tl.minimum(tl.math.div_rn(amax, gs * 6.0), 448.0, propagate_nan=tl.PropagateNan.ALL)
+    s_code, s_val = _fp8_rne(s, 3, 7)
+    # Blocks whose divisor s * gs is not > 0 encode all-zero codes (the reference's q = 0):
+    # per block, a safe divisor and a byte mask applied after packing.
+    pos = s_val * gs > 0
+    denom = tl.where(pos, s_val * gs, 1.0)
+    keep = tl.where(pos, 0xFF, 0).to(tl.uint8)
+    q = tl.math.div_rn(x, denom[:, :, :, None])
+    # E2M1 round-to-nearest-even, saturating at 6, as rint on the binade's grid: steps of 0.5
+    # below 2 (codes 0..4), of 1 in [2, 4) (codes 4..6), of 2 from 4 (codes 6, 7); the grid
+    # points' own ties (0.25, 1.25, 2.5, 5 down; 0.75, 1.75, 3.5 up) are rint's ties to even.
+    # rint is the 1.5 * 2**23 trick (a * m is exact, m a power of two). About half the ALU
+    # work of counting seven thresholds, which is what bounds this kernel.
+    a = tl.abs(q)
+    big = a >= 4.0
+    mid = a >= 2.0
+    m = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
+    c = tl.where(big, 4.0, tl.where(mid, 2.0, 0.0))
+    mag = tl.minimum(((a * m + 12582912.0) - 12582912.0) + c, 7.0).to(tl.uint8)
+    code = mag | tl.where(q < 0, 8, 0).to(tl.uint8)
+    pairs = tl.reshape(code, (code.shape[0], BLOCK_H, BLOCK_NB, 8, 2))
+    lo, hi = tl.split(pairs)
+    packed = (lo | (hi << 4)) & keep[:, :, :, None]
+    offs_j = tl.arange(0, 8)
+    dst_row = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None]
+    # NVFP4 rows are uint8 (caches and encode_kv outputs alike): no pointer cast, which
+    # would hide the pointer's alignment and split the stores into bytes.
+    tl.store(
+        dst_ptr + dst_row[:, :, :, None] + (offs_b * 8)[None, None, :, None] + offs_j[None, None, None, :],
+        packed,
+        mask=row_ok[:, :, :, None],
+    )
+    tl.store(dst_ptr + dst_row + D // 2 + offs_b[None, None, :], s_code, mask=row_ok)
+
+
+@triton.jit
+def _store_dense(x, dst, scale_ptr, ok, MODE: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
+    """Encode ``x`` (any shape) for a NONE / FP8 / COPY cache and store it at the pointers ``dst``."""
+    if MODE == _COPY:
+        tl.store(dst, x, mask=ok)
+    elif MODE == _NONE:
+        # Through float32 (exact), then Triton's default narrowing, round-to-nearest-even, as
+        # PyTorch converts; the direct fp16 <-> bf16 cast is wrong in the interpreter.
+        xf = x.to(tl.float32)
+        if SOFT_ROUNDING and dst.dtype.element_ty == tl.bfloat16:
+            # The interpreter truncates float32 -> bfloat16; round to nearest even by hand.
+            b = xf.to(tl.uint32, bitcast=True)
+            b = tl.where(xf != xf, b | 0x400000, b + 0x7FFF + ((b >> 16) & 1))
+            y = (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         else:
+            y = xf.to(dst.dtype.element_ty)
+        tl.store(dst, y, mask=ok)
+    else:
+        if MODE == _FP8_E4M3:
+            fp8_max = 448.0
+        else:
+            fp8_max = 57344.0
+        xf = x.to(tl.float32)
+        q = tl.math.div_rn(xf, tl.load(scale_ptr))
+        q_nan = q != q  # NaN input, or 0/0 and inf/inf: min/max below would drop the NaN
+        q = tl.minimum(tl.maximum(q, -fp8_max), fp8_max)
+        if SOFT_ROUNDING:
             if MODE == _FP8_E4M3:
-                fp8_max = 448.0
+                bits, _ = _fp8_rne(q, 3, 7)
             else:
-                fp8_max = 57344.0
-            xf = x.to(tl.float32)
-            q = tl.math.div_rn(xf, tl.load(scale_ptr))
-            q_nan = q != q  # NaN input, or 0/0 and inf/inf: min/max below would drop the NaN
-            q = tl.minimum(tl.maximum(q, -fp8_max), fp8_max)
-            if SOFT_ROUNDING:
-                if MODE == _FP8_E4M3:
-                    bits, _ = _fp8_rne(q, 3, 7)
-                else:
-                    bits, _ = _fp8_rne(q, 2, 15)
-            else:
-                # sm89+ lowers this to cvt.rn.satfinite (round to nearest even).
-                bits = q.to(dst_ptr.dtype.element_ty).to(tl.uint8, bitcast=True)
-            # NaN stays NaN, with the input's sign as PyTorch's float8 conversion keeps it (the
-            # hardware convert would give one canonical NaN).
-            sign = ((xf.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
-            bits = tl.where(q_nan, sign | 0x7F, bits)
-            tl.store(dst_ptr + dst, bits.to(dst_ptr.dtype.element_ty, bitcast=True), mask=ok)
+                bits, _ = _fp8_rne(q, 2, 15)
+        else:
+            # sm89+ lowers this to cvt.rn.satfinite (round to nearest even).
+            bits = q.to(dst.dtype.element_ty).to(tl.uint8, bitcast=True)
+        # NaN stays NaN, with the input's sign as PyTorch's float8 conversion keeps it (the
+        # hardware convert would give one canonical NaN).
+        sign = ((xf.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
+        bits = tl.where(q_nan, sign | 0x7F, bits)
+        tl.store(dst, bits.to(dst.dtype.element_ty, bitcast=True), mask=ok)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])

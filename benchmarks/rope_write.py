@@ -1,0 +1,237 @@
+"""Rotary embedding + K/V cache write, fused vs not, for one layer (GPU).
+
+    python -m benchmarks.rope_write [--quick] [--out benchmarks/results]
+
+One Llama-shaped layer (32 query heads, 8 KV heads, head_size 128, bf16 activations), a decode
+step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per case:
+
+- ``write``: ``kvfuse::encode_and_cache_write`` of an already rotated K (the floor);
+- ``rope_k+write``: ``kvfuse::rope_encode_and_cache_write`` without a query (the issue's goal:
+  <= 1.1x ``write``);
+- ``rotate_k, write``: the same function compiled without the rotary fusion (Inductor's rotation
+  kernel, then the write);
+- ``rope_qk+write``: the fused op rotating the query too (what the pass emits per layer);
+- ``rotate_qk, write``: transformers' ``apply_rotary_pos_emb`` of Q and K compiled by Inductor,
+  then the write (the unfused graph of a layer);
+- ``flashinfer``: ``rope_quantize_fp8_append_paged_kv_cache`` (FP8 only; it also quantizes Q
+  to FP8, so it writes half the query bytes kvfuse writes), where importable.
+
+Every variant is checked against the reference before it is timed. Results:
+``benchmarks/results/rope_write.json`` and ``rope_write.md``; a short table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+from . import common
+
+logger = logging.getLogger(__name__)
+
+HQ, HKV, D = 32, 8, 128
+BLOCK_SIZE = 16
+FORMATS = {"bfloat16": "auto", "fp8": "fp8", "nvfp4": "nvfp4"}
+
+
+def _rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Case:
+    def __init__(self, fmt: str, num_tokens: int, rotations: int, seed: int = 0):
+        import kvfuse
+
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.fmt, self.num_tokens = fmt, num_tokens
+        self.spec = kvfuse.KVCacheConfig(kv_cache_dtype=FORMATS[fmt]).layer_spec(
+            "bench.layers.0.attn", num_kv_heads=HKV, head_size=D, model_dtype=torch.bfloat16, layer_index=0)
+        self.mode = int(self.spec.kv_quant_mode)
+        self.num_blocks = num_tokens // BLOCK_SIZE + 8
+        n = num_tokens
+
+        def qkv():
+            # q, k, v as views of one projection output, as a model hands them over
+            out = torch.randn(n, (HQ + 2 * HKV) * D, device="cuda", dtype=torch.bfloat16, generator=g)
+            q, k, v = out.split([HQ * D, HKV * D, HKV * D], dim=-1)
+            return q.view(n, HQ, D), k.view(n, HKV, D), v.view(n, HKV, D)
+
+        self.sets = [qkv() for _ in range(rotations)]
+        self.slots = [torch.randperm(self.num_blocks * BLOCK_SIZE, device="cuda", generator=g)[:n]
+                      for _ in range(rotations)]
+        positions = torch.arange(1000, 1000 + n, device="cuda")
+        inv_freq = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
+        freqs = positions[:, None].float() * inv_freq
+        self.cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # FlashInfer's table, [n, D]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos, self.sin = emb.cos().bfloat16(), emb.sin().bfloat16()  # transformers' tables, per token
+        self.k_scale = torch.tensor(0.5, device="cuda")
+        self.v_scale = torch.tensor(0.25, device="cuda")
+        self.cache = self.new_cache()
+
+    def new_cache(self):
+        import kvfuse
+
+        return kvfuse.allocate_kv_cache(self.spec, self.num_blocks, BLOCK_SIZE, device="cuda")
+
+    @staticmethod
+    def bytes_per_call(num_tokens: int) -> int:
+        return num_tokens * (HQ + 2 * HKV) * D * 2 * 2
+
+
+def _write(case: Case):
+    from kvfuse.ops import reference
+
+    rotated = [reference.apply_rope(k, case.cos, case.sin, None, D, True) for _, k, _ in case.sets]
+    return [lambda i=i: torch.ops.kvfuse.encode_and_cache_write(
+        rotated[i], case.sets[i][2], case.cache, case.slots[i], case.k_scale, case.v_scale, case.mode, "l")
+        for i in range(len(case.sets))]
+
+
+def _fused(case: Case, with_query: bool):
+    op = torch.ops.kvfuse.rope_encode_and_cache_write
+    return [lambda i=i: op(case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache,
+                           case.slots[i], case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode,
+                           "l") for i in range(len(case.sets))]
+
+
+def _compiled(case: Case, with_query: bool):
+    import kvfuse
+
+    def layer(q, k, v, cache, slots, cos, sin, k_scale, v_scale):
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        k = (k * cos) + (_rotate_half(k) * sin)
+        torch.ops.kvfuse.encode_and_cache_write(k, v, cache, slots, k_scale, v_scale, case.mode, "l")
+        if with_query:
+            return (q * cos) + (_rotate_half(q) * sin)
+        return None
+
+    # fuse=False: Inductor's own rotation kernel before the (already fused) encode + write
+    fn = torch.compile(layer, backend=kvfuse.make_backend(fuse=False), fullgraph=True, dynamic=False)
+    return [lambda i=i: fn(*case.sets[i], case.cache, case.slots[i], case.cos, case.sin, case.k_scale, case.v_scale)
+            for i in range(len(case.sets))]
+
+
+class _Skip(Exception):
+    pass
+
+
+def _flashinfer(case: Case):
+    if case.fmt != "fp8":
+        raise _Skip("FlashInfer's rope_quantize_fp8_append_paged_kv_cache writes FP8 caches only")
+    try:
+        import flashinfer
+        fn = getattr(flashinfer, "rope_quantize_fp8_append_paged_kv_cache", None)
+        if fn is None:
+            from flashinfer import rope as rope_mod
+
+            fn = getattr(rope_mod, "rope_quantize_fp8_append_paged_kv_cache")
+    except Exception as e:  # noqa: BLE001 - any import failure means the anchor is absent
+        raise _Skip(f"flashinfer's rope_quantize_fp8_append_paged_kv_cache is not importable: {e}") from None
+    n = case.num_tokens
+    pages = case.num_blocks
+    k_cache = torch.zeros(pages, BLOCK_SIZE, HKV, D, dtype=torch.float8_e4m3fn, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    kv_indices = torch.arange(pages, dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0, pages], dtype=torch.int32, device="cuda")
+    batch = torch.zeros(n, dtype=torch.int32, device="cuda")
+    pos_in_seq = torch.arange(n, dtype=torch.int32, device="cuda")
+    pos_ids = torch.arange(n, dtype=torch.int32, device="cuda")
+    q_out = [torch.empty(n, HQ, D, dtype=torch.float8_e4m3fn, device="cuda") for _ in case.sets]
+    # contiguous copies: the kernel's contract does not promise strided inputs
+    sets = [tuple(t.contiguous() for t in qkv) for qkv in case.sets]
+    return [lambda i=i: fn(sets[i][0], sets[i][1], None, None, sets[i][2], case.cos_sin_cache,
+                           pos_ids, (k_cache, v_cache), kv_indices, kv_indptr, batch, pos_in_seq, is_neox=True,
+                           quantize_dtype=torch.float8_e4m3fn, page_size=BLOCK_SIZE, kv_layout="NHD",
+                           q_rope_out=q_out[i]) for i in range(len(case.sets))]
+
+
+def _check(case: Case) -> None:
+    """The fused op and the unfused compiled layer write the same cache bytes and rotated query."""
+    from kvfuse.ops import reference
+
+    q, k, v = case.sets[0]
+    want = case.new_cache()
+    want_q = reference.rope_encode_and_cache_write(q, k, v, want, case.slots[0], case.k_scale, case.v_scale,
+                                                   case.cos, case.sin, None, D, True, case.mode)
+    saved = case.cache
+    got_fused, got_compiled = case.new_cache(), case.new_cache()
+    case.cache = got_fused
+    fused_q = _fused(case, True)[0]()
+    case.cache = got_compiled
+    compiled_q = _compiled(case, True)[0]()
+    case.cache = saved
+    for name, cache, rq in (("fused", got_fused, fused_q), ("compiled", got_compiled, compiled_q)):
+        same_cache = torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
+        same_q = torch.equal(rq.view(torch.int16), want_q.view(torch.int16))
+        if not (same_cache and same_q):
+            # contraction: the GPU kernels may use fma; report, do not hide
+            diff = (cache.view(torch.uint8) != want.view(torch.uint8)).sum().item()
+            logger.warning("%s %s T=%d: differs from the no-fma reference: %d cache bytes, query equal: %s",
+                           name, case.fmt, case.num_tokens, diff, same_q)
+    if not torch.equal(got_fused.view(torch.uint8), got_compiled.view(torch.uint8)) or \
+            not torch.equal(fused_q.view(torch.int16), compiled_q.view(torch.int16)):
+        logger.warning("fused and compiled-unfused differ for %s T=%d", case.fmt, case.num_tokens)
+
+
+VARIANTS = {
+    "write": _write,
+    "rope_k+write": lambda c: _fused(c, False),
+    "rotate_k, write": lambda c: _compiled(c, False),
+    "rope_qk+write": lambda c: _fused(c, True),
+    "rotate_qk, write": lambda c: _compiled(c, True),
+    "flashinfer": _flashinfer,
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--quick", action="store_true", help="fewer trials (a smoke run)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not torch.cuda.is_available():
+        print("rope_write: needs a CUDA device", file=sys.stderr)
+        return 2
+    info = common.device_info("python -m benchmarks.rope_write" + (" --quick" if args.quick else ""))
+    trials = 5 if args.quick else 15
+    rows, notes = [], []
+    for num_tokens in (64, 4096):
+        rotations = common.rotations_for(Case.bytes_per_call(num_tokens))
+        for fmt in FORMATS:
+            case = Case(fmt, num_tokens, rotations)
+            _check(case)
+            row = {"tokens": num_tokens, "format": fmt}
+            for name, make in VARIANTS.items():
+                try:
+                    timing = common.bench(make(case), trials=trials)
+                    row[name] = round(timing.us, 2)
+                    if not timing.graphed:
+                        notes.append(f"{name} {fmt} T={num_tokens}: timed without a CUDA graph")
+                except _Skip as e:
+                    row[name] = None
+                    if str(e) not in notes:
+                        notes.append(str(e))
+            row["rope_k+write / write"] = round(row["rope_k+write"] / row["write"], 3)
+            row["rope_qk+write / unfused"] = round(row["rope_qk+write"] / row["rotate_qk, write"], 3)
+            rows.append(row)
+            logger.info("%s", row)
+            common.write_json(os.path.join(args.out, "rope_write.json"), {"info": info, "rows": rows, "notes": notes})
+    headers = ["tokens", "format", *VARIANTS, "rope_k+write / write", "rope_qk+write / unfused"]
+    table = common.markdown_table(headers, [[r.get(h) if r.get(h) is not None else "-" for h in headers]
+                                            for r in rows])
+    common.write_markdown(os.path.join(args.out, "rope_write.md"),
+                          "Rotary embedding + cache write, one layer (32/8 heads, D=128, bf16), us per call",
+                          info, table, notes)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Triton kernel for ``kvfuse::rope_encode_and_cache_write``: rotary embedding + encode + paged store.
+
+Reference math (:func:`kvfuse.ops.reference.apply_rope`, then ``encode_and_cache_write``)::
+
+    for every token t, head h, feature i < R (R = rotary_dim; features >= R pass through):
+        row   = positions[t] if positions is given else t
+        p     = i + R/2 if i < R/2 else i - R/2     (NeoX, rotate-half)  |  i ^ 1     (GPT-J, interleaved)
+        sign  = -1 if i < R/2 else +1               (NeoX)               |  -1 if i even else +1
+        col   = i, or with half-width tables:  i mod R/2 (NeoX)          |  i // 2
+        y[i]  = x[i] * cos[row, col] + (sign * x[p]) * sin[row, col]      # float32
+        k_rot = round(y, key.dtype);   cache[slot[t]] <- encode(k_rot), encode(v)  (slot -1: skipped)
+        q_out = round(y(query), query.dtype)
+
+One launch does it all: grid ``(token blocks, KV head blocks + query head blocks)``. A KV
+program rotates its K rows in registers (the partner feature is a second, cached load of the
+same row), rounds them to the key dtype as the unfused graph stores them, encodes them with the
+cache format's own code (:func:`.kv_write._store_dense` / :func:`.kv_write._store_nvfp4`, the
+same device functions as ``encode_and_cache_write``) and stores K and V at their slots. A query
+program rotates its query rows into the returned tensor. Against ``rotate, then write`` this
+saves K's write and re-read and, for the query, one launch; against the write alone it adds
+the query's read and write (which the model does anyway) and the cos/sin rows.
+
+Floating-point contraction: the sum is written ``x * cos + rot * sin``, as Inductor writes
+``q * cos + rotate_half(q) * sin``; Triton contracts both the same way unless ``fp_fusion=False``
+(Inductor passes ``enable_fp_fusion = not emulate_precision_casts`` to its own kernels). On CPU
+(the interpreter) nothing is contracted, which is the reference's float32 math.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ...kv_cache import KVQuantMode
+from .kv_write import _NVFP4, _encode_rows, _launch_config, _soft_rounding, _store_dense, _store_nvfp4
+
+__all__ = ["rope_encode_and_cache_write"]
+
+_NONE = tl.constexpr(int(KVQuantMode.NONE))
+
+
+@triton.jit
+def _rope_values(src_ptr, row, e, ok, cos_ptr, sin_ptr, cos_row, sin_row, R: tl.constexpr, NEOX: tl.constexpr,
+                 HALF_TABLE: tl.constexpr):
+    """float32 ``y`` of the rows at ``src_ptr + row`` for features ``e`` (broadcast shapes), unrounded."""
+    x = tl.load(src_ptr + row + e, mask=ok, other=0.0).to(tl.float32)
+    if NEOX:
+        first = e < R // 2
+        partner = tl.where(first, e + R // 2, e - R // 2)
+        if HALF_TABLE:
+            col = tl.where(first, e, e - R // 2)
+        else:
+            col = e
+    else:
+        first = (e % 2) == 0
+        partner = tl.where(first, e + 1, e - 1)
+        if HALF_TABLE:
+            col = e // 2
+        else:
+            col = e
+    rot_ok = ok & (e < R)
+    xp = tl.load(src_ptr + row + partner, mask=rot_ok, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + cos_row + col, mask=rot_ok, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + sin_row + col, mask=rot_ok, other=0.0).to(tl.float32)
+    r = tl.where(first, -xp, xp)
+    return tl.where(e < R, x * c + r * s, x)
+
+
+@triton.jit
+def _round_to(y, DTYPE: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
+    """``y`` rounded to ``DTYPE`` (nearest even) and widened back to float32."""
+    if DTYPE == tl.bfloat16:
+        if SOFT_ROUNDING:  # the interpreter truncates float32 -> bfloat16
+            b = y.to(tl.uint32, bitcast=True)
+            b = tl.where(y != y, b | 0x400000, b + 0x7FFF + ((b >> 16) & 1))
+            return (b & 0xFFFF0000).to(tl.float32, bitcast=True)
+        else:
+            return y.to(tl.bfloat16).to(tl.float32)
+    elif DTYPE == tl.float16:
+        return y.to(tl.float16).to(tl.float32)
+    else:
+        return y
+
+
+@triton.jit
+def _rope_encode_rows(src_ptr, dst_ptr, scale_ptr, cos_ptr, sin_ptr, src_tok, dst_tok, cos_tok, sin_tok, tok_ok, h0,
+                      H: tl.constexpr, SRC_STRIDE_H: tl.constexpr, DST_STRIDE_H: tl.constexpr, D: tl.constexpr,
+                      R: tl.constexpr, NEOX: tl.constexpr, HALF_TABLE: tl.constexpr, MODE: tl.constexpr,
+                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
+    """Rotate ``[BLOCK_T, BLOCK_H, D]`` of K, round to K's dtype, encode and store the rows."""
+    offs_h = h0 + tl.arange(0, BLOCK_H)
+    h_ok = offs_h < H
+    if MODE == _NVFP4:
+        BLOCK_NB: tl.constexpr = BLOCK_D // 16
+        offs_b = tl.arange(0, BLOCK_NB)
+        row_ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_b < D // 16)[None, None, :]
+        e = (offs_b * 16)[None, None, :, None] + tl.arange(0, 16)[None, None, None, :]
+        row = src_tok[:, None, None, None] + (offs_h * SRC_STRIDE_H)[None, :, None, None]
+        y = _rope_values(src_ptr, row, e, row_ok[:, :, :, None], cos_ptr, sin_ptr, cos_tok[:, None, None, None],
+                         sin_tok[:, None, None, None], R, NEOX, HALF_TABLE)
+        y = _round_to(y, src_ptr.dtype.element_ty, SOFT_ROUNDING)
+        _store_nvfp4(y, dst_ptr, scale_ptr, dst_tok, offs_h, row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D)
+    else:
+        e = tl.arange(0, BLOCK_D)[None, None, :]
+        ok = tok_ok[:, None, None] & h_ok[None, :, None] & (e < D)
+        row = src_tok[:, None, None] + (offs_h * SRC_STRIDE_H)[None, :, None]
+        y = _rope_values(src_ptr, row, e, ok, cos_ptr, sin_ptr, cos_tok[:, None, None], sin_tok[:, None, None],
+                         R, NEOX, HALF_TABLE)
+        y = _round_to(y, src_ptr.dtype.element_ty, SOFT_ROUNDING)
+        dst = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None] + e
+        _store_dense(y, dst_ptr + dst, scale_ptr, ok, MODE, SOFT_ROUNDING)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _rope_encode_and_cache_write_kernel(
+    q_ptr,
+    q_out_ptr,
+    key_ptr,
+    value_ptr,
+    cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    num_tokens,
+    value_cache_off,
+    q_stride_t,
+    key_stride_t,
+    value_stride_t,
+    c_stride_blk,
+    c_stride_off,
+    cos_stride_t,
+    sin_stride_t,
+    HQ: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    Q_STRIDE_H: tl.constexpr,
+    K_STRIDE_H: tl.constexpr,
+    V_STRIDE_H: tl.constexpr,
+    C_STRIDE_H: tl.constexpr,
+    PAGE: tl.constexpr,
+    R: tl.constexpr,
+    NEOX: tl.constexpr,
+    HALF_TABLE: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    KV_PROGRAMS: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SOFT_ROUNDING: tl.constexpr,
+):
+    """See the module docstring. Program ``(i, j)``: tokens ``i*BLOCK_T ..``; ``j < KV_PROGRAMS``:
+    KV heads ``j*BLOCK_H ..`` (rotate + encode + store K, encode + store V), else query heads
+    ``(j - KV_PROGRAMS)*BLOCK_H ..`` (rotate into ``q_out``, contiguous ``[T, HQ, D]``)."""
+    pid_h = tl.program_id(1)
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_range = tok < num_tokens
+    tok64 = tok.to(tl.int64)
+    if HAS_POS:
+        row = tl.load(pos_ptr + tok, mask=in_range, other=0).to(tl.int64)
+    else:
+        row = tok64
+    cos_tok = row * cos_stride_t
+    sin_tok = row * sin_stride_t
+    if pid_h < KV_PROGRAMS:
+        h0 = pid_h * BLOCK_H
+        slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
+        tok_ok = slot >= 0
+        dst = (slot // PAGE) * c_stride_blk + (slot % PAGE) * c_stride_off
+        _rope_encode_rows(key_ptr, cache_ptr, k_scale_ptr, cos_ptr, sin_ptr, tok64 * key_stride_t, dst, cos_tok,
+                          sin_tok, tok_ok, h0, H, K_STRIDE_H, C_STRIDE_H, D, R, NEOX, HALF_TABLE, MODE, BLOCK_H,
+                          BLOCK_D, SOFT_ROUNDING)
+        _encode_rows(value_ptr, cache_ptr + value_cache_off, v_scale_ptr, tok64 * value_stride_t, dst, tok_ok, h0,
+                     H, V_STRIDE_H, C_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING)
+    else:
+        h0 = (pid_h - KV_PROGRAMS) * BLOCK_H
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        e = tl.arange(0, BLOCK_D)[None, None, :]
+        ok = in_range[:, None, None] & (offs_h < HQ)[None, :, None] & (e < D)
+        src = (tok64 * q_stride_t)[:, None, None] + (offs_h * Q_STRIDE_H)[None, :, None]
+        y = _rope_values(q_ptr, src, e, ok, cos_ptr, sin_ptr, cos_tok[:, None, None], sin_tok[:, None, None],
+                         R, NEOX, HALF_TABLE)
+        dst = (tok64 * (HQ * D))[:, None, None] + (offs_h * D)[None, :, None] + e
+        _store_dense(y, q_out_ptr + dst, k_scale_ptr, ok, _NONE, SOFT_ROUNDING)
+
+
+def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.Tensor,
+                                kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor,
+                                v_scale: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                positions: Optional[torch.Tensor], rotary_dim: int, is_neox: bool,
+                                kv_quant_mode: int, *, soft_rounding: Optional[bool] = None,
+                                fp_fusion: Optional[bool] = None, launch_config=None) -> torch.Tensor:
+    """Triton :func:`kvfuse.ops.reference.rope_encode_and_cache_write`; returns the rotated query
+    (contiguous), or an empty tensor without one. ``fp_fusion``: Triton's ``enable_fp_fusion``
+    (None: Triton's default, on, as Inductor's own kernels)."""
+    num_tokens, num_heads, head_size = key.shape
+    q_out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if query is not None \
+        else key.new_empty((0,))
+    if num_tokens == 0:
+        return q_out
+    mode = int(kv_quant_mode)
+    block_t, block_h, block_d, num_warps = launch_config or _launch_config(
+        int(num_tokens).bit_length(), num_heads, head_size, mode, key.element_size())
+    kv_programs = triton.cdiv(num_heads, block_h)
+    q_heads = query.shape[1] if query is not None else 0
+    grid = (triton.cdiv(num_tokens, block_t), kv_programs + triton.cdiv(q_heads, block_h))
+    s = kv_cache.stride()
+    q = query if query is not None else key
+    extra = {} if fp_fusion is None else {"enable_fp_fusion": bool(fp_fusion)}
+    _rope_encode_and_cache_write_kernel[grid](
+        q, q_out if query is not None else key, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin,
+        positions if positions is not None else slot_mapping,
+        num_tokens, s[1], q.stride(0), key.stride(0), value.stride(0), s[0], s[2], cos.stride(0), sin.stride(0),
+        HQ=max(q_heads, 1), H=num_heads, D=head_size, Q_STRIDE_H=q.stride(1), K_STRIDE_H=key.stride(1),
+        V_STRIDE_H=value.stride(1), C_STRIDE_H=s[3], PAGE=kv_cache.shape[2], R=int(rotary_dim), NEOX=bool(is_neox),
+        HALF_TABLE=cos.shape[1] != rotary_dim, HAS_POS=positions is not None, KV_PROGRAMS=kv_programs, MODE=mode,
+        BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
+        num_warps=num_warps, **extra,
+    )
+    return q_out

@@ -1,0 +1,306 @@
+"""``kvfuse::rope_encode_and_cache_write``: reference definition, Triton kernel, op validation, opcheck.
+
+The reference is held to its definition ("rotate, then encode_and_cache_write") written out
+independently here; the Triton kernel (interpreted on CPU) is held to the reference byte for
+byte, over every cache format, both rotary styles, partial rotary, half- and full-width cos/sin
+tables, per-token rows and position-indexed tables, padding slots and poisoned caches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvfuse.kv_cache import KVQuantMode, row_dim_for
+from kvfuse.ops import reference
+from kvfuse.ops import registry
+
+from _cache_formats import FORMATS, FORMAT_IDS, SENTINEL, sentinel_cache
+
+OP = torch.ops.kvfuse.rope_encode_and_cache_write
+BLOCK = 4
+
+
+def _tables(num_rows, rotary_dim, half, dtype, g, device="cpu"):
+    width = rotary_dim // 2 if half else rotary_dim
+    angles = torch.rand(num_rows, width, generator=g) * 6.0
+    return angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+
+
+def _case(T, hq, h, d, mode, cache_dtype, *, in_dtype=torch.bfloat16, rotary_dim=None, half=False, table=False,
+          seed=0, device="cpu", num_blocks=None):
+    g = torch.Generator().manual_seed(seed)
+    rotary_dim = rotary_dim or d
+    q = (torch.randn(T, hq, d, generator=g) * 3).to(in_dtype).to(device)
+    # K and V as strided views of one projection output, as a model hands them over.
+    kv = (torch.randn(T, 2 * h * d + 8, generator=g) * 3).to(in_dtype).to(device)
+    key = kv[:, : h * d].view(T, h, d)
+    value = kv[:, h * d: 2 * h * d].view(T, h, d)
+    num_blocks = num_blocks or (T + BLOCK - 1) // BLOCK + 2
+    cache = sentinel_cache((num_blocks, 2, BLOCK, h, row_dim_for(mode, d)), cache_dtype, device)
+    slots = torch.randperm(num_blocks * BLOCK, generator=g)[:T].to(device)
+    slots[T // 3] = -1
+    if table:
+        cos, sin = _tables(T + 5, rotary_dim, half, in_dtype, g, device)
+        positions = torch.randint(0, T + 5, (T,), generator=g).to(device)
+    else:
+        cos, sin = _tables(T, rotary_dim, half, in_dtype, g, device)
+        positions = None
+    scale = torch.tensor(0.75 if mode is not KVQuantMode.NVFP4 else 0.5, device=device)
+    return dict(query=q, key=key, value=value, kv_cache=cache, slot_mapping=slots, k_scale=scale,
+                v_scale=scale * 2, cos=cos, sin=sin, positions=positions, rotary_dim=rotary_dim)
+
+
+def _call(impl, c, is_neox, mode, **kw):
+    return impl(c["query"], c["key"], c["value"], c["kv_cache"], c["slot_mapping"], c["k_scale"], c["v_scale"],
+                c["cos"], c["sin"], c["positions"], c["rotary_dim"], is_neox, int(mode), **kw)
+
+
+def _clone(c):
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+
+
+def _bytes_equal(a, b, what):
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    diff = (a.view(torch.uint8) != b.view(torch.uint8)).nonzero()
+    assert diff.numel() == 0, f"{what}: {diff.shape[0]} bytes differ, first at {diff[:4].tolist()}"
+
+
+# ----------------------------------------------------------------------------- the reference's definition
+
+
+def _rotate_by_definition(x, cos, sin, positions, rotary_dim, is_neox):
+    """The rotation written element by element from its definition (an independent oracle)."""
+    T, H, D = x.shape
+    R = rotary_dim
+    out = x.float().clone()
+    xf = x.float()
+    for t in range(T):
+        row = int(positions[t]) if positions is not None else t
+        for i in range(R):
+            if is_neox:
+                p, sign = (i + R // 2, -1.0) if i < R // 2 else (i - R // 2, 1.0)
+                col = i if cos.shape[1] == R else i % (R // 2)
+            else:
+                p, sign = (i + 1, -1.0) if i % 2 == 0 else (i - 1, 1.0)
+                col = i if cos.shape[1] == R else i // 2
+            c = cos[row, col].float()
+            s = sin[row, col].float()
+            out[t, :, i] = xf[t, :, i] * c + (sign * xf[t, :, p]) * s
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("half,table,rotary_dim", [(False, False, None), (True, True, None), (False, True, 16),
+                                                   (True, False, 8)], ids=["full", "half-table", "partial", "half-partial"])
+def test_reference_rotation_is_its_definition(is_neox, half, table, rotary_dim):
+    c = _case(5, 2, 2, 32, KVQuantMode.NONE, torch.bfloat16, rotary_dim=rotary_dim, half=half, table=table, seed=3)
+    got = reference.apply_rope(c["key"], c["cos"], c["sin"], c["positions"], c["rotary_dim"], is_neox)
+    want = _rotate_by_definition(c["key"], c["cos"], c["sin"], c["positions"], c["rotary_dim"], is_neox)
+    _bytes_equal(got, want, "rotation")
+    # features past rotary_dim are untouched
+    _bytes_equal(got[..., c["rotary_dim"]:], c["key"][..., c["rotary_dim"]:], "pass-through")
+
+
+@pytest.mark.parametrize("mode,cache_dtype", FORMATS, ids=FORMAT_IDS)
+def test_reference_is_rotate_then_write(mode, cache_dtype):
+    c = _case(9, 4, 2, 32, mode, cache_dtype, half=True, seed=4)
+    want = _clone(c)
+    k_rot = _rotate_by_definition(c["key"], c["cos"], c["sin"], None, 32, True)
+    reference.encode_and_cache_write(k_rot, c["value"], want["kv_cache"], c["slot_mapping"], c["k_scale"],
+                                     c["v_scale"], int(mode))
+    q = _call(reference.rope_encode_and_cache_write, c, True, mode)
+    _bytes_equal(c["kv_cache"], want["kv_cache"], "cache")
+    _bytes_equal(q, _rotate_by_definition(c["query"], c["cos"], c["sin"], None, 32, True), "query")
+
+
+# ----------------------------------------------------------------------------- Triton vs reference
+
+
+def _triton_vs_reference(c, is_neox, mode, device="cpu", **kw):
+    from kvfuse.ops.triton import rope_kv_write
+
+    ref = _clone(c)
+    want_q = _call(reference.rope_encode_and_cache_write, ref, is_neox, mode)
+    got_q = _call(rope_kv_write.rope_encode_and_cache_write, c, is_neox, mode, **kw)
+    _bytes_equal(c["kv_cache"].cpu(), ref["kv_cache"].cpu(), "cache")
+    if c["query"] is None:
+        assert got_q.numel() == 0
+    else:
+        _bytes_equal(got_q.cpu(), want_q.cpu(), "query")
+        assert got_q.is_contiguous()
+    # padding slots and slots nobody wrote keep the sentinel
+    written = set(int(s) for s in c["slot_mapping"].cpu() if s >= 0)
+    flat = c["kv_cache"].view(torch.uint8).flatten(0, 0).cpu()
+    for slot in range(c["kv_cache"].shape[0] * BLOCK):
+        if slot not in written:
+            b, o = divmod(slot, BLOCK)
+            assert bool((flat[b, :, o] == SENTINEL).all()), f"slot {slot} was written"
+            break
+
+
+@pytest.mark.parametrize("mode,cache_dtype", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_triton_every_format(mode, cache_dtype, is_neox):
+    _triton_vs_reference(_case(7, 4, 2, 32, mode, cache_dtype, seed=int(mode) * 7 + is_neox), is_neox, mode)
+
+
+@pytest.mark.parametrize("T,hq,h,d,rotary_dim,half,table,in_dtype,is_neox", [
+    (7, 3, 1, 80, 80, True, False, torch.bfloat16, True),      # odd heads, D=80, demo-style half table
+    (5, 2, 2, 64, 32, False, True, torch.float16, False),      # partial rotary, position-indexed table, fp16
+    (3, 2, 1, 128, 64, True, True, torch.float32, True),       # D=128, half rotary, fp32 input
+    (2, 1, 1, 256, 256, False, False, torch.bfloat16, False),  # D=256 (Gemma)
+], ids=["d80-odd-heads", "d64-partial-table-fp16", "d128-fp32", "d256"])
+@pytest.mark.parametrize("mode,cache_dtype", [FORMATS[0], FORMATS[3], FORMATS[5]], ids=["bf16", "e4m3", "nvfp4"])
+def test_triton_shapes(T, hq, h, d, rotary_dim, half, table, in_dtype, is_neox, mode, cache_dtype):
+    c = _case(T, hq, h, d, mode, cache_dtype, in_dtype=in_dtype, rotary_dim=rotary_dim, half=half, table=table,
+              seed=T * d)
+    _triton_vs_reference(c, is_neox, mode)
+
+
+def test_triton_533_tokens_without_query():
+    c = _case(533, 1, 1, 16, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, half=True, seed=11)
+    c["query"] = None
+    _triton_vs_reference(c, True, KVQuantMode.FP8_E4M3)
+
+
+def test_triton_zero_tokens():
+    from kvfuse.ops.triton import rope_kv_write
+
+    c = _case(1, 2, 2, 32, KVQuantMode.NONE, torch.bfloat16)
+    c = {k: (v[:0] if k in ("query", "key", "value", "slot_mapping", "cos", "sin") else v) for k, v in c.items()}
+    before = c["kv_cache"].clone()
+    q = _call(rope_kv_write.rope_encode_and_cache_write, c, True, KVQuantMode.NONE)
+    assert q.shape == (0, 2, 32)
+    _bytes_equal(c["kv_cache"], before, "cache")
+
+
+def test_rounding_to_model_dtype_happens_before_encoding():
+    """K is rounded to its dtype after the rotation (as the unfused graph stores it), then encoded:
+    an fp16 cache of a bf16 key holds bf16-rounded values, not the float32 rotation."""
+    c = _case(6, 1, 2, 32, KVQuantMode.NONE, torch.float16, seed=5)
+    ref = _clone(c)
+    _call(reference.rope_encode_and_cache_write, ref, True, KVQuantMode.NONE)
+    k_rot = reference.apply_rope(c["key"], c["cos"], c["sin"], None, 32, True)
+    slots = c["slot_mapping"]
+    t = int((slots >= 0).nonzero()[0, 0])
+    b, o = divmod(int(slots[t]), BLOCK)
+    _bytes_equal(ref["kv_cache"][b, 0, o], k_rot[t].to(torch.float16), "key row")
+    _triton_vs_reference(c, True, KVQuantMode.NONE)
+
+
+# ----------------------------------------------------------------------------- the op
+
+
+def test_op_runs_the_registry_choice(reference_backend):
+    c = _case(5, 2, 2, 32, KVQuantMode.FP8_E5M2, torch.float8_e5m2, table=True, seed=2)
+    ref = _clone(c)
+    want_q = _call(reference.rope_encode_and_cache_write, ref, False, KVQuantMode.FP8_E5M2)
+    got_q = OP(c["query"], c["key"], c["value"], c["kv_cache"], c["slot_mapping"], c["k_scale"], c["v_scale"],
+               c["cos"], c["sin"], c["positions"], 32, False, int(KVQuantMode.FP8_E5M2), "l0")
+    _bytes_equal(got_q, want_q, "query")
+    _bytes_equal(c["kv_cache"], ref["kv_cache"], "cache")
+
+
+def test_op_through_forced_triton(monkeypatch):
+    monkeypatch.setenv("KVFUSE_BACKEND", "triton")
+    registry.clear_cache()
+    try:
+        assert registry.select("rope_encode_and_cache_write", "cpu", KVQuantMode.NVFP4).name == "triton"
+        c = _case(4, 2, 2, 32, KVQuantMode.NVFP4, torch.uint8, seed=9)
+        ref = _clone(c)
+        want_q = _call(reference.rope_encode_and_cache_write, ref, True, KVQuantMode.NVFP4)
+        got_q = OP(c["query"], c["key"], c["value"], c["kv_cache"], c["slot_mapping"], c["k_scale"], c["v_scale"],
+                   c["cos"], c["sin"], None, 32, True, int(KVQuantMode.NVFP4), "l0")
+        _bytes_equal(got_q, want_q, "query")
+        _bytes_equal(c["kv_cache"], ref["kv_cache"], "cache")
+    finally:
+        monkeypatch.delenv("KVFUSE_BACKEND")
+        registry.clear_cache()
+
+
+def test_native_is_not_claimed():
+    from kvfuse.ops import native
+
+    assert "rope_encode_and_cache_write" not in native.IMPLEMENTATION.ops
+    reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cpu", KVQuantMode.NONE)
+    assert "not rope_encode_and_cache_write" in reason
+
+
+def _bad(c, **changes):
+    c = dict(c)
+    c.update(changes)
+    return c
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(rotary_dim=3), r"rotary_dim=3 must be an even int in \[2, head_size=32\]"),
+    (dict(rotary_dim=34), r"rotary_dim=34 must be an even int"),
+    (dict(cos=torch.ones(5, 12), sin=torch.ones(5, 12)), r"cos has width 12; allowed: rotary_dim=32 .* rotary_dim / 2=16"),
+    (dict(cos=torch.ones(5, 32, dtype=torch.int32)), r"cos must be 2-D .* got dtype torch.int32"),
+    (dict(sin=torch.ones(5, 16)), r"cos \(torch.float32, \(5, 32\)\) and sin \(torch.float32, \(5, 16\)\)"),
+    (dict(cos=torch.ones(4, 32), sin=torch.ones(4, 32)), r"cos/sin have 4 rows but there are 5 tokens"),
+    (dict(positions=torch.zeros(4, dtype=torch.int64)), r"positions has 4 entries but there are 5 tokens"),
+    (dict(positions=torch.zeros(5)), r"positions must be 1-D int32 or int64, got dtype torch.float32"),
+    (dict(query=torch.zeros(5, 4, 16, dtype=torch.bfloat16)), r"query .* must have key's dtype torch.bfloat16 and head_size 32"),
+    (dict(query=torch.zeros(4, 4, 32, dtype=torch.bfloat16)), r"query has 4 tokens but key has 5"),
+    (dict(kv_quant_mode=7), r"kvfuse::rope_encode_and_cache_write .*kv_quant_mode=7 is not one of"),
+    (dict(slot_mapping=torch.zeros(4, dtype=torch.int64)), r"slot_mapping has 4 entries but there are 5 tokens"),
+])
+def test_validation_names_argument_value_and_allowed(change, match):
+    c = _case(5, 4, 2, 32, KVQuantMode.NONE, torch.bfloat16, seed=1)
+    c["cos"], c["sin"] = c["cos"].float(), c["sin"].float()
+    args = dict(c, is_neox=True, kv_quant_mode=int(KVQuantMode.NONE))
+    args.update(change)
+    before = args["kv_cache"].clone()
+    order = ("query", "key", "value", "kv_cache", "slot_mapping", "k_scale", "v_scale", "cos", "sin", "positions",
+             "rotary_dim", "is_neox", "kv_quant_mode")
+    with pytest.raises(ValueError, match=match):
+        OP(*[args[k] for k in order], "layer.7")
+    with pytest.raises(ValueError, match="layer 'layer.7'"):
+        OP(*[args[k] for k in order], "layer.7")
+    _bytes_equal(args["kv_cache"], before, "cache after a refused call")
+    # the fake (trace time) gives the same message
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as fm:
+        fake = {k: (fm.from_tensor(v) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+        with pytest.raises(ValueError, match=match):
+            OP(*[fake[k] for k in order], "layer.7")
+
+
+def test_checked_mode_refuses_out_of_range_positions(reference_backend):
+    from kvfuse.ops.checks import checked
+
+    c = _case(5, 2, 2, 32, KVQuantMode.NONE, torch.bfloat16, table=True)
+    c["positions"][2] = c["cos"].shape[0]
+    with checked(), pytest.raises(ValueError, match=r"positions\[2\]=10 is out of range; allowed: 0 <= position < 10"):
+        OP(*[c[k] for k in ("query", "key", "value", "kv_cache", "slot_mapping", "k_scale", "v_scale", "cos", "sin",
+                             "positions", "rotary_dim")], True, 0, "l")
+
+
+@pytest.mark.parametrize("with_query,table,mode,cache_dtype", [
+    (True, False, KVQuantMode.NVFP4, torch.uint8), (False, True, KVQuantMode.NONE, torch.bfloat16)])
+def test_opcheck(with_query, table, mode, cache_dtype, reference_backend):
+    # (FP8 caches: opcheck's schema test compares with allclose, which has no FP8 CPU kernel.)
+    c = _case(5, 4, 2, 32, mode, cache_dtype, half=True, table=table, seed=6)
+    args = (c["query"] if with_query else None, c["key"].contiguous(), c["value"].contiguous(), c["kv_cache"],
+            c["slot_mapping"], c["k_scale"], c["v_scale"], c["cos"], c["sin"], c["positions"], 32, True,
+            int(mode), "l0")
+    torch.library.opcheck(OP, args, test_utils="ALL")
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,cache_dtype", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("is_neox,half,table,rotary_dim", [(True, False, False, 128), (False, True, True, 64)])
+@pytest.mark.parametrize("T", [1, 64, 533])
+def test_gpu_bit_exact_without_contraction(mode, cache_dtype, is_neox, half, table, rotary_dim, T):
+    """On the GPU with fp fusion off the kernel is the reference, bit for bit (and with the
+    software rounding it takes under the interpreter, too)."""
+    c = _case(T, 32, 8, 128, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T,
+              device="cuda", num_blocks=T // BLOCK + 8)
+    _triton_vs_reference(_clone(c), is_neox, mode, device="cuda", fp_fusion=False)
+    _triton_vs_reference(_clone(c), is_neox, mode, device="cuda", fp_fusion=False, soft_rounding=True)
