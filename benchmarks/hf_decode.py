@@ -165,7 +165,7 @@ def bench_hf_paged(shape: dict, steps: int) -> list:
         return [dict(impl="hf_paged_sdpa", error="transformers has no generate_batch (continuous batching)")]
     from transformers import GenerationConfig
 
-    model.set_attn_implementation("sdpa_paged")
+    model.set_attn_implementation("paged|sdpa")
     prompts = [torch.randint(3, 32000, (context - 1,)).tolist() for _ in range(batch)]
     cfg = GenerationConfig(max_new_tokens=steps, do_sample=False, eos_token_id=-1, pad_token_id=0)
     with torch.no_grad():

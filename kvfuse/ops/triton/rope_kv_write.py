@@ -179,15 +179,17 @@ def _rope_encode_and_cache_write_kernel(
         _encode_rows(value_ptr, cache_ptr + value_cache_off, v_scale_ptr, tok64 * value_stride_t, dst, tok_ok, h0,
                      H, V_STRIDE_H, C_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING)
     else:
-        h0 = (pid_h - KV_PROGRAMS) * BLOCK_H
-        offs_h = h0 + tl.arange(0, BLOCK_H)
+        # Names apart from the branch above: a compiled Triton `if` needs a name bound in both
+        # branches to have one type (the interpreter does not check).
+        q_h0 = (pid_h - KV_PROGRAMS) * BLOCK_H
+        offs_h = q_h0 + tl.arange(0, BLOCK_H)
         e = tl.arange(0, BLOCK_D)[None, None, :]
         ok = in_range[:, None, None] & (offs_h < HQ)[None, :, None] & (e < D)
         src = (tok64 * q_stride_t)[:, None, None] + (offs_h * Q_STRIDE_H)[None, :, None]
         y = _rope_values(q_ptr, src, e, ok, cos_ptr, sin_ptr, cos_tok[:, None, None], sin_tok[:, None, None],
                          R, NEOX, HALF_TABLE)
-        dst = (tok64 * (HQ * D))[:, None, None] + (offs_h * D)[None, :, None] + e
-        _store_dense(y, q_out_ptr + dst, k_scale_ptr, ok, _NONE, SOFT_ROUNDING)
+        q_dst = (tok64 * (HQ * D))[:, None, None] + (offs_h * D)[None, :, None] + e
+        _store_dense(y, q_out_ptr + q_dst, k_scale_ptr, ok, _NONE, SOFT_ROUNDING)
 
 
 def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.Tensor,
