@@ -150,6 +150,20 @@ class PagedAttention(nn.Module):
             raise ValueError(f"layer {self.layer_name!r}: metadata is a {type(metadata).__name__}; expected a "
                              f"kvfuse.AttentionMetadata(slot_mapping, block_table, seq_lens, query_start_loc){hint}")
 
+    def _check_shapes(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """The layer's own contract, in the user's names: checked here, before any op is traced or
+        run, so a mistake never surfaces as an op's internal argument (``key_rows``) inside a compile
+        error, and a query in another dtype than K/V is refused rather than silently computed."""
+        spec = self.spec
+        for name, x, heads in (("query", query, self.num_heads), ("key", key, spec.num_kv_heads),
+                               ("value", value, spec.num_kv_heads)):
+            problem = _shape_problem(name, x, heads, spec.head_size, spec.model_dtype)
+            if problem is not None:
+                raise ValueError(f"layer {self.layer_name!r}: {problem}")
+        if key.shape[0] != value.shape[0]:
+            raise ValueError(f"layer {self.layer_name!r}: key has {key.shape[0]} tokens but value has "
+                             f"{value.shape[0]}; they must match")
+
     def forward(
         self,
         query: torch.Tensor,
@@ -163,6 +177,7 @@ class PagedAttention(nn.Module):
         denominator only (gpt-oss); passed per call so the model keeps owning the parameter."""
         spec = self.spec
         self._check_argument_types(query, key, value, kv_cache, metadata)
+        self._check_shapes(query, key, value)
         if kv_cache.dtype != spec.kv_cache_torch_dtype or kv_cache.dim() != 5 or tuple(kv_cache.shape[3:]) != (
             spec.num_kv_heads, spec.row_dim
         ):
@@ -187,6 +202,15 @@ class PagedAttention(nn.Module):
             metadata.query_start_loc, mode, self.sm_scale, self.sliding_window, self.layer_name,
             self.logit_softcap, sinks,
         )
+
+
+def _shape_problem(name: str, x: torch.Tensor, heads: int, head_size: int, dtype: torch.dtype) -> Optional[str]:
+    if x.dim() != 3 or x.shape[1] != heads or x.shape[2] != head_size:
+        return f"{name} has shape {tuple(x.shape)}; this layer takes [num_tokens, {heads}, {head_size}]"
+    if x.dtype != dtype:
+        return (f"{name}.dtype={x.dtype}, but this layer's model dtype is {dtype} (convert the {name} explicitly, "
+                f"or build the layer with model_dtype={dtype if x.dtype is None else x.dtype})")
+    return None
 
 
 def check_skip_rules(model: nn.Module, strict: Optional[bool] = None) -> tuple[str, ...]:

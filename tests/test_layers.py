@@ -222,3 +222,38 @@ def test_grad_mode_gives_no_autograd_warning_and_no_grad_output():
         out = attn(q, k, v, cache, md)
     # The kernels are not differentiable: a result that claims a gradient would be silently wrong.
     assert not out.requires_grad
+
+
+def _bad_head_count_case():
+    attn = PagedAttention(4, 2, 32, "model.layers.0.attn", KVCacheConfig("fp8"))
+    cache = allocate_kv_cache(attn.spec, 8, 16)
+    md = AttentionMetadata(torch.arange(5), torch.tensor([[0]], dtype=torch.int32),
+                           torch.tensor([5], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32))
+    q = torch.randn(5, 4, 32).bfloat16()
+    k = torch.randn(5, 3, 32).bfloat16()  # 3 KV heads for a 2-head layer
+    return attn, cache, md, q, k
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_wrong_head_count_under_compile_names_the_users_argument(fullgraph):
+    """Issue 19, item 9: the error names `key` and what the layer takes, never the op's internal `key_rows`."""
+    attn, cache, md, q, k = _bad_head_count_case()
+    before = cache.clone()
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(attn, backend=kvfuse.make_backend(), fullgraph=fullgraph)(q, k, k, cache, md)
+    text = str(info.value)
+    assert "key has shape (5, 3, 32); this layer takes [num_tokens, 2, 32]" in text and "key_rows" not in text
+    if not fullgraph:  # Dynamo falls back to eager: the layer's own ValueError, as in eager
+        assert isinstance(info.value, ValueError)
+    assert torch.equal(cache.view(torch.uint8), before.view(torch.uint8))
+
+
+@pytest.mark.parametrize("name", ["query", "key", "value"])
+def test_a_tensor_in_another_dtype_than_the_model_is_refused(name):
+    """Issue 19, item 5: a float16 query (or key, value) with a bf16 layer is refused, not silently computed."""
+    attn, cache, md, q, _ = _bad_head_count_case()
+    args = {"query": q, "key": torch.randn(5, 2, 32).bfloat16(), "value": torch.randn(5, 2, 32).bfloat16()}
+    args[name] = args[name].half()
+    with pytest.raises(ValueError, match=rf"{name}.dtype=torch.float16, but this layer's model dtype is torch.bfloat16"):
+        attn(args["query"], args["key"], args["value"], cache, md)

@@ -610,6 +610,8 @@ def enable(model: nn.Module, config: Optional[KVCacheConfig] = None, *, block_si
         if weight is not None:
             layer.to(weight.device)
         module.kvfuse_attn = layer
+    # Every layer is known now: a skip rule that matches none of them is a mistake worth saying.
+    config.check_skip_rules([layer.spec for layer in kvfuse_layers(model)])
     if load_scales:
         load_kv_scales(model, kv_scales, declared=config.checkpoint_kv_cache_dtype)
     AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)

@@ -332,3 +332,16 @@ def test_clear_errors():
         kvt.enable(model, kvfuse.KVCacheConfig(), block_size=0)
     with pytest.raises(ValueError, match="KVCacheConfig"):
         kvt.enable(model, {"kv_cache_dtype": "fp8"})
+
+
+def test_enable_reports_skip_rules_that_match_no_layer(caplog):
+    """Issue 19, item 3: the integration knows every layer, so an unmatched rule is reported (or refused)."""
+    import logging
+
+    model = build("llama")
+    with caplog.at_level(logging.WARNING):
+        kvt.enable(model, kvfuse.KVCacheConfig(kv_cache_dtype="fp8", skip_layers=("7", "sliding_window")))
+    assert "'7'" in caplog.text and "'sliding_window'" in caplog.text
+    with pytest.raises(ValueError, match="'7'"):
+        kvt.enable(build("llama"),
+               kvfuse.KVCacheConfig(kv_cache_dtype="fp8", skip_layers=("7",), strict_skip_layers=True))
