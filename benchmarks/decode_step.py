@@ -29,19 +29,22 @@ CACHES = {"bf16": dict(kv_cache_dtype="auto"),
           "nvfp4": dict(kv_cache_dtype="nvfp4", skip_layers=("0", "7"))}
 
 
-def step_inputs(device):
-    pages = CONTEXT // PAGE
-    block_table = torch.randperm(BATCH * pages, device=device).to(torch.int32).view(BATCH, pages).contiguous()
-    pos = CONTEXT - 1
+def step_inputs(device, batch: int = BATCH, context: int = CONTEXT, vocab_size: int = 1024, seed: int = 0):
+    """One decode token per sequence at position ``context - 1`` over shuffled pages (seeded, so
+    every rank of a tensor-parallel run gets the same pages and tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = context // PAGE
+    block_table = torch.randperm(batch * pages, generator=gen).to(torch.int32).view(batch, pages).to(device)
+    pos = context - 1
     slot = block_table[:, pos // PAGE].long() * PAGE + pos % PAGE
     metadata = kvfuse.AttentionMetadata(
         slot_mapping=slot, block_table=block_table,
-        seq_lens=torch.full((BATCH,), CONTEXT, dtype=torch.int32, device=device),
-        query_start_loc=torch.arange(BATCH + 1, dtype=torch.int32, device=device),
-        max_seq_len=CONTEXT, max_query_len=1,
+        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+        max_seq_len=context, max_query_len=1,
     )
-    input_ids = torch.randint(0, 1024, (BATCH,), device=device)
-    positions = torch.full((BATCH,), pos, dtype=torch.int64, device=device)
+    input_ids = torch.randint(0, vocab_size, (batch,), generator=gen).to(device)
+    positions = torch.full((batch,), pos, dtype=torch.int64, device=device)
     return input_ids, positions, metadata
 
 

@@ -39,6 +39,7 @@ import torch.distributed as dist  # noqa: E402
 
 import kvfuse  # noqa: E402
 from benchmarks.common import device_info, markdown_table, write_json, write_markdown  # noqa: E402
+from benchmarks.decode_step import step_inputs  # noqa: E402
 from kvfuse.distributed import init_tensor_parallel  # noqa: E402
 from kvfuse.models import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -48,25 +49,6 @@ MODEL = dict(num_layers=8, hidden_size=2048, num_heads=16, num_kv_heads=8, head_
 SMOKE_MODEL = dict(num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=2, head_size=16, intermediate_size=64,
                    vocab_size=64)
 CACHES = {"bf16": dict(kv_cache_dtype="auto"), "fp8": dict(kv_cache_dtype="fp8", skip_layers=("0", "7"))}
-
-
-def step_inputs(device, sizes: dict, seed: int = 0):
-    """One decode token per sequence at position context - 1; the same pages on every rank."""
-    batch, context = sizes["batch"], sizes["context"]
-    gen = torch.Generator().manual_seed(seed)
-    pages = context // PAGE
-    block_table = torch.randperm(batch * pages, generator=gen).to(torch.int32).view(batch, pages).to(device)
-    pos = context - 1
-    slot = block_table[:, pos // PAGE].long() * PAGE + pos % PAGE
-    metadata = kvfuse.AttentionMetadata(
-        slot_mapping=slot, block_table=block_table,
-        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
-        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
-        max_seq_len=context, max_query_len=1,
-    )
-    input_ids = torch.randint(0, sizes["model"]["vocab_size"], (batch,), generator=gen).to(device)
-    positions = torch.full((batch,), pos, dtype=torch.int64, device=device)
-    return input_ids, positions, metadata
 
 
 def _agree(flag: bool, group, device: str) -> bool:
@@ -92,7 +74,8 @@ def time_step(cache_name: str, tp_group, reps: int, trials: int, device: str, si
     caches = [kvfuse.allocate_kv_cache(spec, num_blocks, PAGE, device=device) for spec in model.kv_specs]
     for c in caches:  # finite, non-zero contents
         c.copy_(torch.randn(c.shape, device=device, dtype=torch.bfloat16, generator=gen).to(c.dtype))
-    input_ids, positions, metadata = step_inputs(device, sizes)
+    input_ids, positions, metadata = step_inputs(device, sizes["batch"], sizes["context"],
+                                                 sizes["model"]["vocab_size"])
     compiled = torch.compile(model, backend=kvfuse.backend, dynamic=False)
     step = functools.partial(compiled, input_ids, positions, caches, metadata)
     start = time.perf_counter()
