@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
 #
-#   bash benchmarks/run_gpu.sh [tests] [write] [attention] [decode] [native]
+#   bash benchmarks/run_gpu.sh [tests-ops] [tests-models] [write] [attention] [decode] [hf] [rope] [native] [tp]
 #
-# No argument: the first four. `native` is the native kernels' own loop: their GPU tests and the
-# launch-constant sweep (benchmarks/native_sweep.py).
+# No argument: tests-ops tests-models write attention decode. The GPU suite is split in two
+# phases (ops; compile/models/integrations), each well inside one call's 10 minutes. `hf` is the
+# transformers decode benchmark, `rope` the fused rotary write, `native` the native kernels' own
+# loop (their GPU tests and the launch-constant sweep), `tp` the two-GPU tensor-parallel test and
+# benchmark (needs a machine with 2 GPUs).
 #
 # Run from the repository root with the wheels from ../shared/gpu/fetch-wheels.sh --flashinfer in
 # .whl/ (the device has no network). Phases can be split over calls to fit one call's time
 # limit; FlashInfer's JIT builds stay cached while the machine stays warm. Results (JSON, logs)
 # go to $OUT/results.tgz; benchmarks/summary.py prints the table from them.
 set -uo pipefail
-phases=${*:-tests write attention decode}
+phases=${*:-tests-ops tests-models write attention decode}
 OUT=${OUT:-/tmp/kvfuse-gpu}
 RES=$OUT/results
 mkdir -p "$RES"
@@ -22,19 +25,34 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 SECONDS=0
 for phase in $phases; do
   case $phase in
-    tests)
+    tests-ops|tests-models)
       # Native build first, so its time is not charged to a test's timeout.
       python3 -c "from kvfuse.ops import native; print(native.build_info(build=True))" 2>&1 | tail -3
-      # Known: after the last test the xdist teardown outlasts this timeout, so pytest's summary
-      # line is cut (the progress dots are complete; one Inductor compile thread per worker did
-      # not change it). Count the dots and look for F / E.
-      timeout 420 python3 -m pytest -q -m gpu -n 8 tests -p no:cacheprovider \
-        --ignore tests/models/test_memory.py 2>&1 | tail -25 | tee "$RES/gpu_tests.log"
-      timeout 120 python3 -m pytest -q -m gpu tests/models/test_memory.py -p no:cacheprovider 2>&1 \
-        | tail -5 | tee -a "$RES/gpu_tests.log"
-      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        --kernel-name kns=rows_kernel python3 tests/ops/_native_sanitize.py > "$RES/sanitizer.log" 2>&1
-      echo "compute-sanitizer memcheck rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$RES/sanitizer.log") clean summaries)"
+      if [ "$phase" = tests-ops ]; then dirs="tests/ops tests/test_*.py"; else dirs="tests/compile tests/models tests/integrations tests/distributed"; fi
+      # -rfE lists failures by name; if a phase limit cuts the run, count the dots and look for F / E.
+      timeout 480 python3 -m pytest -q -m gpu -n 8 $dirs -p no:cacheprovider -rfE \
+        --ignore tests/models/test_memory.py 2>&1 | grep -v 'Benchmark\|warner\|bringing' | tail -25 \
+        | tee "$RES/gpu_$phase.log"
+      if [ "$phase" = tests-models ]; then
+        timeout 120 python3 -m pytest -q -m gpu tests/models/test_memory.py -p no:cacheprovider 2>&1 \
+          | tail -5 | tee -a "$RES/gpu_$phase.log"
+      else
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+          --kernel-name kns=rows_kernel python3 tests/ops/_native_sanitize.py > "$RES/sanitizer.log" 2>&1
+        echo "compute-sanitizer memcheck rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$RES/sanitizer.log") clean summaries)"
+      fi
+      ;;
+    hf)
+      timeout 420 python3 -m benchmarks.hf_decode --out "$RES" 2>&1 | grep '^|' | cut -c1-200
+      ;;
+    rope)
+      timeout 240 python3 -m benchmarks.rope_write --out "$RES" 2>&1 | grep '^|' | cut -c1-200
+      ;;
+    tp)
+      timeout 200 python3 -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 | tail -5 \
+        | tee "$RES/gpu_tp.log"
+      NCCL_NVLS_ENABLE=0 timeout 360 torchrun --nproc-per-node 2 -m benchmarks.tp_decode_step --out "$RES" 2>&1 \
+        | tail -12
       ;;
     write)
       timeout 300 python3 -m benchmarks.cache_write --out "$RES" 2>&1 | grep -v '^ ' | tail -12
@@ -58,7 +76,7 @@ for phase in $phases; do
         | tail -8 | tee "$RES/native_tests.log"
       timeout 480 python3 -m benchmarks.native_sweep --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
       ;;
-    *) echo "unknown phase $phase (tests | write | attention | decode | native)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests-ops | tests-models | write | attention | decode | hf | rope | native | tp)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done
