@@ -160,9 +160,10 @@ class PagedAttention(nn.Module):
             problem = _shape_problem(name, x, heads, spec.head_size, spec.model_dtype)
             if problem is not None:
                 raise ValueError(f"layer {self.layer_name!r}: {problem}")
-        if key.shape[0] != value.shape[0]:
-            raise ValueError(f"layer {self.layer_name!r}: key has {key.shape[0]} tokens but value has "
-                             f"{value.shape[0]}; they must match")
+        # A token count may be symbolic (even unbacked) under compile: a check, not a branch.
+        # (Dynamo accepts only constants in the message's closure.)
+        message = f"layer {self.layer_name!r}: key and value must hold the same number of tokens"
+        torch._check_with(ValueError, key.shape[0] == value.shape[0], lambda: message)
 
     def forward(
         self,
