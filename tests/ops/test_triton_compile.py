@@ -24,22 +24,26 @@ grants, fail.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import json
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _triton_compile as tc  # noqa: E402
+import _triton_compile as tc
 
 pytest.importorskip("triton")
 
 
 @pytest.fixture(scope="module")
-def report():
+def report(request):
+    """One compile run for the module: every case, or only the selected ones when nothing but
+    per-case tests of this module was selected (``-k``)."""
     if _nvidia_backend_missing():
         pytest.skip("this triton has no NVIDIA backend: nothing can be compiled for sm_90")
-    return tc.run_matrix()
+    mine = [item for item in request.session.items if item.module is request.module]
+    selected = None
+    if mine and all(item.originalname == "test_kernel_compiles_for_sm90" for item in mine):
+        selected = [item.callspec.params["case"].id for item in mine]
+    return tc.run_matrix(selected)
 
 
 def _nvidia_backend_missing() -> bool:
@@ -67,6 +71,15 @@ def test_then_else_type_mismatch_is_a_compile_error(report):
     assert ok["status"] == "ok", ok
     assert bad["status"] == "error", bad
     assert "CompilationError" in bad["error"] and "Mismatched type for dst" in bad["error"], bad["error"]
+
+
+def test_environment_failures_are_told_apart_from_kernel_errors():
+    assert tc.classify(RuntimeError("Cannot find ptxas")) == "env"
+    assert tc.classify(FileNotFoundError(2, "No such file or directory", "ptxas")) == "env"
+    assert tc.classify(OSError("libcuda.so.1: cannot open shared object file")) == "env"
+    assert tc.classify(RuntimeError("PassManager::run failed")) == "error"
+    assert tc.classify(AssertionError("Mismatched type for dst between then block and else block")) == "error"
+    assert tc.classify(RuntimeError("ptxas fatal: Unknown symbol 'kvf_lo'")) == "error"
 
 
 @pytest.mark.parametrize("case", tc.CASES, ids=[c.id for c in tc.CASES])
@@ -152,8 +165,6 @@ def test_matrix_covers_every_branch(report):
 
 def _key_dtype(launch) -> str:
     """The element type of the rope kernel's ``key_ptr`` in the compile key's signature."""
-    import json
-
     signature = json.loads(launch["key"])[1]
     return signature["key_ptr"].lstrip("*")
 
