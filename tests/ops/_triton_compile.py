@@ -29,7 +29,6 @@ a missing tool or library): reported as a skip with its reason, never as a pass.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import subprocess
@@ -46,8 +45,6 @@ TARGET = ("cuda", 90, 32)
 # Dynamic shared memory an sm_90 block can opt into (227 KiB); a kernel needing more compiles
 # but fails to launch with OutOfResources.
 H100_MAX_SHARED = 232448
-
-KERNELS = ("kv_write", "attention", "attention_reduce", "rope")
 
 
 @dataclass(frozen=True)
@@ -88,10 +85,12 @@ def _kv_write_cases() -> list[Case]:
                      tokens=(1, 4096, 37, 100000)[k % 4], in_dtype=in_dtypes[k % 4], cache_dtype=cache,
                      soft_rounding=bool(k % 2))))
     for j, mode in enumerate(_MODES):
-        cache = {"NONE": "bfloat16", "FP8_E4M3": "float8_e4m3fn", "FP8_E5M2": "float8_e5m2", "NVFP4": "uint8"}[mode]
+        cache = {"NONE": "bfloat16", "FP8_E4M3": "float8_e4m3fn", "FP8_E5M2": "float8_e5m2",
+                 "NVFP4": "uint8"}[mode]
         cases.append(Case(f"kv_write-encode_kv-{mode}", "kv_write",
-                          dict(op="encode_kv", mode=mode, head=(128, 80, 256, 64)[j], heads=8, tokens=(7, 512, 1, 64)[j],
-                               in_dtype="bfloat16", cache_dtype=cache, soft_rounding=bool(j % 2))))
+                          dict(op="encode_kv", mode=mode, head=(128, 80, 256, 64)[j], heads=8,
+                               tokens=(7, 512, 1, 64)[j], in_dtype="bfloat16", cache_dtype=cache,
+                               soft_rounding=bool(j % 2))))
     for j, row in enumerate(("bfloat16", "float8_e4m3fn", "uint8")):
         cases.append(Case(f"kv_write-cache_write-{row}", "kv_write",
                           dict(op="cache_write", mode="COPY", head=(128, 256, 64)[j], heads=(8, 1, 4)[j],
@@ -153,8 +152,9 @@ def _rope_cases() -> list[Case]:
             cases.append(Case(
                 f"rope-{mode}-{'neox' if neox else 'gptj'}-d{head}", "rope",
                 dict(mode=mode, head=head, neox=neox, rotary=head if k % 3 else head // 2, half_table=bool(k % 2),
-                     positions=k % 4 in (1, 2), query=k % 5 != 4, heads=(8, 1, 2, 4)[k % 4], q_heads=(32, 8, 16, 4)[k % 4],
-                     tokens=(1, 2048, 33, 65536)[k % 4], in_dtype=("bfloat16", "float16", "float32")[k % 3],
+                     positions=k % 4 in (1, 2), query=k % 5 != 4, heads=(8, 1, 2, 4)[k % 4],
+                     q_heads=(32, 8, 16, 4)[k % 4], tokens=(1, 2048, 33, 65536)[k % 4],
+                     in_dtype=("bfloat16", "float16", "float32")[k % 3],
                      soft_rounding=k % 3 == 1, fp_fusion=(None, False)[k % 2])))
     return cases
 
