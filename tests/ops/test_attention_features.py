@@ -21,7 +21,7 @@ from kvfuse.kv_cache import KVQuantMode  # noqa: E402
 from kvfuse.ops import reference  # noqa: E402
 from kvfuse.ops.registry import AttentionCall  # noqa: E402
 
-from test_triton_attention import DEVICE, TOL, make_case, poison_allocator, reference_out  # noqa: E402
+from test_triton_attention import DEVICE, TOL, check, make_case, reference_out  # noqa: E402
 
 MODES = [KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4]
 
@@ -113,17 +113,8 @@ def test_sink_of_minus_infinity_is_no_sink():
 
 
 def check_triton(args, window=None, softcap=0.0, sinks=None, **options):
-    """Triton vs the reference; ``options`` go to the launcher (e.g. ``num_splits``)."""
-    from kvfuse.ops.triton.attention import paged_attention
-
-    a = with_features(args, window, softcap, sinks)
-    expected = reference_out(a)
-    poison_allocator(8 * args["query"].numel() * 4 * 32)
-    out = paged_attention(AttentionCall(**a), **options)
-    assert out.shape == args["query"].shape and out.dtype == args["query"].dtype
-    atol, rtol = TOL[args["query"].dtype]
-    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=atol, rtol=rtol)
-    assert torch.all(out[int(args["query_start_loc"][-1]):] == 0), "padding rows must be zeros"
+    """Triton vs the reference with the features set; ``options`` go to the launcher (e.g. ``num_splits``)."""
+    check(with_features(args, window, softcap, sinks), window, **options)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
