@@ -1,4 +1,4 @@
-"""The KV-cache dtype model: one parser, one enum, per-layer specs and the NVFP4 row layout.
+"""The KV-cache dtype model: one parser, one enum, per-layer specs and the NVFP4 page layout.
 
 Every dtype name that enters kvfuse is parsed exactly once, here, by
 :func:`parse_kv_cache_dtype` / :func:`_parse_dtype_name`. Nothing else in the package compares
@@ -28,6 +28,12 @@ __all__ = [
     "NVFP4_BLOCK",
     "nvfp4_row_dim",
     "nvfp4_split",
+    "nvfp4_v_scales_swizzled",
+    "nvfp4_page_index",
+    "read_cache_rows",
+    "write_cache_rows",
+    "logical_cache_rows",
+    "check_page_contiguous",
     "nvfp4_quantize_reference",
     "nvfp4_dequantize_reference",
     "fp8_max",
@@ -163,9 +169,11 @@ def row_dim_for(mode: KVQuantMode, head_size: int) -> int:
 
 
 def nvfp4_split(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split NVFP4 rows (uint8, last dim = row_dim) into views ``(data uint8, scales float8_e4m3fn)``.
+    """Split encoded NVFP4 rows (uint8, last dim = row_dim) into views ``(data uint8, scales float8_e4m3fn)``.
 
-    Works on a whole cache, one half of it, or encoded rows: only the last dim is split.
+    Encoded rows (what ``encode_kv`` returns and ``cache_write`` takes) keep each (token, head)
+    row as ``[packed data | block scales]``; a cache page does not (see :func:`nvfp4_page_index`),
+    so read cache rows with :func:`read_cache_rows` first.
     """
     if rows.dtype != torch.uint8:
         raise ValueError(f"NVFP4 rows must be uint8, got {rows.dtype}")
@@ -173,6 +181,129 @@ def nvfp4_split(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     data = rows[..., : head_size // 2]
     scales = rows[..., head_size // 2 :].view(torch.float8_e4m3fn)
     return data, scales
+
+
+# The NVFP4 page follows vLLM's NVFP4 KV cache (csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu and
+# vllm/utils/torch_utils.py::nvfp4_kv_cache_split_views, vLLM main as of v0.25.1, commit
+# 752a3a504485790a2e8491cacbb35c137339ad34): per page side (K, then V), all packed data, then all
+# block scales; K scales linear, V scales in the 4-token interleave that TensorRT-LLM's attention
+# kernels read (FlashInfer documents the same map for nvfp4_quantize_paged_kv_cache).
+
+
+def nvfp4_v_scales_swizzled(block_size: int, head_size: int) -> bool:
+    """Whether a page's V block scales use the 4-token interleave (vLLM's condition is
+    ``block_size % 4 == 0``; the interleave is only a permutation when ``(head_size/16) % 4 == 0``,
+    so kvfuse keeps linear V scales otherwise, e.g. head_size 80, instead of refusing)."""
+    return block_size % 4 == 0 and (head_size // NVFP4_BLOCK) % 4 == 0
+
+
+def nvfp4_page_index(block_size: int, num_kv_heads: int, head_size: int,
+                     device: Union[torch.device, str, None] = None) -> torch.Tensor:
+    """Byte offset, within one page (both sides), of every byte of every logical NVFP4 row.
+
+    Returns ``index [2, block_size, num_kv_heads, row_dim]`` (int64) such that byte ``k`` of the
+    encoded row ``[packed data | block scales]`` of (side, token t, head h) lives at
+    ``page_base + index[side, t, h, k]``. With ``T = block_size``, ``H = num_kv_heads``,
+    ``D = head_size``, ``S = D / 16`` and ``F = D/2 + S`` (the row width), one side spans
+    ``T * H * F`` bytes at ``side * T * H * F``::
+
+        data  (t, h, i)  = (t * H + h) * D/2 + i                     i < D/2
+        K scale (t, h, j) = T*H*D/2 + (t * H + h) * S + j              j < S
+        V scale (t, h, j) = T*H*D/2 + (t' * H + h) * S + s'            (interleaved, see below)
+            t' = 4 * (t // 4) + j // (S/4),   s' = 4 * (j % (S/4)) + t % 4
+
+    so that, within head h's (T, S) scale plane, four consecutive tokens keep their scales
+    block-major, token-minor. V scales are linear, like K's, where
+    :func:`nvfp4_v_scales_swizzled` is False. The map is a bijection onto the page.
+    """
+    nvfp4_row_dim(head_size)
+    T, H, D = block_size, num_kv_heads, head_size
+    half, S = D // 2, D // NVFP4_BLOCK
+    side_bytes = T * H * (half + S)
+    t = torch.arange(T, device=device).view(T, 1, 1)
+    h = torch.arange(H, device=device).view(1, H, 1)
+    data = (t * H + h) * half + torch.arange(half, device=device).view(1, 1, half)
+    j = torch.arange(S, device=device).view(1, 1, S)
+    k_scales = T * H * half + (t * H + h) * S + j
+    if nvfp4_v_scales_swizzled(T, D):
+        group = S // 4
+        t_row = 4 * (t // 4) + j // group
+        s_col = 4 * (j % group) + t % 4
+        v_scales = T * H * half + (t_row * H + h) * S + s_col
+    else:
+        v_scales = k_scales
+    k_side = torch.cat([data, k_scales.expand(T, H, S)], dim=-1)
+    v_side = torch.cat([data, v_scales.expand(T, H, S)], dim=-1) + side_bytes
+    return torch.stack([k_side, v_side])
+
+
+def check_page_contiguous(kv_cache: torch.Tensor) -> Optional[str]:
+    """None if each page of ``kv_cache (num_blocks, 2, T, H, row_dim)`` is one contiguous run
+    (what an NVFP4 page's layout needs; pages themselves may be apart), else why not."""
+    _, _, T, H, F = kv_cache.shape
+    expected = (T * H * F, H * F, F, 1)
+    actual = tuple(kv_cache.stride()[1:])
+    if all(size == 1 or a == e for size, a, e in zip(kv_cache.shape[1:], actual, expected)):
+        return None
+    return (f"its strides {tuple(kv_cache.stride())} are not contiguous within a page "
+            f"(dims 1-4 must have strides {expected})")
+
+
+_PAGE_INDEX_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def _page_index_for(kv_cache: torch.Tensor) -> torch.Tensor:
+    _, _, T, H, F = kv_cache.shape
+    key = (T, H, F, kv_cache.device)
+    index = _PAGE_INDEX_CACHE.get(key)
+    if index is None:
+        index = _PAGE_INDEX_CACHE[key] = nvfp4_page_index(T, H, nvfp4_head_size(F), device=kv_cache.device)
+    return index
+
+
+def _flat_pages(kv_cache: torch.Tensor) -> torch.Tensor:
+    """``[num_blocks, page_bytes]`` view of a page-contiguous cache (pages keep their stride)."""
+    problem = check_page_contiguous(kv_cache)
+    if problem is not None:
+        raise ValueError(f"NVFP4 kv_cache {tuple(kv_cache.shape)}: {problem}")
+    n, _, T, H, F = kv_cache.shape
+    return kv_cache.as_strided((n, 2 * T * H * F), (kv_cache.stride(0), 1))
+
+
+def _is_nvfp4_cache(kv_cache: torch.Tensor) -> bool:
+    # uint8 storage holds only NVFP4 (see mode_of_storage_dtype).
+    return mode_of_storage_dtype(kv_cache.dtype) is KVQuantMode.NVFP4
+
+
+def read_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor,
+                    side: int) -> torch.Tensor:
+    """The encoded rows ``[L, H, row_dim]`` of slots ``(blocks[l], offsets[l])`` of one side
+    (0: K, 1: V), in the format ``encode_kv`` returns whatever the page layout (a copy)."""
+    if not _is_nvfp4_cache(kv_cache):
+        return kv_cache[blocks.long(), side, offsets.long()]
+    index = _page_index_for(kv_cache)[side]
+    return _flat_pages(kv_cache)[blocks.long()[:, None, None], index[offsets.long()]]
+
+
+def write_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor,
+                     side: int, rows: torch.Tensor) -> None:
+    """Store encoded rows ``[L, H, row_dim]`` into slots ``(blocks[l], offsets[l])`` of one side."""
+    if not _is_nvfp4_cache(kv_cache):
+        kv_cache[blocks.long(), side, offsets.long()] = rows
+        return
+    index = _page_index_for(kv_cache)[side]
+    flat = _flat_pages(kv_cache)
+    flat[blocks.long()[:, None, None], index[offsets.long()]] = rows
+
+
+def logical_cache_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped like ``kv_cache`` whose ``[block, side, t, h]`` is that slot's encoded row
+    (a copy for NVFP4 pages, ``kv_cache`` itself otherwise): for tests and inspection."""
+    if not _is_nvfp4_cache(kv_cache):
+        return kv_cache
+    index = _page_index_for(kv_cache)
+    flat = _flat_pages(kv_cache)
+    return flat[:, index]
 
 
 # E2M1 magnitudes by code; the thresholds below implement round-to-nearest-even between them

@@ -39,6 +39,7 @@ import torch
 from ..kv_cache import (
     NATIVE_CACHE_DTYPES,
     KVQuantMode,
+    check_page_contiguous,
     mode_of_storage_dtype,
     row_dim_for,
     storage_dtype,
@@ -111,6 +112,11 @@ def _check_cache(op: str, layer_name: str, kv_cache: torch.Tensor, mode: KVQuant
               f"expected {expected} (the cache must be allocated from this layer's spec)")
     if kv_cache.stride(-1) != 1:
         _fail(op, layer_name, f"kv_cache must have a contiguous last dim, got strides {tuple(kv_cache.stride())}")
+    if mode is KVQuantMode.NVFP4:
+        problem = check_page_contiguous(kv_cache)
+        if problem is not None:
+            _fail(op, layer_name, f"NVFP4 kv_cache {tuple(kv_cache.shape)}: {problem}; an NVFP4 page splits "
+                  f"into data and block-scale regions, so allocate it with kvfuse.allocate_kv_cache")
 
 
 def _check_slots(op: str, layer_name: str, slot_mapping: torch.Tensor, num_tokens) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import KVQuantMode, fp8_max, nvfp4_dequantize_reference, nvfp4_quantize_reference
+from ..kv_cache import (KVQuantMode, fp8_max, nvfp4_dequantize_reference, nvfp4_quantize_reference, read_cache_rows,
+                        write_cache_rows)
 from .registry import ALL_MODES, OPS, AttentionCall, Implementation
 
 __all__ = ["encode_kv", "cache_write", "encode_and_cache_write", "apply_rope", "rope_encode_and_cache_write",
@@ -58,7 +59,9 @@ def cache_write(
 ) -> None:
     """Scatter rows into ``kv_cache[block, 0|1, offset]`` with ``slot = block * block_size + offset``.
 
-    Tokens whose slot is -1 are skipped. Duplicate slots within one call: one of the writers wins.
+    NVFP4 rows are split over their page's data and block-scale regions
+    (:func:`kvfuse.kv_cache.nvfp4_page_index`). Tokens whose slot is -1 are skipped. Duplicate
+    slots within one call: one of the writers wins.
     """
     block_size = kv_cache.shape[2]
     slots = slot_mapping.long()
@@ -67,8 +70,8 @@ def cache_write(
         return
     slots = slots[valid]
     blocks, offsets = slots // block_size, slots % block_size
-    kv_cache[blocks, 0, offsets] = key_rows[valid]
-    kv_cache[blocks, 1, offsets] = value_rows[valid]
+    write_cache_rows(kv_cache, blocks, offsets, 0, key_rows[valid])
+    write_cache_rows(kv_cache, blocks, offsets, 1, value_rows[valid])
 
 
 def encode_and_cache_write(
@@ -181,8 +184,8 @@ def paged_attention(call: AttentionCall) -> torch.Tensor:
         positions = torch.arange(seq_len, device=query.device)
         blocks = block_table[b, positions // block_size].long()
         offsets = positions % block_size
-        k = decode_rows(kv_cache[blocks, 0, offsets], k_scale, kv_quant_mode)  # [L, Hkv, D]
-        v = decode_rows(kv_cache[blocks, 1, offsets], v_scale, kv_quant_mode)
+        k = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 0), k_scale, kv_quant_mode)  # [L, Hkv, D]
+        v = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 1), v_scale, kv_quant_mode)
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         q = query[q_start:q_end].float()  # [q_len, Hq, D]

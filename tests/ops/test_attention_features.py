@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from kvfuse.kv_cache import KVQuantMode  # noqa: E402
+from kvfuse.kv_cache import KVQuantMode, read_cache_rows  # noqa: E402
 from kvfuse.ops import reference  # noqa: E402
 from kvfuse.ops.registry import AttentionCall  # noqa: E402
 
@@ -41,8 +41,8 @@ def dense_eager(args, window, softcap, sinks):
             continue
         pos = torch.arange(seq_len)
         blocks = args["block_table"][b].cpu()[pos // page].long()
-        k = reference.decode_rows(cache[blocks, 0, pos % page], args["k_scale"].cpu(), mode)
-        v = reference.decode_rows(cache[blocks, 1, pos % page], args["v_scale"].cpu(), mode)
+        k = reference.decode_rows(read_cache_rows(cache, blocks, pos % page, 0), args["k_scale"].cpu(), mode)
+        v = reference.decode_rows(read_cache_rows(cache, blocks, pos % page, 1), args["v_scale"].cpu(), mode)
         k = k.repeat_interleave(hq // hkv, dim=1).transpose(0, 1)  # [H, L, D]
         v = v.repeat_interleave(hq // hkv, dim=1).transpose(0, 1)
         w = q.transpose(0, 1) @ k.transpose(1, 2) * args["sm_scale"]  # [H, q_len, L]

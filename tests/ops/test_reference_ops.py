@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from kvfuse import KVQuantMode
-from kvfuse.kv_cache import E2M1_VALUES, NVFP4_BLOCK, nvfp4_dequantize_reference, row_dim_for
+from kvfuse.kv_cache import (E2M1_VALUES, NVFP4_BLOCK, logical_cache_rows, nvfp4_dequantize_reference, row_dim_for,
+                             write_cache_rows)
 from kvfuse.ops import cache_write, encode_and_cache_write, encode_kv, paged_attention
 
 from _cache_formats import FORMAT_IDS, FORMATS, SENTINEL, sentinel_cache
@@ -142,10 +143,11 @@ def test_cache_write_scatters_rows_and_leaves_the_rest(mode, dtype, head_size, n
 
     cache_write(key_rows, value_rows, cache, slots, mode, "model.layers.0.attn")
 
-    assert torch.equal(_bits(cache), _bits(expected))
+    rows = logical_cache_rows(cache)
+    assert torch.equal(_bits(rows), _bits(expected))
     written = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     written[slots[slots >= 0].long()] = True
-    untouched = cache.transpose(1, 2).reshape(num_blocks * block_size, -1)[~written]
+    untouched = rows.transpose(1, 2).reshape(num_blocks * block_size, -1)[~written]
     assert untouched.numel() > 0 and (_bits(untouched) == SENTINEL).all()
 
 
@@ -364,8 +366,9 @@ def _naive_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, q
         start, end = int(qsl[b]), int(qsl[b + 1])
         q_len = end - start
         pages = block_table[b].tolist()
-        keys = torch.stack([kv_cache[pages[p // block_size], 0, p % block_size] for p in range(seq_len)])
-        vals = torch.stack([kv_cache[pages[p // block_size], 1, p % block_size] for p in range(seq_len)])
+        rows = logical_cache_rows(kv_cache)
+        keys = torch.stack([rows[pages[p // block_size], 0, p % block_size] for p in range(seq_len)])
+        vals = torch.stack([rows[pages[p // block_size], 1, p % block_size] for p in range(seq_len)])
         keys = _decode_cache_rows(keys, k_scale, mode)  # [L, Hkv, D]
         vals = _decode_cache_rows(vals, v_scale, mode)
         for i in range(q_len):
@@ -399,8 +402,9 @@ def _attention_case(mode, dtype, head_size, q_lens, seq_lens, num_q_heads, num_k
         v = _randn((n, num_kv_heads, head_size), torch.bfloat16, seed=seed + 10 * b + 2, scale=2.0)
         for p in range(n):
             page, off = pages[p // block_size], p % block_size
-            cache[page, 0, off] = _encode_by_hand(k[p : p + 1], k_scale, mode, dtype)[0]
-            cache[page, 1, off] = _encode_by_hand(v[p : p + 1], v_scale, mode, dtype)[0]
+            at = (torch.tensor([page]), torch.tensor([off]))
+            write_cache_rows(cache, *at, 0, _encode_by_hand(k[p : p + 1], k_scale, mode, dtype))
+            write_cache_rows(cache, *at, 1, _encode_by_hand(v[p : p + 1], v_scale, mode, dtype))
     qsl = [0]
     for q in q_lens:
         qsl.append(qsl[-1] + q)

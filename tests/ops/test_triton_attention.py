@@ -32,8 +32,9 @@ def nan_fill(cache: torch.Tensor, mode: KVQuantMode) -> None:
     """Fill a cache with NaN bit patterns, so any read of a never-written slot poisons the output."""
     if mode is KVQuantMode.NVFP4:
         cache.fill_(0x77)  # packed codes: +-4 (finite); scale bytes 0x7F patched below
-        head = cache.shape[-1] * 16 // 9
-        cache[..., head // 2:] = 0x7F  # e4m3 NaN block scale
+        num_blocks, _, page, heads, row_dim = cache.shape
+        # Each page side ends with its block-scale region (kvfuse.kv_cache.nvfp4_page_index).
+        cache.view(num_blocks, 2, -1)[..., page * heads * (row_dim * 8 // 9):] = 0x7F  # e4m3 NaN
     else:
         cache.view(torch.uint8).fill_(0xFF)  # NaN in bf16/fp16/fp32/e4m3/e5m2
 
