@@ -24,9 +24,10 @@ Attention logit soft-capping maps to FlashInfer's ``logits_soft_cap`` (same defi
 FlashInfer 0.6's paged decode/prefill wrappers have no sink argument, so a call with ``sinks``
 must run on the Triton backend (the default order picks it first).
 
-NVFP4 is not offered: kvfuse's NVFP4 row keeps the e4m3 block scales inline after the packed
-E2M1 codes, while FlashInfer 0.6 reads them from a separate ``kv_cache_sf`` tensor and only on
-its fa2 / trtllm-gen paths; the Triton kernel reads kvfuse's row directly.
+NVFP4 is not offered: kvfuse's NVFP4 page is vLLM's (data, then block scales, per page side),
+which FlashInfer reads through separate data and ``kv_cache_sf`` views, but only on its
+trtllm-gen (Blackwell) and fa2 paths, not on the Hopper paths kvfuse routes to it; the Triton
+kernel reads the page directly.
 """
 
 from __future__ import annotations
@@ -74,8 +75,7 @@ def _rank(situation: Situation) -> Optional[int]:
     return 5
 
 
-#: NVFP4 is not declared: FlashInfer reads NVFP4 block scales from a separate tensor (fa2 /
-#: trtllm-gen paths) while kvfuse's NVFP4 row stores them inline; the Triton kernel reads them.
+#: NVFP4 is not declared (see the module docstring): the Triton kernel reads the pages.
 IMPLEMENTATION = Implementation(
     name="flashinfer", module=__name__, ops=frozenset({"paged_attention"}), devices=frozenset({"cuda"}),
     modes=frozenset({KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2}),

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ... import envs
-from ...kv_cache import KVQuantMode
+from ...kv_cache import KVQuantMode, nvfp4_v_scales_swizzled
 from ..registry import AttentionCall
 
 __all__ = ["paged_attention", "Tile", "TileTable", "DEFAULT_TILES"]
@@ -133,8 +133,8 @@ def _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, P
     """int64 element offsets of K rows for positions ``kpos`` (page lookup in the block table).
 
     ROW_ALIGN (a power of two dividing every cache stride) is asserted to the compiler: Triton
-    only infers 16-divisible strides, and NVFP4 rows (D/2 + D/16 bytes, 72 for D=128) would
-    otherwise be read one byte per load instruction."""
+    only infers 16-divisible strides, and rows of other widths would otherwise be read in the
+    narrowest loads."""
     blk = tl.load(bt_row_ptr + kpos // PAGE, mask=kmask, other=0).to(tl.int64)
     off = blk * stride_cb + (kpos % PAGE).to(tl.int64) * stride_cs + kvh.to(tl.int64) * stride_ch
     return tl.multiple_of(off, ROW_ALIGN)
@@ -264,35 +264,48 @@ def _e2m1_decode(packed, scale_bytes, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_tile(row_ptr, kmask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, NB: tl.constexpr,
-                BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr, SCALE_GATHER: tl.constexpr,
-                USE_ASM: tl.constexpr):
-    """Decoded (low, high) nibble tiles of BLOCK_N NVFP4 rows starting at ``row_ptr`` ([BLOCK_N]
-    pointers): [BLOCK_N, HALF_PAD] each, or [HALF_PAD, BLOCK_N] when TRANSPOSED.
+def _nvfp4_scale_col(j, HS, SWIZZLED: tl.constexpr, GROUP_J: tl.constexpr):
+    """Offset of block scale ``j`` from its row's scale base (see :func:`_attend_range_nvfp4`):
+    ``j`` for linear scales; for the 4-token interleave, ``(j // (S/4)) * H * S + 4 * (j % (S/4))``."""
+    if SWIZZLED:
+        return (j // GROUP_J) * HS + 4 * (j % GROUP_J)
+    else:
+        return j
 
-    SCALE_GATHER: every packed byte loads its own block-scale byte (byte j uses scale byte
-    HALF + j // 8 of its row; the repeats hit L1), which works for any head size that is a
-    multiple of 16. Otherwise the bytes are loaded as [BLOCK_N, NB, 8] and the [BLOCK_N, NB, 1]
-    scales broadcast in registers, then reshaped (NB must be a power of two)."""
+
+@triton.jit
+def _nvfp4_tile(data_ptr, scale_ptr, HS, kmask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, NB: tl.constexpr,
+                BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr, SCALE_GATHER: tl.constexpr,
+                USE_ASM: tl.constexpr, SWIZZLED: tl.constexpr):
+    """Decoded (low, high) nibble tiles of BLOCK_N NVFP4 rows: ``data_ptr`` [BLOCK_N] points at
+    each row's packed data, ``scale_ptr`` [BLOCK_N] at its block-scale base (block ``j`` at
+    :func:`_nvfp4_scale_col`); [BLOCK_N, HALF_PAD] each, or [HALF_PAD, BLOCK_N] when TRANSPOSED.
+
+    SCALE_GATHER: every packed byte loads its own block-scale byte (byte e uses block e // 8; the
+    repeats hit L1), which works for any head size that is a multiple of 16. Otherwise the bytes
+    are loaded as [BLOCK_N, NB, 8] and the [BLOCK_N, NB, 1] scales broadcast in registers, then
+    reshaped (NB must be a power of two)."""
+    GROUP_J: tl.constexpr = NB // 4  # read only for interleaved scales, where NB % 4 == 0
     if SCALE_GATHER:
         offs_e = tl.arange(0, HALF_PAD)
         emask = offs_e < HALF
+        col = _nvfp4_scale_col(offs_e // 8, HS, SWIZZLED, GROUP_J)
         if TRANSPOSED:
             m = kmask[None, :] & emask[:, None]
-            b = tl.load(row_ptr[None, :] + offs_e[:, None], mask=m, other=0)
-            s = tl.load(row_ptr[None, :] + HALF + (offs_e // 8)[:, None], mask=m, other=0)
+            b = tl.load(data_ptr[None, :] + offs_e[:, None], mask=m, other=0)
+            s = tl.load(scale_ptr[None, :] + col[:, None], mask=m, other=0)
         else:
             m = kmask[:, None] & emask[None, :]
-            b = tl.load(row_ptr[:, None] + offs_e[None, :], mask=m, other=0)
-            s = tl.load(row_ptr[:, None] + HALF + (offs_e // 8)[None, :], mask=m, other=0)
+            b = tl.load(data_ptr[:, None] + offs_e[None, :], mask=m, other=0)
+            s = tl.load(scale_ptr[:, None] + col[None, :], mask=m, other=0)
         lo, hi = _e2m1_decode(b, s, USE_ASM)
     else:
         offs_b = tl.arange(0, NB)
         offs_8 = tl.arange(0, 8)
-        rp = row_ptr[:, None, None]
         m = kmask[:, None, None]
-        b = tl.load(rp + offs_b[None, :, None] * 8 + offs_8[None, None, :], mask=m, other=0)
-        s = tl.load(rp + HALF + offs_b[None, :, None], mask=m, other=0)
+        b = tl.load(data_ptr[:, None, None] + offs_b[None, :, None] * 8 + offs_8[None, None, :], mask=m, other=0)
+        col = _nvfp4_scale_col(offs_b, HS, SWIZZLED, GROUP_J)
+        s = tl.load(scale_ptr[:, None, None] + col[None, :, None], mask=m, other=0)
         lo, hi = _e2m1_decode(b, tl.broadcast_to(s, (BLOCK_N, NB, 8)), USE_ASM)
         lo = tl.reshape(lo, (BLOCK_N, HALF_PAD))
         hi = tl.reshape(hi, (BLOCK_N, HALF_PAD))
@@ -305,36 +318,51 @@ def _nvfp4_tile(row_ptr, kmask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, NB: 
 @triton.jit
 def _attend_range_nvfp4(
     acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, lo, hi, window, qk_scale, cap,
-    cache_ptr, bt_row_ptr, kvh, stride_cb, stride_ckv, stride_cs, stride_ch,
+    cache_ptr, bt_row_ptr, kvh, num_kv_heads, stride_cb, stride_ckv,
     HEAD: tl.constexpr, HALF_PAD: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr,
+    KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, SWIZZLE_V: tl.constexpr,
 ):
     """Keys ``[lo, hi)`` of an NVFP4 cache. Even and odd head-dim elements (low and high nibbles)
     stay in separate tiles: ``q . k = q_even . k_lo + q_odd . k_hi`` and ``P @ V`` fills two
     half-width accumulators, so nothing is interleaved in registers. KEYS_FIRST: as in
-    :func:`_attend_range`, with ``q_e`` / ``q_o`` passed transposed."""
+    :func:`_attend_range`, with ``q_e`` / ``q_o`` passed transposed.
+
+    Page side layout (:func:`kvfuse.kv_cache.nvfp4_page_index`, H KV heads, S = HEAD / 16): row
+    (t, h) has its packed data at ``(t * H + h) * HEAD/2`` and its K block scales at
+    ``PAGE * H * HEAD/2 + (t * H + h) * S + j``; V scales, when SWIZZLE_V, at the same base for
+    token ``4 * (t // 4)`` plus ``t % 4`` plus :func:`_nvfp4_scale_col`."""
     HALF: tl.constexpr = HEAD // 2
+    scales_at = PAGE * HALF * num_kv_heads.to(tl.int64)
+    hs = num_kv_heads * NB
     for start in range(lo, hi, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         kmask = kpos < hi
-        off = _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
+        page = tl.load(bt_row_ptr + kpos // PAGE, mask=kmask, other=0).to(tl.int64) * stride_cb
+        t = kpos % PAGE
+        row = (t * num_kv_heads + kvh).to(tl.int64)
+        k_data = cache_ptr + tl.multiple_of(page + row * HALF, ROW_ALIGN)
+        k_scales = cache_ptr + page + scales_at + row * NB
         if KEYS_FIRST:
-            k_lo, k_hi = _nvfp4_tile(cache_ptr + off, kmask, HALF, HALF_PAD, NB, BLOCK_N, False, SCALE_GATHER,
-                                     USE_ASM)
+            k_lo, k_hi = _nvfp4_tile(k_data, k_scales, hs, kmask, HALF, HALF_PAD, NB, BLOCK_N, False, SCALE_GATHER,
+                                     USE_ASM, False)
             s_t = tl.dot(k_lo.to(DOT_DTYPE), q_e, input_precision=PRECISION)
             s = tl.trans(tl.dot(k_hi.to(DOT_DTYPE), q_o, s_t, input_precision=PRECISION)) * qk_scale
         else:
-            k_lo, k_hi = _nvfp4_tile(cache_ptr + off, kmask, HALF, HALF_PAD, NB, BLOCK_N, True, SCALE_GATHER,
-                                     USE_ASM)
+            k_lo, k_hi = _nvfp4_tile(k_data, k_scales, hs, kmask, HALF, HALF_PAD, NB, BLOCK_N, True, SCALE_GATHER,
+                                     USE_ASM, False)
             s = tl.dot(q_e, k_lo.to(DOT_DTYPE), input_precision=PRECISION)
             s = tl.dot(q_o, k_hi.to(DOT_DTYPE), s, input_precision=PRECISION) * qk_scale
         s = _softcap(s, cap, SOFTCAP)
         allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
         p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
-        v_lo, v_hi = _nvfp4_tile(cache_ptr + stride_ckv + off, kmask, HALF, HALF_PAD, NB, BLOCK_N, False,
-                                 SCALE_GATHER, USE_ASM)
+        if SWIZZLE_V:
+            v_row = ((t - t % 4) * num_kv_heads + kvh).to(tl.int64) * NB + t % 4
+        else:
+            v_row = row * NB
+        v_lo, v_hi = _nvfp4_tile(k_data + stride_ckv, cache_ptr + stride_ckv + page + scales_at + v_row, hs, kmask,
+                                 HALF, HALF_PAD, NB, BLOCK_N, False, SCALE_GATHER, USE_ASM, SWIZZLE_V)
         p = p.to(DOT_DTYPE)
         acc_e = acc_e * alpha[:, None] + tl.dot(p, v_lo.to(DOT_DTYPE), input_precision=PRECISION)
         acc_o = acc_o * alpha[:, None] + tl.dot(p, v_hi.to(DOT_DTYPE), input_precision=PRECISION)
@@ -366,7 +394,7 @@ def _paged_attention_kernel(
     GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     Q_RESCALE: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, SWIZZLE_V: tl.constexpr,
 ):
     """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
@@ -460,16 +488,16 @@ def _paged_attention_kernel(
         if HAS_WINDOW:
             acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
                 acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh,
-                stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
-                HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP)
+                tl.num_programs(1), stride_cb, stride_ckv, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
+                HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
             acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh,
-            stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, False,
-            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP)
+            tl.num_programs(1), stride_cb, stride_ckv, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, False,
+            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
             acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh,
-            stride_cb, stride_ckv, stride_cs, stride_ch, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
-            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP)
+            tl.num_programs(1), stride_cb, stride_ckv, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
+            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o_e = acc_e * inv[:, None]
         o_o = acc_o * inv[:, None]
@@ -657,10 +685,13 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     window = int(sliding_window) if sliding_window is not None else 0
     has_window = sliding_window is not None
     cache = kv_cache
+    # Largest power of two (<= 16) dividing every row offset: the strides, and for NVFP4 the
+    # packed-data row width (its page sides hold data rows of head_size / 2 bytes).
     row_align = 16
-    for st in cache.stride()[:4]:
+    for st in (*cache.stride()[:4], *((head_size // 2,) if mode is KVQuantMode.NVFP4 else ())):
         while st % row_align:
             row_align //= 2
+    swizzle_v = mode is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size)
     if num_splits > 1:
         out = torch.empty_like(query)
         pout = torch.empty((num_splits, num_tokens, num_q_heads, head_size), dtype=torch.float32,
@@ -687,7 +718,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         BLOCK_Q=block_q, BLOCK_N=cfg.BLOCK_N, PAGE=page, SPLIT=num_splits > 1,
         HAS_WINDOW=has_window, DOT_DTYPE=dot_dtype, PRECISION=precision,
         Q_RESCALE=q_rescale, SCALE_GATHER=scale_gather, USE_ASM=use_asm, ROW_ALIGN=row_align,
-        KEYS_FIRST=cfg.KEYS_FIRST, SOFTCAP=softcap, HAS_SINKS=sinks is not None,
+        KEYS_FIRST=cfg.KEYS_FIRST, SOFTCAP=softcap, HAS_SINKS=sinks is not None, SWIZZLE_V=swizzle_v,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
     )
