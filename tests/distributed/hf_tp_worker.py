@@ -27,6 +27,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from kvfuse.backend import KVFuseBackend
+
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (9, 4, 6)
 MIXED = dict(kv_cache_dtype="fp8", skip_layers=("0",))
@@ -44,10 +46,12 @@ def left_padded_prompts(vocab: int, seed: int = 1):
 
 
 def _generate(model, ids, mask):
+    device = next(model.parameters()).device
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
-                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-    return out.sequences[:, ids.shape[1]:], torch.stack(out.scores, 1).float(), out.past_key_values
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=NEW_TOKENS,
+                             do_sample=False, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    # On the host: results travel between ranks pickled, and a CUDA tensor would land on the sender's GPU.
+    return out.sequences[:, ids.shape[1]:].cpu(), torch.stack(out.scores, 1).float().cpu(), out.past_key_values
 
 
 def _plan(model) -> list[dict]:
@@ -82,7 +86,6 @@ def _compare(got: torch.Tensor, want: torch.Tensor) -> dict:
 
 def _rank_run(model_dir: str, cfg, compile_it: bool, ids, mask, group) -> dict:
     """This rank's sharded run of one cache config; every rank returns its own results."""
-    import kvfuse
     from kvfuse.integrations import transformers as kvt
     from transformers import AutoModelForCausalLM, DistributedConfig
 
@@ -96,13 +99,30 @@ def _rank_run(model_dir: str, cfg, compile_it: bool, ids, mask, group) -> dict:
     tokens, scores, cache = _generate(model, ids, mask)
     result.update(tokens=tokens.tolist(), scores=scores, caches=_caches_as_bytes(cache))
     if compile_it:
-        be = kvfuse.make_backend()
+        from torch._dynamo.utils import counters
+
+        be = _RecordingBackend()
         model.forward = torch.compile(model.forward, backend=be)
+        breaks = sum(counters["graph_break"].values())
         start = time.perf_counter()
         c_tokens, c_scores, _ = _generate(model, ids, mask)
         result.update(compiled_tokens=c_tokens.tolist(), compiled_scores=c_scores,
-                      compile_seconds=time.perf_counter() - start, report=[r.as_dict() for r in be.report])
+                      compile_seconds=time.perf_counter() - start, report=[r.as_dict() for r in be.report],
+                      graph_breaks=sum(counters["graph_break"].values()) - breaks, graphs=be.collectives)
     return result
+
+
+class _RecordingBackend(KVFuseBackend):
+    """kvfuse's backend, noting the collectives (other than waits) of every graph Dynamo hands it."""
+
+    def __init__(self):
+        super().__init__()
+        self.collectives = []
+
+    def __call__(self, gm, example_inputs):
+        self.collectives.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"
+                                 and "_c10d_functional." in str(n.target) and "wait_tensor" not in str(n.target)])
+        return super().__call__(gm, example_inputs)
 
 
 def _refusals(model_dir: str, group) -> dict:
@@ -128,24 +148,18 @@ def _refusals(model_dir: str, group) -> dict:
     return out
 
 
-def _reference(model_dir: str, cfg, compile_it: bool, ids, mask) -> dict:
+def _reference(model_dir: str, cfg, ids, mask, device) -> dict:
     """tp_size 1 on rank 0: transformers' eager attention, and kvfuse with the same cache config."""
-    import kvfuse
     from kvfuse.integrations import transformers as kvt
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     base.set_attn_implementation("eager")
     tokens, scores, _ = _generate(base, ids, mask)
     out = {"eager_tokens": tokens.tolist(), "eager_scores": scores}
     model = kvt.enable(copy.deepcopy(base), cfg)
     tokens, scores, cache = _generate(model, ids, mask)
     out.update(tokens=tokens.tolist(), scores=scores, caches=[c.cpu() for c in cache.kv_caches], plan=_plan(model))
-    if compile_it:
-        be = kvfuse.make_backend()
-        model.forward = torch.compile(model.forward, backend=be)
-        tokens, scores, _ = _generate(model, ids, mask)
-        out.update(compiled_tokens=tokens.tolist(), compiled_scores=scores, report=[r.as_dict() for r in be.report])
     return out
 
 
@@ -171,13 +185,21 @@ def main(argv=None) -> int:
     p.add_argument("--model", action="append", required=True, help="NAME=DIR of a saved tiny model")
     p.add_argument("--compile", default="", help="comma-separated model names to also run compiled")
     p.add_argument("--json", required=True)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu: gloo; cuda: NCCL, GPU LOCAL_RANK")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    dist.init_process_group("gloo")
+    if args.device == "cuda":
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (before NCCL starts)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
     group = dist.group.WORLD
     rank = dist.get_rank()
     compiled = {n for n in args.compile.split(",") if n}
-    summary = {"world_size": dist.get_world_size(), "models": {}}
+    summary = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "models": {}}
     try:
         for item in args.model:
             name, model_dir = item.split("=", 1)
@@ -194,7 +216,7 @@ def main(argv=None) -> int:
                 reports = gather_reports(mine.get("report", []), group=group) if compile_it else None
                 if rank != 0:
                     continue
-                ref = _reference(model_dir, cfg, compile_it, ids, mask)
+                ref = _reference(model_dir, cfg, ids, mask, device)
                 result = {"plans": [g["plan"] for g in gathered], "layouts": [g["layout"] for g in gathered],
                           "reference_plan": ref["plan"], "seconds": [g["seconds"] for g in gathered],
                           "tokens": [g["tokens"] for g in gathered], "reference_tokens": ref["tokens"],
@@ -206,11 +228,11 @@ def main(argv=None) -> int:
                 if compile_it:
                     result.update(
                         compiled_tokens=[g["compiled_tokens"] for g in gathered],
-                        reference_compiled_tokens=ref["compiled_tokens"],
                         compiled_vs_reference=[_compare(g["compiled_scores"], ref["scores"]) for g in gathered],
                         compiled_vs_eager_tp=[_compare(g["compiled_scores"], g["scores"]) for g in gathered],
                         compile_seconds=[g["compile_seconds"] for g in gathered],
-                        reports=reports, report_mismatches=compare_reports(reports), reference_report=ref["report"])
+                        graph_breaks=[g["graph_breaks"] for g in gathered], graphs=[g["graphs"] for g in gathered],
+                        reports=reports, report_mismatches=compare_reports(reports))
                 entry[label] = result
             entry["refusals"] = _gather(_refusals(model_dir, group), group)
             if rank == 0:
