@@ -57,6 +57,19 @@ not (only real tokens are cached): windowed layers then differ from transformers
 new positions are all padding add nothing to the cache. Beam search (``reorder_cache``) and
 cropping are not supported and raise.
 
+Tensor parallelism: a model loaded with transformers' own tensor parallelism
+(``from_pretrained(path, distributed_config=DistributedConfig(tp_size=N))``, or ``tp_plan="auto"``,
+under ``torchrun``; transformers needs ``accelerate`` for it) computes this rank's share of the
+query and KV heads in its sharded projections. :func:`enable` reads the layout from the device
+mesh of the attention modules' DTensor parameters (else ``model._device_mesh``), gives each
+layer the spec of this rank's KV heads, and checks that this rank's ``k_proj`` / ``v_proj``
+produce exactly those heads. A ``KVCacheConfig`` left at ``tp_size=1, tp_rank=0`` takes the
+model's layout; one that names another raises. ``num_key_value_heads`` must be divisible by the
+TP size (transformers' colwise split would cut a head in half). Each rank's :class:`KVFuseCache`
+holds only its heads; the page bookkeeping is the same on every rank, since every rank sees the
+same masks. :func:`model_tensor_parallel` returns the layout and its process group (for
+:func:`kvfuse.distributed.gather_reports`).
+
 Compiled: the pre-hook runs outside the graph (it reads the mask on the host and allocates
 pages); compile ``model.forward`` (``model.forward = torch.compile(model.forward, ...)``) so
 ``generate`` keeps calling the hook eagerly, or call a ``torch.compile(model)`` with a

@@ -1,7 +1,7 @@
 """One rank of the transformers tensor-parallel check (launched by test_transformers_tp.py with torchrun).
 
     torchrun --nproc-per-node 2 tests/distributed/hf_tp_worker.py --model llama=DIR [--model qwen3=DIR]
-        --json OUT [--compile llama]
+        --json OUT [--compile llama] [--device cuda]
 
 Every rank loads each saved tiny model with transformers' own tensor parallelism
 (``from_pretrained(DIR, distributed_config=DistributedConfig(tp_size=2, tp_plan="auto"))``: the
@@ -11,7 +11,8 @@ puts it on kvfuse caches with ``kvfuse.integrations.transformers.enable`` and ru
 (layer 0 float32, the rest FP8), and, for the models named by ``--compile``, with ``model.forward``
 compiled by ``kvfuse.make_backend()``. Rank 0 gathers every rank's plan, caches and fusion
 report, runs the same on the unsharded model (tp_size 1: transformers' eager attention, and
-kvfuse with the same cache config), and writes what the test asserts to ``--json``.
+kvfuse with the same cache config), and writes what the test asserts to ``--json``. ``--device
+cuda``: NCCL, one GPU per rank (``LOCAL_RANK``), NVLink multicast off.
 """
 
 from __future__ import annotations
@@ -199,7 +200,10 @@ def main(argv=None) -> int:
     group = dist.group.WORLD
     rank = dist.get_rank()
     compiled = {n for n in args.compile.split(",") if n}
-    summary = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "models": {}}
+    import transformers
+
+    summary = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "models": {},
+               "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     try:
         for item in args.model:
             name, model_dir = item.split("=", 1)
