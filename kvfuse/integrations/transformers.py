@@ -57,6 +57,19 @@ not (only real tokens are cached): windowed layers then differ from transformers
 new positions are all padding add nothing to the cache. Beam search (``reorder_cache``) and
 cropping are not supported and raise.
 
+Tensor parallelism: a model loaded with transformers' own tensor parallelism
+(``from_pretrained(path, distributed_config=DistributedConfig(tp_size=N))``, or ``tp_plan="auto"``,
+under ``torchrun``; transformers needs ``accelerate`` for it) computes this rank's share of the
+query and KV heads in its sharded projections. :func:`enable` reads the layout from the device
+mesh of the attention modules' DTensor parameters (else ``model._device_mesh``), gives each
+layer the spec of this rank's KV heads, and checks that this rank's ``k_proj`` / ``v_proj``
+produce exactly those heads. A ``KVCacheConfig`` left at ``tp_size=1, tp_rank=0`` takes the
+model's layout; one that names another raises. ``num_key_value_heads`` must be divisible by the
+TP size (transformers' colwise split would cut a head in half). Each rank's :class:`KVFuseCache`
+holds only its heads; the page bookkeeping is the same on every rank, since every rank sees the
+same masks. :func:`model_tensor_parallel` returns the layout and its process group (for
+:func:`kvfuse.distributed.gather_reports`).
+
 Compiled: the pre-hook runs outside the graph (it reads the mask on the host and allocates
 pages); compile ``model.forward`` (``model.forward = torch.compile(model.forward, ...)``) so
 ``generate`` keeps calling the hook eagerly, or call a ``torch.compile(model)`` with a
@@ -101,6 +114,7 @@ __all__ = [
     "checkpoint_kv_cache_dtype",
     "load_kv_scales",
     "attention_forward",
+    "model_tensor_parallel",
 ]
 
 ATTN_IMPLEMENTATION = "kvfuse"
@@ -212,7 +226,7 @@ def _checkpoint_tensors(model: nn.Module, wanted: set) -> dict:
     found = {}
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if name in wanted:
-            found[name] = t.detach()
+            found[name] = _local_tensor(t.detach())
     path = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
     if path and os.path.isdir(path) and len(found) < len(wanted):
         try:
@@ -527,6 +541,101 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     return out.view(batch, num_new, num_heads, head_dim), None
 
 
+# ----------------------------------------------------------------------------- tensor parallelism
+
+
+def _local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor parameter (transformers' tensor parallelism), else ``t``."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) and hasattr(t, "device_mesh") else t
+
+
+def _tp_submesh(mesh, where: str):
+    """The tensor-parallel dimension of a device mesh: a 1-D mesh, or the dimension named ``tp``."""
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    if "tp" in names:
+        return mesh["tp"] if mesh.ndim > 1 else mesh
+    if mesh.ndim == 1:
+        return mesh
+    raise ValueError(f"{where} is a {mesh.ndim}-D device mesh {names or ''} without a 'tp' dimension; kvfuse "
+                     f"cannot tell which dimension splits the attention heads")
+
+
+def model_tensor_parallel(model: nn.Module):
+    """``(TensorParallel, process_group)`` of a model transformers sharded by tensor parallelism,
+    or None for an unsharded model.
+
+    The layout is read from the device mesh of the attention modules' DTensor parameters (what
+    the sharded projections compute with), else from ``model._device_mesh``, which
+    ``from_pretrained(..., distributed_config=DistributedConfig(tp_size=N))`` (or ``tp_plan="auto"``)
+    sets. ``process_group`` is that mesh's group: pass it to
+    :func:`kvfuse.distributed.gather_reports` to collect every rank's fusion report.
+    """
+    from ..distributed import TensorParallel
+
+    mesh, where = None, None
+    for name, module in _attention_modules(model):
+        for pname, param in module.named_parameters():
+            if hasattr(param, "device_mesh") and hasattr(param, "placements"):
+                mesh, where = param.device_mesh, f"the device mesh of {name}.{pname}"
+                break
+        if mesh is not None:
+            break
+    if mesh is None and getattr(model, "_device_mesh", None) is not None:
+        mesh, where = model._device_mesh, "model._device_mesh"
+    if mesh is None:
+        return None
+    mesh = _tp_submesh(mesh, where)
+    if mesh.size() == 1:
+        return None
+    tp = TensorParallel(tp_size=mesh.size(), rank=mesh.get_local_rank())
+    declared = getattr(model, "_tp_size", None)
+    if isinstance(declared, int) and declared > 1 and declared != tp.tp_size:
+        raise ValueError(f"{type(model).__name__}.tp_size={declared} but {where} spans {tp.tp_size} ranks")
+    return tp, mesh.get_group()
+
+
+def _tensor_parallel_config(model: nn.Module, config: KVCacheConfig, num_kv_heads: int) -> KVCacheConfig:
+    """``config`` with the model's tensor-parallel layout; refuses a layout that disagrees with it."""
+    found = model_tensor_parallel(model)
+    if found is None:
+        # Unsharded, or sharded by hand: the per-layer projection check in enable() tells.
+        return config
+    tp, _ = found
+    if num_kv_heads % tp.tp_size:
+        raise ValueError(
+            f"{type(model).__name__} is sharded over tp_size={tp.tp_size} ranks but has num_key_value_heads="
+            f"{num_kv_heads}: transformers' colwise k_proj/v_proj split their rows evenly, which cuts KV heads "
+            f"apart; kvfuse needs tp_size to divide num_key_value_heads under transformers' tensor parallelism")
+    if (config.tp_size, config.tp_rank) == (1, 0):
+        logger.info("kvfuse: model is tensor-parallel, rank %d of %d: each layer's cache holds this rank's "
+                    "%d of %d KV heads", tp.rank, tp.tp_size, num_kv_heads // tp.tp_size, num_kv_heads)
+        return dataclasses.replace(config, tp_size=tp.tp_size, tp_rank=tp.rank)
+    if (config.tp_size, config.tp_rank) != (tp.tp_size, tp.rank):
+        raise ValueError(
+            f"config has tp_size={config.tp_size}, tp_rank={config.tp_rank} but the model is sharded by "
+            f"transformers' tensor parallelism as rank {tp.rank} of {tp.tp_size}; pass KVCacheConfig(..., "
+            f"tp_size={tp.tp_size}, tp_rank={tp.rank}) or leave tp_size/tp_rank at their defaults to take the "
+            f"model's layout")
+    return config
+
+
+def _check_local_projections(module: nn.Module, layer: PagedAttention) -> None:
+    """Under tensor parallelism: this rank's k_proj/v_proj produce exactly the layer's local KV heads."""
+    for proj in ("k_proj", "v_proj"):
+        weight = getattr(getattr(module, proj, None), "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            continue
+        rows = _local_tensor(weight).shape[0]
+        want = layer.num_kv_heads * layer.head_size
+        if rows != want:
+            raise ValueError(
+                f"layer {layer.layer_name!r}: this rank's {proj} produces {rows} features but kvfuse's plan for "
+                f"tp_size={layer.config.tp_size}, tp_rank={layer.config.tp_rank} holds {layer.num_kv_heads} of "
+                f"{layer.total_num_kv_heads} KV heads x head_dim {layer.head_size} = {want}; the model and the "
+                f"KVCacheConfig disagree on the tensor-parallel layout")
+
+
 # ----------------------------------------------------------------------------- enable
 
 
@@ -599,6 +708,7 @@ def enable(model: nn.Module, config: Optional[KVCacheConfig] = None, *, block_si
                            "using %r", config.checkpoint_kv_cache_dtype, declared, config.checkpoint_kv_cache_dtype)
     num_heads = text_config.num_attention_heads
     num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
+    config = _tensor_parallel_config(model, config, num_kv_heads)
     for name, module in _attention_modules(model):
         weight = next(module.parameters(), None)
         model_dtype = weight.dtype if weight is not None else model.dtype
@@ -609,6 +719,8 @@ def enable(model: nn.Module, config: Optional[KVCacheConfig] = None, *, block_si
         )
         if weight is not None:
             layer.to(weight.device)
+        if config.tp_size > 1:
+            _check_local_projections(module, layer)
         module.kvfuse_attn = layer
     # Every layer is known now: a skip rule that matches none of them is a mistake worth saying.
     config.check_skip_rules([layer.spec for layer in kvfuse_layers(model)])
