@@ -428,7 +428,8 @@ def _launch_config(t_bucket: int, num_heads: int, width: int, mode: int, in_byte
     if mode == KVQuantMode.NVFP4 or mode == _MODE_COPY_NVFP4:  # width: the head size
         block_d = 16 * triton.next_power_of_2(width // 16)
     quantized = mode in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4)
-    per_thread = 16 if quantized else 8
+    # NVFP4 copies count head-size elements, two a byte: 16 keeps 8 data bytes a thread, one store.
+    per_thread = 16 if quantized or mode == _MODE_COPY_NVFP4 else 8
     target = (1024 if quantized else 2048) * (2 if in_bytes == 1 else 1)
     block_h = triton.next_power_of_2(num_heads)
     block_t = max(1, min(16, target // (block_h * block_d)))
