@@ -415,14 +415,14 @@ def test_gpu_cache_beyond_int32_offsets(mode, cache_dtype):
     one = torch.tensor(1.0, device="cuda")
     rows_k = ref.encode_kv(key, one, int(mode), cache_dtype)
     rows_v = ref.encode_kv(value, one, int(mode), cache_dtype)
-    writers = [lambda: tcw.encode_and_cache_write(key, value, cache, slots, one, one, int(mode))]
-    if mode is KVQuantMode.NVFP4:
-        writers.append(lambda: tcw.cache_write(rows_k, rows_v, cache, slots))
     valid = slots >= 0
     blocks, offsets = slots[valid] // block_size, slots[valid] % block_size
-    for write in writers:
-        cache.view(torch.uint8)[blocks].zero_()
-        write()
+    for writer in ("fused", "cache_write") if mode is KVQuantMode.NVFP4 else ("fused",):
+        cache.view(torch.uint8).index_fill_(0, blocks, 0)  # the previous writer's rows are gone
+        if writer == "fused":
+            tcw.encode_and_cache_write(key, value, cache, slots, one, one, int(mode))
+        else:
+            tcw.cache_write(rows_k, rows_v, cache, slots)
         _assert_same_bits(read_cache_rows(cache, blocks, offsets, 0), rows_k[valid], "K rows")
         _assert_same_bits(read_cache_rows(cache, blocks, offsets, 1), rows_v[valid], "V rows")
     del cache
