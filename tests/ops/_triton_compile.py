@@ -95,6 +95,17 @@ def _kv_write_cases() -> list[Case]:
         cases.append(Case(f"kv_write-cache_write-{row}", "kv_write",
                           dict(op="cache_write", mode="COPY", head=(128, 256, 64)[j], heads=(8, 1, 4)[j],
                                tokens=(3, 8192, 300)[j], cache_dtype=row)))
+    # NVFP4 page variants the page-16 rows above leave out: linear V scales (SWIZZLE_V off: d80,
+    # or a page of 5) and page sides aligned to 8 or 1 byte only (PAGE_ALIGN, from odd pages).
+    cases += [
+        Case("kv_write-cache_write-uint8-d80-page5", "kv_write",
+             dict(op="cache_write", mode="COPY", head=80, heads=1, tokens=77, cache_dtype="uint8", page=5)),
+        Case("kv_write-cache_write-uint8-d128-page4", "kv_write",
+             dict(op="cache_write", mode="COPY", head=128, heads=3, tokens=4096, cache_dtype="uint8", page=4)),
+        Case("kv_write-fused-NVFP4-d128-page5", "kv_write",
+             dict(op="encode_and_cache_write", mode="NVFP4", head=128, heads=1, tokens=300, in_dtype="bfloat16",
+                  cache_dtype="uint8", soft_rounding=False, page=5)),
+    ]
     return cases
 
 
@@ -156,6 +167,15 @@ def _rope_cases() -> list[Case]:
                      q_heads=(32, 8, 16, 4)[k % 4], tokens=(1, 2048, 33, 65536)[k % 4],
                      in_dtype=("bfloat16", "float16", "float32")[k % 3],
                      soft_rounding=k % 3 == 1, fp_fusion=(None, False)[k % 2])))
+    # NVFP4 pages with linear V scales and page sides aligned to 8 bytes (see _kv_write_cases).
+    cases += [
+        Case("rope-NVFP4-neox-d80", "rope",
+             dict(mode="NVFP4", head=80, neox=True, rotary=80, half_table=True, positions=False, query=True, heads=2,
+                  q_heads=8, tokens=512, in_dtype="bfloat16", soft_rounding=False, fp_fusion=None)),
+        Case("rope-NVFP4-gptj-d128-page5", "rope",
+             dict(mode="NVFP4", head=128, neox=False, rotary=64, half_table=False, positions=True, query=True, heads=1,
+                  q_heads=4, tokens=33, in_dtype="bfloat16", soft_rounding=False, fp_fusion=None, page=5)),
+    ]
     return cases
 
 
@@ -230,15 +250,16 @@ def _run_case(case: Case) -> list[Launch]:
 
     p = case.params
     meta = torch.device("meta")
-    page = 16
+    page = p.get("page", 16)
     sink: list = []
     with _recording(sink):
         if case.kernel == "kv_write":
             t, h, d = p["tokens"], p["heads"], p["head"]
             cache_dtype = _dtype(p["cache_dtype"])
             if p["op"] == "cache_write":
-                rows = torch.empty((t, 2, h, d), dtype=cache_dtype, device=meta)
-                cache = torch.empty((t // page + 2, 2, page, h, d), dtype=cache_dtype, device=meta)
+                width = row_dim_for(KVQuantMode.NVFP4, d) if cache_dtype == torch.uint8 else d
+                rows = torch.empty((t, 2, h, width), dtype=cache_dtype, device=meta)
+                cache = torch.empty((t // page + 2, 2, page, h, width), dtype=cache_dtype, device=meta)
                 slots = torch.empty((t,), dtype=torch.int64, device=meta)
                 kv_write.cache_write(rows[:, 0], rows[:, 1], cache, slots)
             else:

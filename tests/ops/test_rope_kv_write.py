@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvfuse.kv_cache import KVQuantMode, row_dim_for
+from kvfuse.kv_cache import KVQuantMode, logical_cache_rows, row_dim_for
 from kvfuse.ops import reference
 from kvfuse.ops import registry
 
@@ -28,7 +28,7 @@ def _tables(num_rows, rotary_dim, half, dtype, g, device="cpu"):
 
 
 def _case(T, hq, h, d, mode, cache_dtype, *, in_dtype=torch.bfloat16, rotary_dim=None, half=False, table=False,
-          seed=0, device="cpu", num_blocks=None):
+          seed=0, device="cpu", num_blocks=None, block=BLOCK):
     g = torch.Generator().manual_seed(seed)
     rotary_dim = rotary_dim or d
     q = (torch.randn(T, hq, d, generator=g) * 3).to(in_dtype).to(device)
@@ -36,9 +36,9 @@ def _case(T, hq, h, d, mode, cache_dtype, *, in_dtype=torch.bfloat16, rotary_dim
     kv = (torch.randn(T, 2 * h * d + 8, generator=g) * 3).to(in_dtype).to(device)
     key = kv[:, : h * d].view(T, h, d)
     value = kv[:, h * d: 2 * h * d].view(T, h, d)
-    num_blocks = num_blocks or (T + BLOCK - 1) // BLOCK + 2
-    cache = sentinel_cache((num_blocks, 2, BLOCK, h, row_dim_for(mode, d)), cache_dtype, device)
-    slots = torch.randperm(num_blocks * BLOCK, generator=g)[:T].to(device)
+    num_blocks = num_blocks or (T + block - 1) // block + 2
+    cache = sentinel_cache((num_blocks, 2, block, h, row_dim_for(mode, d)), cache_dtype, device)
+    slots = torch.randperm(num_blocks * block, generator=g)[:T].to(device)
     slots[T // 3] = -1
     if table:
         cos, sin = _tables(T + 5, rotary_dim, half, in_dtype, g, device)
@@ -129,14 +129,16 @@ def _triton_vs_reference(c, is_neox, mode, device="cpu", **kw):
     else:
         _bytes_equal(got_q.cpu(), want_q.cpu(), "query")
         assert got_q.is_contiguous()
-    # padding slots and slots nobody wrote keep the sentinel
+    # padding slots and slots nobody wrote keep the sentinel in every byte of their logical rows
+    # (an NVFP4 row's bytes are spread over its page)
     written = set(int(s) for s in c["slot_mapping"].cpu() if s >= 0)
-    flat = c["kv_cache"].view(torch.uint8).flatten(0, 0).cpu()
-    for slot in range(c["kv_cache"].shape[0] * BLOCK):
-        if slot not in written:
-            b, o = divmod(slot, BLOCK)
-            assert bool((flat[b, :, o] == SENTINEL).all()), f"slot {slot} was written"
-            break
+    rows = logical_cache_rows(c["kv_cache"]).cpu().view(torch.uint8)
+    block = rows.shape[2]
+    unwritten = [slot for slot in range(rows.shape[0] * block) if slot not in written]
+    assert unwritten, "the case leaves no slot unwritten"
+    for slot in unwritten:
+        b, o = divmod(slot, block)
+        assert bool((rows[b, :, o] == SENTINEL).all()), f"slot {slot} was written"
 
 
 @pytest.mark.parametrize("mode,cache_dtype", FORMATS, ids=FORMAT_IDS)
@@ -156,6 +158,17 @@ def test_triton_shapes(T, hq, h, d, rotary_dim, half, table, in_dtype, is_neox, 
     c = _case(T, hq, h, d, mode, cache_dtype, in_dtype=in_dtype, rotary_dim=rotary_dim, half=half, table=table,
               seed=T * d)
     _triton_vs_reference(c, is_neox, mode)
+
+
+@pytest.mark.parametrize("block", [16, 4, 5], ids=lambda b: f"page{b}")
+@pytest.mark.parametrize("d,rotary_dim,h,is_neox", [(64, 64, 2, True), (80, 40, 3, False), (128, 128, 1, True)],
+                         ids=["d64", "d80-partial", "d128"])
+def test_triton_nvfp4_pages(block, d, rotary_dim, h, is_neox):
+    """NVFP4 K (rotated) and V rows land in the page layout as the reference places them: V
+    scales interleaved at pages of 4 and 16 for d64/d128, linear otherwise."""
+    c = _case(9, 2, h, d, KVQuantMode.NVFP4, torch.uint8, rotary_dim=rotary_dim, half=block == 5, table=block == 4,
+              seed=block * d, block=block)
+    _triton_vs_reference(c, is_neox, KVQuantMode.NVFP4)
 
 
 def test_triton_533_tokens_without_query():
@@ -304,3 +317,13 @@ def test_gpu_bit_exact_without_contraction(mode, cache_dtype, is_neox, half, tab
               device="cuda", num_blocks=T // BLOCK + 8)
     _triton_vs_reference(_clone(c), is_neox, mode, device="cuda", fp_fusion=False)
     _triton_vs_reference(_clone(c), is_neox, mode, device="cuda", fp_fusion=False, soft_rounding=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [16, 5, 32])
+@pytest.mark.parametrize("d", [64, 80, 128, 256])
+def test_gpu_nvfp4_pages(block, d):
+    """NVFP4 pages of every V-scale layout at a realistic token count, bit for bit."""
+    c = _case(533, 16, 4, d, KVQuantMode.NVFP4, torch.uint8, half=True, table=True, seed=block + d, device="cuda",
+              num_blocks=533 // block + 8, block=block)
+    _triton_vs_reference(c, True, KVQuantMode.NVFP4, device="cuda", fp_fusion=False)

@@ -17,7 +17,8 @@ if not torch.cuda.is_available():  # Triton picks interpreted vs compiled when a
 
 pytest.importorskip("triton")
 
-from kvfuse.kv_cache import KVQuantMode, row_dim_for  # noqa: E402
+from kvfuse.kv_cache import (KVQuantMode, logical_cache_rows, nvfp4_row_dim, nvfp4_v_scales_swizzled,  # noqa: E402
+                             read_cache_rows, row_dim_for)
 from kvfuse.ops import registry as backends  # noqa: E402
 from kvfuse.ops import reference as ref  # noqa: E402
 from kvfuse.ops.triton import kv_write as tcw  # noqa: E402
@@ -83,24 +84,48 @@ def _scales(mode):
     return (torch.tensor(1.0, device=DEVICE), torch.tensor(1.0, device=DEVICE))
 
 
-def _check_fused(num_tokens, heads, head_size, mode, cache_dtype, in_dtype, slot_dtype, block_size=16):
+def _padded_sentinel_cache(shape, dtype, page_pad: int) -> torch.Tensor:
+    """A sentinel cache whose pages lie ``page_pad`` bytes apart beyond their own size (stride(0)
+    free, pages contiguous): the layout must come from the strides, not from ``shape``."""
+    if page_pad == 0:
+        return _sentinel_cache(shape, dtype)
+    page = shape[1] * shape[2] * shape[3] * shape[4] * dtype.itemsize
+    raw = _sentinel_cache((shape[0], page + page_pad), torch.uint8)
+    return raw[:, :page].view(dtype).view(shape[0], *shape[1:])
+
+
+def _assert_unwritten_slots_sentinel(cache, slots, what):
+    """Every byte of every logical row (K and V) of a slot outside ``slots`` still holds the sentinel."""
+    num_blocks, _, block_size = cache.shape[:3]
+    written = torch.zeros(num_blocks * block_size, dtype=torch.bool, device=cache.device)
+    written[slots.long()[slots.long() >= 0]] = True
+    rows = logical_cache_rows(cache)
+    untouched = _bits(rows).view(num_blocks, 2, block_size, -1).transpose(1, 2).reshape(
+        num_blocks * block_size, -1)[~written]
+    assert untouched.numel() > 0 or bool(written.all()), what
+    assert bool((untouched == SENTINEL).all()), f"{what}: a slot outside slot_mapping was written"
+
+
+def _check_fused(num_tokens, heads, head_size, mode, cache_dtype, in_dtype, slot_dtype, block_size=16, page_pad=0):
     key, value = _inputs(num_tokens, heads, head_size, in_dtype)
     k_scale, v_scale = _scales(mode)
     num_blocks = (2 * num_tokens + block_size - 1) // block_size + 1
     slots = _slots(num_tokens, num_blocks * block_size, slot_dtype)
     shape = (num_blocks, 2, block_size, heads, row_dim_for(mode, head_size))
-    expected = _sentinel_cache(shape, cache_dtype)
-    actual = expected.clone()
+    expected = _padded_sentinel_cache(shape, cache_dtype, page_pad)
+    actual = _padded_sentinel_cache(shape, cache_dtype, page_pad)
     ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, int(mode))
     tcw.encode_and_cache_write(key, value, actual, slots, k_scale, v_scale, int(mode))
-    _assert_same_bits(actual, expected, f"encode_and_cache_write {mode.name} {cache_dtype} T={num_tokens}")
+    what = f"encode_and_cache_write {mode.name} {cache_dtype} T={num_tokens} D={head_size} page={block_size}"
+    _assert_same_bits(actual, expected, what)
+    if page_pad:  # the gaps between pages are nobody's
+        size = actual.element_size()
+        raw = torch.empty(0, dtype=torch.uint8, device=actual.device).set_(actual.untyped_storage())
+        gaps = raw.as_strided((num_blocks, page_pad), (actual.stride(0) * size, 1),
+                              (actual.storage_offset() + actual[0].numel()) * size)
+        assert bool((gaps == SENTINEL).all()), f"{what}: bytes between pages were written"
     # The sentinel survives everywhere the slot mapping does not point (padding included).
-    written = torch.zeros(num_blocks * block_size, dtype=torch.bool, device=DEVICE)
-    valid = slots.long()[slots.long() >= 0]
-    written[valid] = True
-    untouched = _bits(actual).view(num_blocks, 2, block_size, -1).transpose(1, 2).reshape(
-        num_blocks * block_size, -1)[~written]
-    assert bool((untouched == SENTINEL).all()), "a slot outside slot_mapping was written"
+    _assert_unwritten_slots_sentinel(actual, slots, what)
     return key, value, slots, actual
 
 
@@ -137,6 +162,89 @@ def test_encode_kv_and_cache_write(mode, cache_dtype):
     ref.cache_write(expected_rows, vrows, expected, slots)
     tcw.cache_write(expected_rows, vrows, actual, slots)
     _assert_same_bits(actual, expected, f"cache_write {mode.name}")
+
+
+# ----------------------------------------------------------------------------- NVFP4 page layout
+
+
+def _page_by_formula(shape, slots, k_rows, v_rows) -> torch.Tensor:
+    """A sentinel NVFP4 cache with ``k_rows`` / ``v_rows`` placed by the page layout's formulas,
+    written out here independently of :func:`kvfuse.kv_cache.nvfp4_page_index`."""
+    num_blocks, _, T, H, F = shape
+    D = F * 16 // 9
+    half, S = D // 2, D // 16
+    swizzled = T % 4 == 0 and S % 4 == 0
+    pages = torch.full((num_blocks, 2, T * H * F), SENTINEL, dtype=torch.uint8)
+    for t_in, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        blk, t = divmod(slot, T)
+        for side, rows in ((0, k_rows), (1, v_rows)):
+            row_bytes = rows[t_in].cpu()
+            for h in range(H):
+                base = (t * H + h) * half
+                pages[blk, side, base: base + half] = row_bytes[h, :half]
+                for j in range(S):
+                    if side == 1 and swizzled:
+                        t2, s2 = 4 * (t // 4) + j // (S // 4), 4 * (j % (S // 4)) + t % 4
+                    else:
+                        t2, s2 = t, j
+                    pages[blk, side, T * H * half + (t2 * H + h) * S + s2] = row_bytes[h, half + j]
+    return pages.view(shape).to(DEVICE)
+
+
+@pytest.mark.parametrize("block_size", [16, 4, 5], ids=lambda b: f"page{b}")
+@pytest.mark.parametrize("head_size", [64, 80, 128], ids=lambda d: f"d{d}")
+def test_nvfp4_page_layout(head_size, block_size):
+    """Fused encode+write and cache_write of encoded rows put each NVFP4 row's data and block
+    scales where the page layout says (V scales interleaved for d64/d128 at pages of 4 and 16,
+    linear otherwise), leave every other slot's bytes alone and match the reference."""
+    heads = 3 if block_size == 5 else 2
+    mode = KVQuantMode.NVFP4
+    assert nvfp4_v_scales_swizzled(block_size, head_size) == (block_size % 4 == 0 and head_size % 64 == 0)
+    # Pages apart (a padded stride(0)) where the page is small: the kernels take the strides.
+    page_pad = 0 if block_size == 16 else 24
+    key, value, slots, fused = _check_fused(9, heads, head_size, mode, torch.uint8, torch.bfloat16, torch.int64,
+                                            block_size=block_size, page_pad=page_pad)
+    k_scale, v_scale = _scales(mode)
+    k_rows = ref.encode_kv(key, k_scale, int(mode), torch.uint8)
+    v_rows = ref.encode_kv(value, v_scale, int(mode), torch.uint8)
+    _assert_same_bits(fused, _page_by_formula(fused.shape, slots, k_rows, v_rows), "pages vs the layout formulas")
+    valid = slots.long() >= 0
+    blocks, offsets = slots.long()[valid] // block_size, slots.long()[valid] % block_size
+    _assert_same_bits(read_cache_rows(fused, blocks, offsets, 0), k_rows[valid], "K rows read back")
+    _assert_same_bits(read_cache_rows(fused, blocks, offsets, 1), v_rows[valid], "V rows read back")
+    copied = _padded_sentinel_cache(fused.shape, torch.uint8, page_pad)
+    tcw.cache_write(k_rows, v_rows, copied, slots.to(torch.int32))
+    _assert_same_bits(copied, fused, "cache_write of encoded rows vs the fused write")
+    _assert_unwritten_slots_sentinel(copied, slots, "cache_write")
+
+
+def test_nvfp4_rows_stay_rows_in_encode_kv():
+    """encode_kv's dense output keeps the per-row [data | scales] format at any head count."""
+    key, _ = _inputs(6, 5, 128, torch.float16)
+    scale = torch.tensor(0.25, device=DEVICE)
+    rows = tcw.encode_kv(key[:, 1:4], scale, int(KVQuantMode.NVFP4), torch.uint8)
+    assert rows.shape == (6, 3, nvfp4_row_dim(128))
+    _assert_same_bits(rows, ref.encode_kv(key[:, 1:4], scale, int(KVQuantMode.NVFP4), torch.uint8), "rows")
+
+
+def test_nvfp4_cache_not_page_contiguous_is_refused():
+    """A cache whose pages are not one contiguous run cannot hold the page layout: refused,
+    naming its strides, and left untouched."""
+    num_blocks, block_size, heads, head_size = 3, 4, 2, 64
+    row = nvfp4_row_dim(head_size)
+    cache = _sentinel_cache((num_blocks, block_size, 2, heads, row), torch.uint8).transpose(1, 2)
+    before = cache.clone()
+    key, value = _inputs(3, heads, head_size, torch.bfloat16)
+    one = torch.tensor(1.0, device=DEVICE)
+    slots = torch.tensor([0, 5, 9], device=DEVICE)
+    with pytest.raises(ValueError, match=r"NVFP4 caches need contiguous pages; its strides \(.*\) are not contiguous"):
+        tcw.encode_and_cache_write(key, value, cache, slots, one, one, int(KVQuantMode.NVFP4))
+    rows = ref.encode_kv(key, one, int(KVQuantMode.NVFP4), torch.uint8)
+    with pytest.raises(ValueError, match=r"kv_cache \(3, 2, 4, 2, 36\): NVFP4 caches need contiguous pages"):
+        tcw.cache_write(rows, rows, cache, slots)
+    assert torch.equal(cache, before)
 
 
 def test_fp8_rounding_edges():
@@ -293,25 +401,50 @@ def test_gpu_scales_across_range():
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_cache_beyond_int32_offsets():
-    """Slots whose byte offset exceeds 2**31 land where the reference puts them."""
+@pytest.mark.parametrize("mode,cache_dtype", [FORMATS[3], FORMATS[5]], ids=["e4m3", "nvfp4"])
+def test_gpu_cache_beyond_int32_offsets(mode, cache_dtype):
+    """Slots whose byte offset exceeds 2**31 land where the reference puts them (fused and, for
+    NVFP4, cache_write of encoded rows)."""
     heads, head_size, block_size = 8, 128, 16
-    num_blocks = (2**31) // (2 * block_size * heads * head_size) + 64  # > 2**31 bytes of FP8
-    cache = torch.zeros(num_blocks, 2, block_size, heads, head_size, dtype=torch.float8_e4m3fn, device="cuda")
+    row = row_dim_for(mode, head_size)
+    num_blocks = (2**31) // (2 * block_size * heads * row) + 64  # > 2**31 bytes
+    cache = torch.zeros(num_blocks, 2, block_size, heads, row, dtype=cache_dtype, device="cuda")
     last = num_blocks * block_size
     slots = torch.tensor([last - 1, 3, last - 40, -1, last - 17 * 16], device="cuda", dtype=torch.int64)
     key, value = _inputs(5, heads, head_size, torch.bfloat16)
     one = torch.tensor(1.0, device="cuda")
-    tcw.encode_and_cache_write(key, value, cache, slots, one, one, int(KVQuantMode.FP8_E4M3))
-    rows_k = ref.encode_kv(key, one, 1, torch.float8_e4m3fn)
-    rows_v = ref.encode_kv(value, one, 1, torch.float8_e4m3fn)
-    for t, s in enumerate(slots.tolist()):
-        if s < 0:
-            continue
-        _assert_same_bits(cache[s // block_size, 0, s % block_size], rows_k[t], f"K slot {s}")
-        _assert_same_bits(cache[s // block_size, 1, s % block_size], rows_v[t], f"V slot {s}")
+    rows_k = ref.encode_kv(key, one, int(mode), cache_dtype)
+    rows_v = ref.encode_kv(value, one, int(mode), cache_dtype)
+    valid = slots >= 0
+    blocks, offsets = slots[valid] // block_size, slots[valid] % block_size
+    for writer in ("fused", "cache_write") if mode is KVQuantMode.NVFP4 else ("fused",):
+        cache.view(torch.uint8).index_fill_(0, blocks, 0)  # the previous writer's rows are gone
+        if writer == "fused":
+            tcw.encode_and_cache_write(key, value, cache, slots, one, one, int(mode))
+        else:
+            tcw.cache_write(rows_k, rows_v, cache, slots)
+        _assert_same_bits(read_cache_rows(cache, blocks, offsets, 0), rows_k[valid], "K rows")
+        _assert_same_bits(read_cache_rows(cache, blocks, offsets, 1), rows_v[valid], "V rows")
     del cache
     torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("block_size,page_pad", [(16, 0), (32, 8), (5, 0), (4, 40)])
+@pytest.mark.parametrize("head_size", [64, 80, 128, 256])
+def test_gpu_nvfp4_pages(block_size, page_pad, head_size):
+    """NVFP4 pages at realistic token counts, pages apart (alignments 16 and 8), odd pages."""
+    for heads in (8, 3):
+        key, value, slots, fused = _check_fused(533, heads, head_size, KVQuantMode.NVFP4, torch.uint8,
+                                                torch.bfloat16, torch.int32, block_size=block_size,
+                                                page_pad=page_pad)
+        k_scale, v_scale = _scales(KVQuantMode.NVFP4)
+        k_rows = ref.encode_kv(key, k_scale, int(KVQuantMode.NVFP4), torch.uint8)
+        v_rows = ref.encode_kv(value, v_scale, int(KVQuantMode.NVFP4), torch.uint8)
+        copied = _padded_sentinel_cache(fused.shape, torch.uint8, page_pad)
+        tcw.cache_write(k_rows, v_rows, copied, slots)
+        _assert_same_bits(copied, fused, f"cache_write vs fused, d{head_size} page{block_size} heads={heads}")
 
 
 @pytest.mark.gpu

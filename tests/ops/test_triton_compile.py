@@ -121,7 +121,12 @@ def test_matrix_covers_every_branch(report):
                            f"{sorted(map(str, seen))})")
 
     kw = _launches(report, "kv_write")
-    expect("kv_write", "MODE", modes | {max(modes) + 1}, _seen(kw, "MODE"))  # + COPY
+    expect("kv_write", "MODE", modes | {max(modes) + 1, max(modes) + 2}, _seen(kw, "MODE"))  # + COPY, COPY_NVFP4
+    for mode in (nvfp4, max(modes) + 2):  # NVFP4 pages: both V-scale layouts, side alignments 16 / 8 / 1
+        paged = lambda c, m=mode: c["MODE"] == m and c["HAS_SLOTS"]  # noqa: E731
+        expect("kv_write", f"SWIZZLE_V[MODE={mode}]", both, _seen(kw, "SWIZZLE_V", paged))
+    expect("kv_write", "PAGE_ALIGN[nvfp4 pages]", {16, 8, 1},
+           _seen(kw, "PAGE_ALIGN", lambda c: c["MODE"] in (nvfp4, max(modes) + 2) and c["HAS_SLOTS"]))
     expect("kv_write", "D", heads, _seen(kw, "D"))
     for name in ("HAS_SLOTS", "PAIR", "SOFT_ROUNDING"):
         expect("kv_write", name, both, _seen(kw, name))
@@ -150,6 +155,8 @@ def test_matrix_covers_every_branch(report):
 
     rp = _launches(report, "rope")
     expect("rope", "MODE", modes, _seen(rp, "MODE"))
+    expect("rope", "SWIZZLE_V[nvfp4]", both, _seen(rp, "SWIZZLE_V", lambda c: c["MODE"] == nvfp4))
+    expect("rope", "PAGE_ALIGN[nvfp4]", {16, 8}, _seen(rp, "PAGE_ALIGN", lambda c: c["MODE"] == nvfp4))
     for name in ("NEOX", "HALF_TABLE", "HAS_POS", "SOFT_ROUNDING"):
         expect("rope", name, both, _seen(rp, name))
     expect("rope", "D", heads, _seen(rp, "D"))

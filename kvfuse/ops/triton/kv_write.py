@@ -5,6 +5,12 @@ One kernel family, :func:`_encode_and_cache_write_kernel`, does all three: the c
 ``HAS_SLOTS`` says whether rows go to ``slot_mapping`` pages or to a dense ``[T, H, row_dim]`` output.
 The numerics are exactly those of :mod:`kvfuse.ops.reference` (bit for bit on the GPU).
 
+NVFP4 rows keep their per-row ``[D/2 data | D/16 scales]`` format in dense outputs (``encode_kv``)
+and are split over the page's data and scale regions in caches (the layout of
+:func:`kvfuse.kv_cache.nvfp4_page_index`, V scales 4-token interleaved where
+:func:`kvfuse.kv_cache.nvfp4_v_scales_swizzled`); ``cache_write`` of encoded NVFP4 rows is the
+``COPY_NVFP4`` mode, which moves bytes and splits them the same way.
+
 Launchers (the protocols of :mod:`kvfuse.ops.registry`)::
 
     encode_kv(x, scale, kv_quant_mode, cache_dtype) -> rows
@@ -34,18 +40,22 @@ import triton
 import triton.language as tl
 
 from ... import envs
-from ...kv_cache import KVQuantMode, nvfp4_row_dim
+from ...kv_cache import (KVQuantMode, check_page_contiguous, mode_of_storage_dtype, nvfp4_head_size, nvfp4_row_dim,
+                         nvfp4_v_scales_swizzled)
 
 __all__ = ["encode_kv", "cache_write", "encode_and_cache_write"]
 
 # MODE constexpr values: the KVQuantMode values, plus COPY (one past them) for rows that are
-# already encoded.
+# already encoded and COPY_NVFP4 for encoded NVFP4 rows, whose bytes a cache page splits over
+# two regions (a plain copy cannot place them).
 _NONE = tl.constexpr(int(KVQuantMode.NONE))
 _FP8_E4M3 = tl.constexpr(int(KVQuantMode.FP8_E4M3))
 _FP8_E5M2 = tl.constexpr(int(KVQuantMode.FP8_E5M2))
 _NVFP4 = tl.constexpr(int(KVQuantMode.NVFP4))
 _MODE_COPY = max(KVQuantMode) + 1
 _COPY = tl.constexpr(_MODE_COPY)
+_MODE_COPY_NVFP4 = _MODE_COPY + 1
+_COPY_NVFP4 = tl.constexpr(_MODE_COPY_NVFP4)
 
 
 def _soft_rounding(requested: Optional[bool]) -> bool:
@@ -98,7 +108,7 @@ def _encode_rows(
     dst_ptr,
     scale_ptr,
     src_tok,  # [BLOCK_T] int64 element offset of each token's row in src
-    dst_tok,  # [BLOCK_T] int64 element offset of each token's row in dst
+    dst_tok,  # [BLOCK_T] int64 element offset of each token's row in dst (NVFP4 pages: of its page side)
     tok_ok,  # [BLOCK_T] bool: write this token
     h0,
     H: tl.constexpr,
@@ -109,6 +119,10 @@ def _encode_rows(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SOFT_ROUNDING: tl.constexpr,
+    dst_off,  # [BLOCK_T] int64 in-page token offset (read for NVFP4 pages only)
+    PAGED: tl.constexpr,  # NVFP4 rows go to cache pages (else to dense rows)
+    PAGE: tl.constexpr,
+    SWIZZLE: tl.constexpr,  # NVFP4 pages: this side's scales are 4-token interleaved (V)
 ):
     """Encode ``[BLOCK_T, BLOCK_H, D]`` of one tensor and store the rows; see the kernel docstring."""
     offs_h = h0 + tl.arange(0, BLOCK_H)
@@ -125,7 +139,21 @@ def _encode_rows(
             + offs_i[None, None, None, :]
         )
         x = tl.load(src_ptr + src, mask=row_ok[:, :, :, None]).to(tl.float32)
-        _store_nvfp4(x, dst_ptr, scale_ptr, dst_tok, offs_h, row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D)
+        _store_nvfp4(x, dst_ptr, scale_ptr, dst_tok, offs_h, row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D,
+                     dst_off, H, PAGED, PAGE, SWIZZLE)
+    elif MODE == _COPY_NVFP4:
+        # Encoded rows [D/2 data | D/16 scales], read as the same (block, byte) tiles the encoder
+        # stores, so that both share _put_nvfp4's addressing.
+        BLOCK_NB: tl.constexpr = BLOCK_D // 16
+        offs_b = tl.arange(0, BLOCK_NB)
+        row_ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_b < D // 16)[None, None, :]
+        src_row = src_tok[:, None, None] + (offs_h * SRC_STRIDE_H)[None, :, None]
+        offs_j = tl.arange(0, 8)
+        packed = tl.load(src_ptr + src_row[:, :, :, None] + (offs_b * 8)[None, None, :, None]
+                         + offs_j[None, None, None, :], mask=row_ok[:, :, :, None])
+        s_code = tl.load(src_ptr + src_row + D // 2 + offs_b[None, None, :], mask=row_ok)
+        _put_nvfp4(packed, s_code, dst_ptr, dst_tok, dst_off, offs_h, row_ok, DST_STRIDE_H, H, D, BLOCK_NB,
+                   PAGED, PAGE, SWIZZLE)
     else:
         offs_d = tl.arange(0, BLOCK_D)
         ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_d < D)[None, None, :]
@@ -140,17 +168,21 @@ def _store_nvfp4(
     x,  # [BLOCK_T, BLOCK_H, BLOCK_D // 16, 16] float32 values of the rows
     dst_ptr,
     scale_ptr,
-    dst_tok,  # [BLOCK_T] int64 element offset of each token's row in dst
+    dst_tok,  # [BLOCK_T] int64 element offset of each token's row in dst (PAGED: of its page side)
     offs_h,  # [BLOCK_H] head indices
     row_ok,  # [BLOCK_T, BLOCK_H, BLOCK_D // 16] write this 16-block
     DST_STRIDE_H: tl.constexpr,
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    dst_off,  # [BLOCK_T] int64 in-page token offset (PAGED only)
+    H: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE: tl.constexpr,
+    SWIZZLE: tl.constexpr,
 ):
-    """NVFP4-encode ``x`` (block scales + packed E2M1) into rows at ``dst_tok``; see the kernel docstring."""
+    """NVFP4-encode ``x`` (block scales + packed E2M1) and store it (:func:`_put_nvfp4`); see the kernel docstring."""
     BLOCK_NB: tl.constexpr = BLOCK_D // 16
-    offs_b = tl.arange(0, BLOCK_NB)
     # NaN encodes as +0 and is ignored by amax: zero it once, here, so that nothing below
     # needs a per-element NaN test (those selects are what this ALU-bound path pays for).
     x = tl.where(x == x, x, 0.0)
@@ -179,16 +211,73 @@ def _store_nvfp4(
     pairs = tl.reshape(code, (code.shape[0], BLOCK_H, BLOCK_NB, 8, 2))
     lo, hi = tl.split(pairs)
     packed = (lo | (hi << 4)) & keep[:, :, :, None]
+    _put_nvfp4(packed, s_code, dst_ptr, dst_tok, dst_off, offs_h, row_ok, DST_STRIDE_H, H, D, BLOCK_NB,
+               PAGED, PAGE, SWIZZLE)
+
+
+@triton.jit
+def _put_nvfp4(
+    packed,  # [BLOCK_T, BLOCK_H, BLOCK_NB, 8] uint8: byte k of 16-block b's packed codes
+    s_code,  # [BLOCK_T, BLOCK_H, BLOCK_NB] uint8: e4m3 scale of block b
+    dst_ptr,
+    dst_tok,  # [BLOCK_T] int64: row offset (dense), or offset of the token's page side (PAGED)
+    dst_off,  # [BLOCK_T] int64: in-page token offset t (PAGED only)
+    offs_h,  # [BLOCK_H] head indices
+    row_ok,  # [BLOCK_T, BLOCK_H, BLOCK_NB] write this 16-block
+    DST_STRIDE_H: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE: tl.constexpr,
+    SWIZZLE: tl.constexpr,
+):
+    """Store NVFP4 rows: dense ``[D/2 data | D/16 scales]`` rows, or split over a page side
+    (:func:`kvfuse.kv_cache.nvfp4_page_index`, ``T = PAGE``, ``S = D/16``)::
+
+        data  (t, h, i) at side + (t*H + h) * D/2 + i
+        scale (t, h, j) at side + T*H*D/2 + (t*H + h) * S + j                       (K, SWIZZLE off)
+                        at side + T*H*D/2 + (4*(t//4) + j//(S/4))*H*S + h*S + 4*(j % (S/4)) + t%4   (V)
+    """
+    offs_b = tl.arange(0, BLOCK_NB)
     offs_j = tl.arange(0, 8)
-    dst_row = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None]
+    S: tl.constexpr = D // 16
+    if PAGED:
+        # Token, head and block terms kept apart (each a constexpr multiple) so that the data
+        # bytes of a block stay provably 8-aligned and contiguous: one 8-byte store.
+        data_row = (dst_tok + dst_off * (H * (D // 2)))[:, None, None] + (offs_h * (D // 2))[None, :, None]
+        scale_region = dst_tok + PAGE * H * (D // 2)
+        if SWIZZLE:
+            G: tl.constexpr = S // 4
+            scale_tok = scale_region + (dst_off // 4) * (4 * H * S) + dst_off % 4
+            scale_b = (offs_b // G) * (H * S) + (offs_b % G) * 4
+        else:
+            scale_tok = scale_region + dst_off * (H * S)
+            scale_b = offs_b
+        scale = scale_tok[:, None, None] + (offs_h * S)[None, :, None] + scale_b[None, None, :]
+    else:
+        data_row = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None]
+        scale = data_row + D // 2 + offs_b[None, None, :]
     # NVFP4 rows are uint8 (caches and encode_kv outputs alike): no pointer cast, which
     # would hide the pointer's alignment and split the stores into bytes.
     tl.store(
-        dst_ptr + dst_row[:, :, :, None] + (offs_b * 8)[None, None, :, None] + offs_j[None, None, None, :],
+        dst_ptr + data_row[:, :, :, None] + (offs_b * 8)[None, None, :, None] + offs_j[None, None, None, :],
         packed,
         mask=row_ok[:, :, :, None],
     )
-    tl.store(dst_ptr + dst_row + D // 2 + offs_b[None, None, :], s_code, mask=row_ok)
+    tl.store(dst_ptr + scale, s_code, mask=row_ok)
+
+
+@triton.jit
+def _nvfp4_side_bases(blk, k_stride_blk, v_stride_blk, value_off, ALIGN: tl.constexpr):
+    """Offsets of blocks ``blk``'s K and V page sides, with the alignment the host proved
+    (Triton itself only learns 16-divisibility of integer arguments)."""
+    k_side = blk * k_stride_blk
+    v_side = blk * v_stride_blk + value_off
+    if ALIGN > 1:
+        k_side = tl.multiple_of(k_side, ALIGN)
+        v_side = tl.multiple_of(v_side, ALIGN)
+    return k_side, v_side
 
 
 @triton.jit
@@ -263,6 +352,8 @@ def _encode_and_cache_write_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SOFT_ROUNDING: tl.constexpr,
+    SWIZZLE_V: tl.constexpr,
+    PAGE_ALIGN: tl.constexpr,
 ):
     """Encode K and V rows and store them at their cache slots.
 
@@ -278,7 +369,13 @@ def _encode_and_cache_write_kernel(
       ``s = e4m3_rne(min(amax / (gs * 6), 448))``, ``q_i = x_i / (s * gs)`` (0 if that is 0),
       E2M1 code of ``q_i`` (RNE, saturating at 6, sign in bit 3, NaN -> +0); the row is
       ``[D/2 bytes, code 2k in the low nibble of byte k | D/16 e4m3 scales]``;
-    - COPY: rows already in the cache format, stored as they are.
+    - COPY: rows already in the cache format, stored as they are;
+    - COPY_NVFP4: encoded NVFP4 rows (``D`` is the head size), their bytes stored as NVFP4 pages
+      hold them.
+
+    NVFP4 into a cache (NVFP4, COPY_NVFP4 with ``HAS_SLOTS``): the row's data and scale bytes go
+    to its page side's two regions (:func:`_put_nvfp4`); V scales 4-token interleaved when
+    ``SWIZZLE_V``; ``PAGE_ALIGN`` divides the page sides' offsets (the cache strides 0 and 1).
 
     K and V share a program (rather than a grid axis and a runtime branch) because offsets that
     flow out of a branch lose Triton's alignment facts, and the stores stop being 16-byte wide.
@@ -292,17 +389,27 @@ def _encode_and_cache_write_kernel(
         tok_ok = slot >= 0
         blk = slot // PAGE
         off = slot % PAGE
-        k_dst = blk * kc_stride_blk + off * kc_stride_off
-        v_dst = blk * vc_stride_blk + off * vc_stride_off
+        if MODE == _NVFP4 or MODE == _COPY_NVFP4:
+            # The side offsets, not fused row offsets: a page splits each row over two regions.
+            # V's offset includes stride(1) (not the pointer) so that its alignment is known.
+            k_dst, v_dst = _nvfp4_side_bases(blk, kc_stride_blk, vc_stride_blk, value_cache_off, PAGE_ALIGN)
+            v_cache_ptr = value_cache_ptr
+        else:
+            k_dst = blk * kc_stride_blk + off * kc_stride_off
+            v_dst = blk * vc_stride_blk + off * vc_stride_off
+            v_cache_ptr = value_cache_ptr + value_cache_off
     else:
         tok_ok = in_range
+        off = tok64
         k_dst = tok64 * kc_stride_off
         v_dst = tok64 * vc_stride_off
+        v_cache_ptr = value_cache_ptr + value_cache_off
     _encode_rows(key_ptr, key_cache_ptr, k_scale_ptr, tok64 * key_stride_t, k_dst, tok_ok, h0,
-                 H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING)
+                 H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, HAS_SLOTS, PAGE, False)
     if PAIR:
-        _encode_rows(value_ptr, value_cache_ptr + value_cache_off, v_scale_ptr, tok64 * value_stride_t, v_dst,
-                     tok_ok, h0, H, V_STRIDE_H, VC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING)
+        _encode_rows(value_ptr, v_cache_ptr, v_scale_ptr, tok64 * value_stride_t, v_dst,
+                     tok_ok, h0, H, V_STRIDE_H, VC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off,
+                     HAS_SLOTS, PAGE, SWIZZLE_V)
 
 
 # ----------------------------------------------------------------------------- launch configuration
@@ -318,10 +425,11 @@ def _launch_config(t_bucket: int, num_heads: int, width: int, mode: int, in_byte
     Small token counts shrink the tile (tokens first, then heads) so the grid covers every SM.
     """
     block_d = triton.next_power_of_2(width)
-    if mode == KVQuantMode.NVFP4:
+    if mode == KVQuantMode.NVFP4 or mode == _MODE_COPY_NVFP4:  # width: the head size
         block_d = 16 * triton.next_power_of_2(width // 16)
     quantized = mode in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4)
-    per_thread = 16 if quantized else 8
+    # NVFP4 copies count head-size elements, two a byte: 16 keeps 8 data bytes a thread, one store.
+    per_thread = 16 if quantized or mode == _MODE_COPY_NVFP4 else 8
     target = (1024 if quantized else 2048) * (2 if in_bytes == 1 else 1)
     block_h = triton.next_power_of_2(num_heads)
     block_t = max(1, min(16, target // (block_h * block_d)))
@@ -335,9 +443,29 @@ def _launch_config(t_bucket: int, num_heads: int, width: int, mode: int, in_byte
     return block_t, block_h, block_d, num_warps
 
 
+def _pow2_divisor(n: int, limit: int = 16) -> int:
+    """The largest power of two <= ``limit`` that divides ``n`` (``limit`` for 0)."""
+    n = abs(int(n))
+    return limit if n == 0 else min(limit, n & -n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _nvfp4_page_layout(shape: tuple, strides: tuple) -> tuple[int, bool, int]:
+    """``(head_size, SWIZZLE_V, PAGE_ALIGN)`` of an NVFP4 cache ``(blocks, 2, T, H, row_dim)``;
+    ValueError for a cache whose pages are not contiguous (the page layout addresses bytes)."""
+    _, _, block_size, _, row_dim = shape
+    head_size = nvfp4_head_size(row_dim)
+    problem = check_page_contiguous(torch.empty_strided(shape, strides, device="meta"))
+    if problem is not None:
+        raise ValueError(f"kv_cache {shape}: NVFP4 caches need contiguous pages; {problem}")
+    # Side offsets are sums of multiples of strides 0 and 1 (bytes: the cache is uint8).
+    align = min(_pow2_divisor(strides[0]), _pow2_divisor(strides[1]))
+    return head_size, nvfp4_v_scales_swizzled(block_size, head_size), align
+
+
 def _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
             width, mode, has_slots, kc_strides, vc_strides, num_kv, value_cache_off=0, soft_rounding=None,
-            launch_config=None):
+            launch_config=None, swizzle_v=False, page_align=1):
     block_t, block_h, block_d, num_warps = launch_config or _launch_config(
         int(num_tokens).bit_length(), num_heads, width, mode, key.element_size()
     )
@@ -352,7 +480,7 @@ def _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, 
         PAGE=key_cache.shape[-3] if has_slots else 1,
         MODE=mode, HAS_SLOTS=has_slots, PAIR=num_kv == 2,
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
-        num_warps=num_warps,
+        SWIZZLE_V=swizzle_v, PAGE_ALIGN=page_align, num_warps=num_warps,
     )
 
 
@@ -384,8 +512,14 @@ def cache_write(key_rows: torch.Tensor, value_rows: torch.Tensor, kv_cache: torc
         return
     s = kv_cache.stride()
     strides = (s[0], s[2], s[3])
-    # Rows are moved as raw bytes (e.g. NVFP4 uint8, fp8) in their own dtype. V lives one
-    # stride(1) past K in the same tensor: an offset, not a sliced view (saves host time).
+    if mode_of_storage_dtype(kv_cache.dtype) is KVQuantMode.NVFP4:
+        head_size, swizzle_v, align = _nvfp4_page_layout(tuple(kv_cache.shape), s)
+        _launch(key_rows, value_rows, kv_cache, kv_cache, slot_mapping, slot_mapping, slot_mapping,
+                num_tokens, num_heads, head_size, _MODE_COPY_NVFP4, True, strides, strides, 2, s[1],
+                launch_config=launch_config, swizzle_v=swizzle_v, page_align=align)
+        return
+    # Rows are moved as raw bytes (e.g. fp8) in their own dtype. V lives one stride(1) past K in
+    # the same tensor: an offset, not a sliced view (saves host time).
     _launch(key_rows, value_rows, kv_cache, kv_cache, slot_mapping, slot_mapping, slot_mapping,
             num_tokens, num_heads, row_dim, _MODE_COPY, True, strides, strides, 2, s[1],
             launch_config=launch_config)
@@ -401,6 +535,10 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
         return
     s = kv_cache.stride()
     strides = (s[0], s[2], s[3])
+    mode = int(kv_quant_mode)
+    swizzle_v, align = False, 1
+    if mode == KVQuantMode.NVFP4:
+        _, swizzle_v, align = _nvfp4_page_layout(tuple(kv_cache.shape), s)
     _launch(key, value, kv_cache, kv_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
-            head_size, int(kv_quant_mode), True, strides, strides, 2, s[1], soft_rounding=soft_rounding,
-            launch_config=launch_config)
+            head_size, mode, True, strides, strides, 2, s[1], soft_rounding=soft_rounding,
+            launch_config=launch_config, swizzle_v=swizzle_v, page_align=align)

@@ -15,7 +15,8 @@ One launch does it all: grid ``(token blocks, KV head blocks + query head blocks
 program rotates its K rows in registers (the partner feature is a second, cached load of the
 same row), rounds them to the key dtype as the unfused graph stores them, encodes them with the
 cache format's own code (:func:`.kv_write._store_dense` / :func:`.kv_write._store_nvfp4`, the
-same device functions as ``encode_and_cache_write``) and stores K and V at their slots. A query
+same device functions as ``encode_and_cache_write``) and stores K and V at their slots (NVFP4:
+split over the page's data and scale regions, as ``encode_and_cache_write`` stores them). A query
 program rotates its query rows into the returned tensor. Against ``rotate, then write`` this
 saves K's write and re-read and, for the query, one launch; against the write alone it adds
 the query's read and write (which the model does anyway) and the cos/sin rows.
@@ -35,7 +36,8 @@ import triton
 import triton.language as tl
 
 from ...kv_cache import KVQuantMode
-from .kv_write import _NVFP4, _encode_rows, _launch_config, _soft_rounding, _store_dense, _store_nvfp4
+from .kv_write import (_NVFP4, _encode_rows, _launch_config, _nvfp4_page_layout, _nvfp4_side_bases, _soft_rounding,
+                       _store_dense, _store_nvfp4)
 
 __all__ = ["rope_encode_and_cache_write"]
 
@@ -89,8 +91,10 @@ def _round_to(y, DTYPE: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
 def _rope_encode_rows(src_ptr, dst_ptr, scale_ptr, cos_ptr, sin_ptr, src_tok, dst_tok, cos_tok, sin_tok, tok_ok, h0,
                       H: tl.constexpr, SRC_STRIDE_H: tl.constexpr, DST_STRIDE_H: tl.constexpr, D: tl.constexpr,
                       R: tl.constexpr, NEOX: tl.constexpr, HALF_TABLE: tl.constexpr, MODE: tl.constexpr,
-                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
-    """Rotate ``[BLOCK_T, BLOCK_H, D]`` of K, round to K's dtype, encode and store the rows."""
+                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SOFT_ROUNDING: tl.constexpr, dst_off,
+                      PAGE: tl.constexpr):
+    """Rotate ``[BLOCK_T, BLOCK_H, D]`` of K, round to K's dtype, encode and store the rows (NVFP4:
+    ``dst_tok`` is the page side's offset, ``dst_off`` the in-page token; K scales are linear)."""
     offs_h = h0 + tl.arange(0, BLOCK_H)
     h_ok = offs_h < H
     if MODE == _NVFP4:
@@ -102,7 +106,8 @@ def _rope_encode_rows(src_ptr, dst_ptr, scale_ptr, cos_ptr, sin_ptr, src_tok, ds
         y = _rope_values(src_ptr, row, e, row_ok[:, :, :, None], cos_ptr, sin_ptr, cos_tok[:, None, None, None],
                          sin_tok[:, None, None, None], R, NEOX, HALF_TABLE)
         y = _round_to(y, src_ptr.dtype.element_ty, SOFT_ROUNDING)
-        _store_nvfp4(y, dst_ptr, scale_ptr, dst_tok, offs_h, row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D)
+        _store_nvfp4(y, dst_ptr, scale_ptr, dst_tok, offs_h, row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D,
+                     dst_off, H, True, PAGE, False)
     else:
         e = tl.arange(0, BLOCK_D)[None, None, :]
         ok = tok_ok[:, None, None] & h_ok[None, :, None] & (e < D)
@@ -154,6 +159,8 @@ def _rope_encode_and_cache_write_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SOFT_ROUNDING: tl.constexpr,
+    SWIZZLE_V: tl.constexpr,
+    PAGE_ALIGN: tl.constexpr,
 ):
     """See the module docstring. Program ``(i, j)``: tokens ``i*BLOCK_T ..``; ``j < KV_PROGRAMS``:
     KV heads ``j*BLOCK_H ..`` (rotate + encode + store K, encode + store V), else query heads
@@ -172,12 +179,22 @@ def _rope_encode_and_cache_write_kernel(
         h0 = pid_h * BLOCK_H
         slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
         tok_ok = slot >= 0
-        dst = (slot // PAGE) * c_stride_blk + (slot % PAGE) * c_stride_off
-        _rope_encode_rows(key_ptr, cache_ptr, k_scale_ptr, cos_ptr, sin_ptr, tok64 * key_stride_t, dst, cos_tok,
+        blk = slot // PAGE
+        off = slot % PAGE
+        if MODE == _NVFP4:
+            # NVFP4 pages split each row over the side's data and scale regions: side offsets
+            # (V's including stride(1), so that its alignment is known) and the in-page token.
+            k_dst, v_dst = _nvfp4_side_bases(blk, c_stride_blk, c_stride_blk, value_cache_off, PAGE_ALIGN)
+            v_cache_ptr = cache_ptr
+        else:
+            k_dst = blk * c_stride_blk + off * c_stride_off
+            v_dst = k_dst
+            v_cache_ptr = cache_ptr + value_cache_off
+        _rope_encode_rows(key_ptr, cache_ptr, k_scale_ptr, cos_ptr, sin_ptr, tok64 * key_stride_t, k_dst, cos_tok,
                           sin_tok, tok_ok, h0, H, K_STRIDE_H, C_STRIDE_H, D, R, NEOX, HALF_TABLE, MODE, BLOCK_H,
-                          BLOCK_D, SOFT_ROUNDING)
-        _encode_rows(value_ptr, cache_ptr + value_cache_off, v_scale_ptr, tok64 * value_stride_t, dst, tok_ok, h0,
-                     H, V_STRIDE_H, C_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING)
+                          BLOCK_D, SOFT_ROUNDING, off, PAGE)
+        _encode_rows(value_ptr, v_cache_ptr, v_scale_ptr, tok64 * value_stride_t, v_dst, tok_ok, h0,
+                     H, V_STRIDE_H, C_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, True, PAGE, SWIZZLE_V)
     else:
         # Names apart from the branch above: a compiled Triton `if` needs a name bound in both
         # branches to have one type (the interpreter does not check).
@@ -213,6 +230,9 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
     q_heads = query.shape[1] if query is not None else 0
     grid = (triton.cdiv(num_tokens, block_t), kv_programs + triton.cdiv(q_heads, block_h))
     s = kv_cache.stride()
+    swizzle_v, align = False, 1
+    if mode == KVQuantMode.NVFP4:
+        _, swizzle_v, align = _nvfp4_page_layout(tuple(kv_cache.shape), s)
     q = query if query is not None else key
     extra = {} if fp_fusion is None else {"enable_fp_fusion": bool(fp_fusion)}
     _rope_encode_and_cache_write_kernel[grid](
@@ -223,6 +243,6 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
         V_STRIDE_H=value.stride(1), C_STRIDE_H=s[3], PAGE=kv_cache.shape[2], R=int(rotary_dim), NEOX=bool(is_neox),
         HALF_TABLE=cos.shape[1] != rotary_dim, HAS_POS=positions is not None, KV_PROGRAMS=kv_programs, MODE=mode,
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
-        num_warps=num_warps, **extra,
+        SWIZZLE_V=swizzle_v, PAGE_ALIGN=align, num_warps=num_warps, **extra,
     )
     return q_out
