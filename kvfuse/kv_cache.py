@@ -67,10 +67,17 @@ _DTYPE_NAMES: dict[str, tuple[KVQuantMode, Optional[torch.dtype]]] = {
     "float": (KVQuantMode.NONE, torch.float32),
     "fp8": (KVQuantMode.FP8_E4M3, None),
     "fp8_e4m3": (KVQuantMode.FP8_E4M3, None),
+    # vLLM's name for the e4m3 cache of Intel Neural Compressor checkpoints: the same storage.
+    "fp8_inc": (KVQuantMode.FP8_E4M3, None),
     "fp8_e5m2": (KVQuantMode.FP8_E5M2, None),
     "nvfp4": (KVQuantMode.NVFP4, None),
 }
 VALID_KV_CACHE_DTYPES: tuple[str, ...] = tuple(_DTYPE_NAMES)
+# Names vLLM accepts for formats kvfuse will have but does not have yet: refused with a message
+# that says so, rather than as an unknown name.
+_PLANNED_DTYPE_NAMES: dict[str, str] = {
+    "fp8_per_token_head": "FP8 with dynamic per-token-head scales",
+}
 
 _QUANTIZED_STORAGE: dict[KVQuantMode, torch.dtype] = {
     KVQuantMode.FP8_E4M3: torch.float8_e4m3fn,
@@ -97,6 +104,12 @@ def _parse_dtype_name(name: object, argument: str = "kv_cache_dtype") -> tuple[K
         key = name.strip().lower()
         if key in _DTYPE_NAMES:
             return _DTYPE_NAMES[key]
+        if key in _PLANNED_DTYPE_NAMES:
+            raise ValueError(
+                f"{argument}={name!r} is recognised ({_PLANNED_DTYPE_NAMES[key]}, as vLLM names it) but "
+                f"not yet supported by kvfuse; valid names are "
+                f"{', '.join(repr(n) for n in VALID_KV_CACHE_DTYPES)}"
+            )
     raise ValueError(
         f"{argument}={name!r} is not a KV-cache dtype; valid names are "
         f"{', '.join(repr(n) for n in VALID_KV_CACHE_DTYPES)}"
