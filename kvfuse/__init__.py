@@ -11,6 +11,7 @@ from .kv_cache import (
     KVCacheConfig,
     KVCacheSpec,
     KVQuantMode,
+    KVScaleGranularity,
     allocate_kv_cache,
     parse_kv_cache_dtype,
 )
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "KVQuantMode",
+    "KVScaleGranularity",
     "parse_kv_cache_dtype",
     "KVCacheConfig",
     "KVCacheSpec",

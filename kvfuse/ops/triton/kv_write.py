@@ -109,10 +109,12 @@ def _encode_rows(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SOFT_ROUNDING: tl.constexpr,
+    SCALE_STRIDE_H: tl.constexpr,
 ):
     """Encode ``[BLOCK_T, BLOCK_H, D]`` of one tensor and store the rows; see the kernel docstring."""
     offs_h = h0 + tl.arange(0, BLOCK_H)
     h_ok = offs_h < H
+    scale_ptr = _head_scale_ptr(scale_ptr, offs_h, H, SCALE_STRIDE_H)
     if MODE == _NVFP4:
         BLOCK_NB: tl.constexpr = BLOCK_D // 16
         offs_b = tl.arange(0, BLOCK_NB)
@@ -136,10 +138,21 @@ def _encode_rows(
 
 
 @triton.jit
+def _head_scale_ptr(scale_ptr, offs_h, H: tl.constexpr, SCALE_STRIDE_H: tl.constexpr):
+    """The scale pointer of each row: ``scale_ptr`` itself for a per-tensor scale (SCALE_STRIDE_H 0,
+    one scalar load), else ``[1, BLOCK_H, 1]`` pointers ``scale_ptr + h * SCALE_STRIDE_H`` (heads past
+    ``H`` read the last head's scale, so the load needs no mask), which broadcast over the rows."""
+    if SCALE_STRIDE_H == 0:
+        return scale_ptr
+    else:
+        return scale_ptr + (tl.minimum(offs_h, H - 1) * SCALE_STRIDE_H)[None, :, None]
+
+
+@triton.jit
 def _store_nvfp4(
     x,  # [BLOCK_T, BLOCK_H, BLOCK_D // 16, 16] float32 values of the rows
     dst_ptr,
-    scale_ptr,
+    scale_ptr,  # the global scale: one pointer, or [1, BLOCK_H, 1] per head (_head_scale_ptr)
     dst_tok,  # [BLOCK_T] int64 element offset of each token's row in dst
     offs_h,  # [BLOCK_H] head indices
     row_ok,  # [BLOCK_T, BLOCK_H, BLOCK_D // 16] write this 16-block
@@ -193,7 +206,8 @@ def _store_nvfp4(
 
 @triton.jit
 def _store_dense(x, dst, scale_ptr, ok, MODE: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
-    """Encode ``x`` (any shape) for a NONE / FP8 / COPY cache and store it at the pointers ``dst``."""
+    """Encode ``x`` (any shape) for a NONE / FP8 / COPY cache and store it at the pointers ``dst``;
+    ``scale_ptr`` is one pointer or pointers that broadcast over ``x`` (per head: :func:`_head_scale_ptr`)."""
     if MODE == _COPY:
         tl.store(dst, x, mask=ok)
     elif MODE == _NONE:
@@ -263,6 +277,8 @@ def _encode_and_cache_write_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SOFT_ROUNDING: tl.constexpr,
+    K_SCALE_STRIDE_H: tl.constexpr = 0,
+    V_SCALE_STRIDE_H: tl.constexpr = 0,
 ):
     """Encode K and V rows and store them at their cache slots.
 
@@ -279,6 +295,9 @@ def _encode_and_cache_write_kernel(
       E2M1 code of ``q_i`` (RNE, saturating at 6, sign in bit 3, NaN -> +0); the row is
       ``[D/2 bytes, code 2k in the low nibble of byte k | D/16 e4m3 scales]``;
     - COPY: rows already in the cache format, stored as they are.
+
+    ``scale`` is ``k_scale`` / ``v_scale``, or with ``*_SCALE_STRIDE_H > 0`` (per-KV-head scales)
+    ``scale[h * *_SCALE_STRIDE_H]`` for the rows of head ``h``.
 
     K and V share a program (rather than a grid axis and a runtime branch) because offsets that
     flow out of a branch lose Triton's alignment facts, and the stores stop being 16-byte wide.
@@ -299,10 +318,11 @@ def _encode_and_cache_write_kernel(
         k_dst = tok64 * kc_stride_off
         v_dst = tok64 * vc_stride_off
     _encode_rows(key_ptr, key_cache_ptr, k_scale_ptr, tok64 * key_stride_t, k_dst, tok_ok, h0,
-                 H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING)
+                 H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, K_SCALE_STRIDE_H)
     if PAIR:
         _encode_rows(value_ptr, value_cache_ptr + value_cache_off, v_scale_ptr, tok64 * value_stride_t, v_dst,
-                     tok_ok, h0, H, V_STRIDE_H, VC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING)
+                     tok_ok, h0, H, V_STRIDE_H, VC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING,
+                     V_SCALE_STRIDE_H)
 
 
 # ----------------------------------------------------------------------------- launch configuration
@@ -352,8 +372,18 @@ def _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, 
         PAGE=key_cache.shape[-3] if has_slots else 1,
         MODE=mode, HAS_SLOTS=has_slots, PAIR=num_kv == 2,
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
+        K_SCALE_STRIDE_H=scale_head_stride(k_scale, mode), V_SCALE_STRIDE_H=scale_head_stride(v_scale, mode),
         num_warps=num_warps,
     )
+
+
+_SCALED_MODES = frozenset({int(KVQuantMode.FP8_E4M3), int(KVQuantMode.FP8_E5M2), int(KVQuantMode.NVFP4)})
+
+
+def scale_head_stride(scale: torch.Tensor, mode: int) -> int:
+    """Elements between consecutive heads' scales: 0 for a one-element (per-tensor) scale and for the
+    modes that read no scale (casts; copies, which get a placeholder tensor), so those compile once."""
+    return scale.stride(0) if mode in _SCALED_MODES and scale.numel() > 1 else 0
 
 
 # ----------------------------------------------------------------------------- launchers
