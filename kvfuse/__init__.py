@@ -7,6 +7,7 @@ CUDA, imports Triton or compiles anything.
 
 from . import ops
 from .backend import backend, make_backend
+from .calibration import calibrate_scales
 from .kv_cache import (
     KVCacheConfig,
     KVCacheSpec,
@@ -30,6 +31,7 @@ __all__ = [
     "AttentionMetadata",
     "backend",
     "make_backend",
+    "calibrate_scales",
     "debug",
     "ops",
 ]
