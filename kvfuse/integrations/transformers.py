@@ -246,11 +246,12 @@ def load_kv_scales(model: nn.Module, scales: Optional[Mapping[str, Any]] = None,
     loaded = {}
     for module_name, module in modules:
         layer = module.kvfuse_attn
-        values = []
+        values, names = [], []
         for which in "kv":
             name = next((n for n in _scale_names(module_name, which) if n in source), None)
             if name is None:
                 break
+            names.append(name)
             t = torch.as_tensor(source[name]).detach().float()
             if t.numel() != 1 and not layer.spec.scale_shape:
                 raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(t.shape)}: layer "
@@ -263,7 +264,10 @@ def load_kv_scales(model: nn.Module, scales: Optional[Mapping[str, Any]] = None,
         if mode is KVQuantMode.NONE or (mode is KVQuantMode.NVFP4 and declared_mode is not KVQuantMode.NVFP4):
             logger.debug("layer %s: checkpoint scales ignored (cache mode %s)", layer.layer_name, mode.name)
             continue
-        layer.set_scales(*values)
+        try:
+            layer.set_scales(*values)
+        except ValueError as e:
+            raise ValueError(f"checkpoint scales {names} for layer {layer.layer_name!r}: {e}") from None
         loaded[layer.layer_name] = tuple(s.tolist() if s.dim() else float(s) for s in (layer.k_scale, layer.v_scale))
     if loaded:
         logger.info("loaded checkpoint K/V scales for %d layers", len(loaded))
