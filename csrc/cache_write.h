@@ -44,10 +44,20 @@ inline void check_input(const at::Tensor& x, const char* name) {
                     "contiguous last dim, got ", x.sizes(), " ", x.scalar_type());
 }
 
-inline void check_scale(const at::Tensor& s, const at::Tensor& x, const char* name) {
-  TORCH_CHECK_VALUE(s.scalar_type() == at::ScalarType::Float && s.numel() == 1 && s.device() == x.device(),
-                    name, " must be a one-element float32 tensor on ", x.device());
+// One float32 scale per tensor, or one per KV head (a 1-D tensor of x's head count).
+inline bool is_head_scale(const at::Tensor& s, const at::Tensor& x) {
+  return s.dim() == 1 && x.dim() == 3 && s.size(0) == x.size(1);
 }
+
+inline void check_scale(const at::Tensor& s, const at::Tensor& x, const char* name) {
+  TORCH_CHECK_VALUE(s.scalar_type() == at::ScalarType::Float && (s.numel() == 1 || is_head_scale(s, x)) &&
+                        s.device() == x.device(),
+                    name, " must be a float32 tensor on ", x.device(), " with one element or one per KV head (",
+                    x.dim() == 3 ? x.size(1) : 0, "), got ", s.sizes(), " ", s.scalar_type(), " on ", s.device());
+}
+
+// Elements between the scales of consecutive heads: 0 for a per-tensor scale (every head reads it).
+inline int64_t scale_head_stride(const at::Tensor& s) { return s.numel() == 1 ? 0 : s.stride(0); }
 
 inline void check_mode_dtype(KVQuantMode mode, at::ScalarType cache_dtype) {
   TORCH_CHECK_VALUE(mode == KVQuantMode::NONE ? is_native_float(cache_dtype) : cache_dtype == storage_dtype_of(mode),
@@ -117,6 +127,7 @@ inline bool fits_encode_and_write(const at::Tensor& key, const at::Tensor& value
   const auto input_ok = [](const at::Tensor& x) {
     return x.defined() && x.dim() == 3 && is_native_float(x.scalar_type()) && x.stride(2) == 1;
   };
+  // Per-tensor scales only: per-KV-head ones go to the Python body, whose registry picks Triton for them.
   const auto scale_ok = [&](const at::Tensor& s) {
     return s.defined() && s.scalar_type() == at::ScalarType::Float && s.numel() == 1 && s.device() == key.device();
   };

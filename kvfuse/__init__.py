@@ -7,10 +7,12 @@ CUDA, imports Triton or compiles anything.
 
 from . import ops
 from .backend import backend, make_backend
+from .calibration import calibrate_scales
 from .kv_cache import (
     KVCacheConfig,
     KVCacheSpec,
     KVQuantMode,
+    KVScaleGranularity,
     allocate_kv_cache,
     parse_kv_cache_dtype,
 )
@@ -20,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "KVQuantMode",
+    "KVScaleGranularity",
     "parse_kv_cache_dtype",
     "KVCacheConfig",
     "KVCacheSpec",
@@ -28,6 +31,7 @@ __all__ = [
     "AttentionMetadata",
     "backend",
     "make_backend",
+    "calibrate_scales",
     "debug",
     "ops",
 ]

@@ -163,7 +163,7 @@ def _config_from_args(args) -> KVCacheConfig:
 def _add_cache_flags(p: argparse.ArgumentParser, *, dtype_default: str, skip_default: Optional[str]) -> None:
     p.add_argument("--kv-cache-dtype", "--dtype", default=dtype_default,
                    help="KV-cache dtype request: auto, bfloat16, float16, half, float32, float, fp8, fp8_e4m3, "
-                        f"fp8_e5m2, nvfp4 (default: {dtype_default})")
+                        f"fp8_inc, fp8_e5m2, nvfp4 (default: {dtype_default})")
     p.add_argument("--skip-layers", default=skip_default,
                    help="comma-separated skip rules kept in the model dtype: layer indices, 'sliding_window', or "
                         f"full layer names (default: {skip_default or 'none'})")

@@ -20,7 +20,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "KVQuantMode",
+    "KVScaleGranularity",
     "parse_kv_cache_dtype",
+    "parse_kv_scale_granularity",
     "KVCacheConfig",
     "KVCacheSpec",
     "allocate_kv_cache",
@@ -63,6 +65,37 @@ class KVQuantMode(enum.IntEnum):
         return self in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2)
 
 
+class KVScaleGranularity(enum.Enum):
+    """What one FP8 scale / NVFP4 global scale of a layer covers.
+
+    TENSOR: one float32 scale for all of K (and one for V); HEAD: one per KV head, static (from
+    a checkpoint or :func:`kvfuse.calibrate_scales`), indexed by the head a row belongs to.
+    """
+
+    TENSOR = "tensor"
+    HEAD = "head"
+
+
+# "attn_head" is vLLM's spelling (its kv_scale_type) of per-KV-head static scales.
+_GRANULARITY_NAMES: dict[str, KVScaleGranularity] = {
+    "tensor": KVScaleGranularity.TENSOR,
+    "head": KVScaleGranularity.HEAD,
+    "attn_head": KVScaleGranularity.HEAD,
+}
+
+
+def parse_kv_scale_granularity(value: object, argument: str = "kv_scale_granularity") -> KVScaleGranularity:
+    """A :class:`KVScaleGranularity`, or its name ("tensor", "head", or vLLM's "attn_head"); case-insensitive."""
+    if isinstance(value, KVScaleGranularity):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _GRANULARITY_NAMES:
+        return _GRANULARITY_NAMES[value.strip().lower()]
+    raise ValueError(
+        f"{argument}={value!r} is not a scale granularity; valid values are "
+        f"{', '.join(repr(n) for n in _GRANULARITY_NAMES)} or a kvfuse.KVScaleGranularity"
+    )
+
+
 # name -> (mode, native storage dtype or None for "the model dtype" / quantized storage)
 _DTYPE_NAMES: dict[str, tuple[KVQuantMode, Optional[torch.dtype]]] = {
     "auto": (KVQuantMode.NONE, None),
@@ -73,10 +106,17 @@ _DTYPE_NAMES: dict[str, tuple[KVQuantMode, Optional[torch.dtype]]] = {
     "float": (KVQuantMode.NONE, torch.float32),
     "fp8": (KVQuantMode.FP8_E4M3, None),
     "fp8_e4m3": (KVQuantMode.FP8_E4M3, None),
+    # vLLM's name for the e4m3 cache of Intel Neural Compressor checkpoints: the same storage.
+    "fp8_inc": (KVQuantMode.FP8_E4M3, None),
     "fp8_e5m2": (KVQuantMode.FP8_E5M2, None),
     "nvfp4": (KVQuantMode.NVFP4, None),
 }
 VALID_KV_CACHE_DTYPES: tuple[str, ...] = tuple(_DTYPE_NAMES)
+# Names vLLM accepts for formats kvfuse will have but does not have yet: refused with a message
+# that says so, rather than as an unknown name.
+_PLANNED_DTYPE_NAMES: dict[str, str] = {
+    "fp8_per_token_head": "FP8 with dynamic per-token-head scales",
+}
 
 _QUANTIZED_STORAGE: dict[KVQuantMode, torch.dtype] = {
     KVQuantMode.FP8_E4M3: torch.float8_e4m3fn,
@@ -103,6 +143,12 @@ def _parse_dtype_name(name: object, argument: str = "kv_cache_dtype") -> tuple[K
         key = name.strip().lower()
         if key in _DTYPE_NAMES:
             return _DTYPE_NAMES[key]
+        if key in _PLANNED_DTYPE_NAMES:
+            raise ValueError(
+                f"{argument}={name!r} is recognised ({_PLANNED_DTYPE_NAMES[key]}, as vLLM names it) but "
+                f"not yet supported by kvfuse; valid names are "
+                f"{', '.join(repr(n) for n in VALID_KV_CACHE_DTYPES)}"
+            )
     raise ValueError(
         f"{argument}={name!r} is not a KV-cache dtype; valid names are "
         f"{', '.join(repr(n) for n in VALID_KV_CACHE_DTYPES)}"
@@ -328,8 +374,16 @@ def _e2m1_code(q: torch.Tensor) -> torch.Tensor:
     return mag | sign
 
 
+def _nvfp4_global_scale(global_scale, device: torch.device) -> torch.Tensor:
+    """The global scale shaped to broadcast over ``[..., H, D/16, 16]``: ``[]``, or ``[H, 1, 1]`` per KV head."""
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=device)
+    return gs.reshape(()) if gs.numel() == 1 else gs.reshape(-1, 1, 1)
+
+
 def nvfp4_quantize_reference(x: torch.Tensor, global_scale: Union[torch.Tensor, float]) -> torch.Tensor:
     """Encode ``x [..., D]`` into NVFP4 rows ``[..., D/2 + D/16]`` (uint8).
+
+    ``global_scale``: one element, or one per KV head (``[H]`` for ``x [..., H, D]``).
 
     Math, in float32, per block of 16 elements ``b`` (decode: value = e2m1 * block_scale * global_scale)::
 
@@ -342,7 +396,7 @@ def nvfp4_quantize_reference(x: torch.Tensor, global_scale: Union[torch.Tensor, 
     """
     head_size = x.shape[-1]
     nvfp4_row_dim(head_size)
-    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(())
+    gs = _nvfp4_global_scale(global_scale, x.device)
     xf = x.float().reshape(*x.shape[:-1], head_size // NVFP4_BLOCK, NVFP4_BLOCK)
     amax = torch.where(torch.isnan(xf), 0.0, xf.abs()).amax(dim=-1, keepdim=True)
     block_scale = torch.clamp(amax / (gs * 6.0), max=448.0).to(torch.float8_e4m3fn)
@@ -355,10 +409,10 @@ def nvfp4_quantize_reference(x: torch.Tensor, global_scale: Union[torch.Tensor, 
 
 
 def nvfp4_dequantize_reference(rows: torch.Tensor, global_scale: Union[torch.Tensor, float]) -> torch.Tensor:
-    """Decode NVFP4 rows ``[..., D/2 + D/16]`` into float32 ``[..., D]``."""
+    """Decode NVFP4 rows ``[..., D/2 + D/16]`` into float32 ``[..., D]`` (a ``[H]`` global scale: rows ``[..., H, row]``)."""
     data, scales = nvfp4_split(rows)
     head_size = data.shape[-1] * 2
-    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=rows.device).reshape(())
+    gs = _nvfp4_global_scale(global_scale, rows.device)
     lut = torch.tensor(
         list(E2M1_VALUES) + [-v for v in E2M1_VALUES], dtype=torch.float32, device=rows.device
     )
@@ -422,6 +476,45 @@ class KVCacheSpec:
     tp_size: int = 1
     tp_rank: int = 0
     total_num_kv_heads: Optional[int] = None  # None: not sharded (= num_kv_heads)
+    #: Always TENSOR for unquantized (NONE) layers, which have no scales to speak of.
+    scale_granularity: KVScaleGranularity = KVScaleGranularity.TENSOR
+
+    @property
+    def scale_shape(self) -> tuple[int, ...]:
+        """Shape of this layer's ``k_scale`` / ``v_scale``: ``()`` per tensor, ``(num_kv_heads,)`` per
+        KV head (this rank's heads under tensor parallelism)."""
+        return (self.num_kv_heads,) if self.scale_granularity is KVScaleGranularity.HEAD else ()
+
+    def shard_scale(self, value, name: str = "scale", device=None) -> torch.Tensor:
+        """A float32 tensor of :attr:`scale_shape` from a checkpoint's or a user's scale.
+
+        ``value``: a number or one-element tensor (per tensor; a per-head layer gives it to every
+        head), or, for a per-head layer, ``num_kv_heads`` values of this rank or
+        ``total_num_kv_heads`` values of the whole model (this rank's heads are taken). Every
+        value must be finite and > 0; anything else raises ValueError naming ``name``.
+        """
+        t = torch.as_tensor(value, dtype=torch.float32).detach().to("cpu").reshape(-1)
+        heads = self.scale_shape
+        if t.numel() == 1:
+            out = t.reshape(()).expand(heads).clone()
+        elif heads and t.numel() == (self.total_num_kv_heads or self.num_kv_heads):
+            out = t[list(self.kv_heads)].clone()
+        elif heads and t.numel() == self.num_kv_heads:
+            out = t.clone()
+        else:
+            allowed = "one value" if not heads else (
+                f"one value, or one per KV head ({self.num_kv_heads}"
+                + (f" on this rank or {self.total_num_kv_heads} in the model" if self.total_num_kv_heads else "")
+                + ")")
+            hint = "" if heads or t.numel() <= 1 else " (per-head scales need kv_scale_granularity='head')"
+            raise ValueError(f"layer {self.layer_name!r}: {name} has {t.numel()} values (shape "
+                             f"{tuple(torch.as_tensor(value).shape)}); its {self.scale_granularity.value} "
+                             f"scale takes {allowed}{hint}")
+        bad = ~(torch.isfinite(out) & (out > 0))
+        if bool(bad.any()):
+            raise ValueError(f"layer {self.layer_name!r}: {name}={out.tolist() if heads else float(out)!r}; "
+                             f"scales must be finite and > 0")
+        return out.to(device) if device is not None else out
 
     @property
     def kv_heads(self) -> range:
@@ -492,6 +585,9 @@ class KVCacheConfig:
 
     #: :meth:`check_skip_rules` raises (instead of warning) when a rule matches no layer.
     strict_skip_layers: bool = False
+    #: What one K/V scale covers in quantized layers: "tensor" (one scale) or "head" (one per KV
+    #: head; vLLM's "attn_head"); stored as a :class:`KVScaleGranularity`. Skip layers ignore it.
+    kv_scale_granularity: Union[str, KVScaleGranularity] = KVScaleGranularity.TENSOR
 
     def __post_init__(self) -> None:
         for name, value, minimum in (("tp_size", self.tp_size, 1), ("tp_rank", self.tp_rank, 0)):
@@ -501,6 +597,7 @@ class KVCacheConfig:
             raise ValueError(f"tp_rank={self.tp_rank} must be < tp_size={self.tp_size}")
         if not isinstance(self.strict_skip_layers, bool):
             raise ValueError(f"strict_skip_layers={self.strict_skip_layers!r} must be a bool")
+        object.__setattr__(self, "kv_scale_granularity", parse_kv_scale_granularity(self.kv_scale_granularity))
         _parse_dtype_name(self.kv_cache_dtype, "kv_cache_dtype")
         if self.checkpoint_kv_cache_dtype is not None:
             _parse_dtype_name(self.checkpoint_kv_cache_dtype, "checkpoint_kv_cache_dtype")
@@ -643,6 +740,7 @@ class KVCacheConfig:
             tp_size=self.tp_size,
             tp_rank=self.tp_rank,
             total_num_kv_heads=num_kv_heads if self.tp_size > 1 else None,
+            scale_granularity=self.kv_scale_granularity if mode.is_quantized else KVScaleGranularity.TENSOR,
         )
         logger.debug("layer %s: %s (%s), %s", layer_name, mode.name, spec.kv_cache_torch_dtype, reason)
         return spec

@@ -103,8 +103,9 @@ class PagedAttention(nn.Module):
         self.sliding_window = sliding_window
         self.sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_size)
         self.logit_softcap = float(logit_softcap)
-        self.register_buffer("k_scale", torch.ones((), dtype=torch.float32))
-        self.register_buffer("v_scale", torch.ones((), dtype=torch.float32))
+        # One scale per tensor, or per KV head of this rank (spec.scale_shape), default 1.0.
+        self.register_buffer("k_scale", torch.ones(self.spec.scale_shape, dtype=torch.float32))
+        self.register_buffer("v_scale", torch.ones(self.spec.scale_shape, dtype=torch.float32))
 
     def _apply(self, fn, *args, **kwargs):
         # Module.to(dtype) / .half() cast every floating buffer; the scales must stay float32
@@ -119,18 +120,33 @@ class PagedAttention(nn.Module):
     def kv_quant_mode(self):
         return self.spec.kv_quant_mode
 
-    def set_scales(self, k_scale: float, v_scale: float) -> None:
-        """Set the FP8 scales / NVFP4 global scales (finite, > 0), e.g. from a checkpoint."""
-        for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
-            value = float(value)
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"layer {self.layer_name!r}: {name}={value!r} must be finite and > 0")
-            getattr(self, name).fill_(value)
+    def set_scales(self, k_scale, v_scale) -> None:
+        """Set the FP8 scales / NVFP4 global scales (finite, > 0), e.g. from a checkpoint.
+
+        Each is a number or a one-element tensor; a layer with per-KV-head scales also takes one
+        value per KV head, of this rank or of the whole model (this rank's heads are kept), and
+        gives a single number to every head (:meth:`KVCacheSpec.shard_scale`).
+        """
+        values = [(name, self.spec.shard_scale(value, name)) for name, value in (("k_scale", k_scale),
+                                                                                   ("v_scale", v_scale))]
+        for name, value in values:  # both checked before either is set
+            getattr(self, name).copy_(value)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A checkpoint's scale may be per tensor while this layer's are per KV head (given to every
+        # head), or hold every KV head of the model under tensor parallelism (this rank's are kept).
+        for name in ("k_scale", "v_scale"):
+            key = prefix + name
+            value = state_dict.get(key)
+            if isinstance(value, torch.Tensor) and tuple(value.shape) != tuple(getattr(self, name).shape):
+                state_dict[key] = self.spec.shard_scale(value, key, device=getattr(self, name).device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return (
             f"{self.layer_name!r}, heads={self.num_heads}/{self.num_kv_heads}, head_size={self.head_size}, "
             f"kv_cache={self.spec.kv_quant_mode.name}/{self.spec.kv_cache_torch_dtype}"
+            + (", scales=per KV head" if self.spec.scale_shape else "")
             + (f", sliding_window={self.sliding_window}" if self.sliding_window is not None else "")
             + (f", logit_softcap={self.logit_softcap}" if self.logit_softcap else "")
         )

@@ -28,6 +28,7 @@ ALIASES = {
     "float": KVQuantMode.NONE,
     "fp8": KVQuantMode.FP8_E4M3,
     "fp8_e4m3": KVQuantMode.FP8_E4M3,
+    "fp8_inc": KVQuantMode.FP8_E4M3,  # vLLM's name, same float8_e4m3fn storage
     "fp8_e5m2": KVQuantMode.FP8_E5M2,
     "nvfp4": KVQuantMode.NVFP4,
 }
@@ -40,6 +41,7 @@ EXPLICIT_STORAGE = {
     "float": torch.float32,
     "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_inc": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
     "nvfp4": torch.uint8,
 }
@@ -67,6 +69,27 @@ def test_bad_name_error_names_value_and_every_valid_name(bad):
     assert repr(bad) in message
     for name in ALIASES:
         assert repr(name) in message
+
+
+@pytest.mark.parametrize("name", ["fp8_per_token_head", "FP8_PER_TOKEN_HEAD"])
+@pytest.mark.parametrize("field", ["kv_cache_dtype", "checkpoint_kv_cache_dtype"])
+def test_planned_vllm_name_is_recognised_but_refused(name, field):
+    with pytest.raises(ValueError) as info:
+        KVCacheConfig(**{field: name})
+    message = str(info.value)
+    assert f"{field}={name!r}" in message
+    assert "recognised" in message and "not yet supported" in message
+    for valid in ALIASES:
+        assert repr(valid) in message
+    with pytest.raises(ValueError, match="not yet supported"):
+        parse_kv_cache_dtype(name)
+
+
+def test_fp8_inc_is_fp8_e4m3_storage():
+    a = KVCacheConfig("fp8_inc").layer_spec("model.layers.0.attn", 2, 64)
+    b = KVCacheConfig("fp8_e4m3").layer_spec("model.layers.0.attn", 2, 64)
+    assert (a.kv_quant_mode, a.kv_cache_torch_dtype, a.bytes_per_token) == (
+        b.kv_quant_mode, b.kv_cache_torch_dtype, b.bytes_per_token)
 
 
 @pytest.mark.parametrize("field", ["kv_cache_dtype", "checkpoint_kv_cache_dtype"])

@@ -127,7 +127,12 @@ BAD_INPUTS = [
         r"key must have a contiguous last dim"),
     # --- scales that are not float32 scalars
     Bad("float64 scale", lambda c: c.write(k_scale=torch.tensor(1.0, dtype=torch.float64)), r"k_scale must be a float32.*float64"),
-    Bad("per-head scale", lambda c: c.write(v_scale=torch.ones(2)), r"v_scale must be a float32.*shape \(2,\)"),
+    Bad("per-head scale of another head count", lambda c: c.write(v_scale=torch.ones(H + 1)),
+        r"v_scale must be a float32.*one per KV head \(shape \[2\]\).*shape \(3,\)"),
+    Bad("per-head scale as a column", lambda c: c.write(k_scale=torch.ones(H, 1)), r"k_scale must be a float32.*shape \(2, 1\)"),
+    Bad("per-head scale in attention", lambda c: c.attend(v_scale=torch.ones(H + 1)), r"v_scale .*shape \(3,\)"),
+    Bad("zero in a per-head scale", lambda c: c.write(k_scale=torch.tensor([1.0, 0.0])), r"k_scale\[1\]=0\.0",
+        checked=True),
     # --- slot mapping
     Bad("float slot mapping", lambda c: c.write(slot_mapping=c.slots.float()), r"slot_mapping must be 1-D int32 or int64.*float32"),
     Bad("short slot mapping", lambda c: c.write(slot_mapping=c.slots[:5]), r"slot_mapping has 5 entries but there are 7 tokens"),

@@ -144,7 +144,7 @@ Source source_of(const at::Tensor& k, const at::Tensor& v) {
                 {k.stride(1) * es, v.stride(1) * es}};
 }
 
-// Runs `row(half, src_row, dst_row)` for every (token, half, head) whose slot is not -1.
+// Runs `row(half, head, src_row, dst_row)` for every (token, half, head) whose slot is not -1.
 // `slots` undefined = identity mapping (encode_kv's contiguous output).
 template <class RowOp>
 void for_each_row(int64_t num_tokens, int64_t num_heads, int halves, const at::Tensor& slots, const Source& src,
@@ -159,7 +159,7 @@ void for_each_row(int64_t num_tokens, int64_t num_heads, int halves, const at::T
       char* dst_tok = dst.base + block * dst.s_block + off * dst.s_off;
       for (int half = 0; half < halves; ++half) {
         for (int64_t h = 0; h < num_heads; ++h) {
-          row(half, src.base[half] + t * src.s_tok[half] + h * src.s_head[half],
+          row(half, h, src.base[half] + t * src.s_tok[half] + h * src.s_head[half],
               dst_tok + half * dst.s_kv + h * dst.s_head);
         }
       }
@@ -167,23 +167,30 @@ void for_each_row(int64_t num_tokens, int64_t num_heads, int halves, const at::T
   });
 }
 
-float scalar_of(const at::Tensor& s) { return *s.const_data_ptr<float>(); }
+// A K or V scale: head h reads ptr[h * head_stride] (stride 0: one scale per tensor).
+struct Scale {
+  const float* ptr;
+  int64_t head_stride;
+  float at(int64_t h) const { return ptr[h * head_stride]; }
+};
+
+Scale scale_of(const at::Tensor& s) { return Scale{s.const_data_ptr<float>(), scale_head_stride(s)}; }
 
 void encode_into(const at::Tensor& key, const at::Tensor& value, int halves, const at::Tensor& slots,
-                 const Dest& dst, const float scales[2], KVQuantMode mode, at::ScalarType out_dtype) {
+                 const Dest& dst, const Scale scales[2], KVQuantMode mode, at::ScalarType out_dtype) {
   const int64_t head_size = key.size(2);
   const int64_t row_bytes = storage_row_dim(mode, head_size) * c10::elementSize(out_dtype);
   const Source src = source_of(key, value);
   if (mode == KVQuantMode::NONE && key.scalar_type() == out_dtype) {
     for_each_row(key.size(0), key.size(1), halves, slots, src, dst, row_bytes,
-                 [&](int, const char* s, char* d) { std::memcpy(d, s, row_bytes); });
+                 [&](int, int64_t, const char* s, char* d) { std::memcpy(d, s, row_bytes); });
     return;
   }
   const RowFn fn = pick_row_fn(key.scalar_type(), mode, out_dtype);
   TORCH_CHECK_VALUE(fn != nullptr, "no CPU encoder for input ", key.scalar_type(), " mode ", mode_name(mode), " cache ",
                     out_dtype);
   for_each_row(key.size(0), key.size(1), halves, slots, src, dst, row_bytes,
-               [&](int half, const char* s, char* d) { fn(s, d, head_size, scales[half]); });
+               [&](int half, int64_t h, const char* s, char* d) { fn(s, d, head_size, scales[half].at(h)); });
 }
 
 }  // namespace
@@ -197,8 +204,8 @@ at::Tensor encode_kv_cpu(const at::Tensor& x, const at::Tensor& scale, int64_t k
   const int64_t es = out.element_size();
   const Dest dst{static_cast<char*>(out.data_ptr()), 0, 0, x.size(1) * row_dim * es, row_dim * es,
                  std::max<int64_t>(1, x.size(0)), x.size(0)};
-  const float s = scalar_of(scale);
-  const float scales[2] = {s, s};
+  const Scale s = scale_of(scale);
+  const Scale scales[2] = {s, s};
   encode_into(x, x, 1, at::Tensor(), dst, scales, mode, cache_dtype);
   return out;
 }
@@ -211,7 +218,7 @@ void cache_write_cpu(const at::Tensor& key_rows, const at::Tensor& value_rows, c
   check_slot_range(slot_mapping, dst.capacity);
   const int64_t row_bytes = kv_cache.size(4) * kv_cache.element_size();
   for_each_row(key_rows.size(0), key_rows.size(1), 2, slot_mapping, source_of(key_rows, value_rows), dst, row_bytes,
-               [&](int, const char* s, char* d) { std::memcpy(d, s, row_bytes); });
+               [&](int, int64_t, const char* s, char* d) { std::memcpy(d, s, row_bytes); });
 }
 
 void encode_and_cache_write_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
@@ -221,7 +228,7 @@ void encode_and_cache_write_cpu(const at::Tensor& key, const at::Tensor& value, 
   check_encode_and_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, mode);
   const Dest dst = cache_dest(kv_cache);
   check_slot_range(slot_mapping, dst.capacity);
-  const float scales[2] = {scalar_of(k_scale), scalar_of(v_scale)};
+  const Scale scales[2] = {scale_of(k_scale), scale_of(v_scale)};
   encode_into(key, value, 2, slot_mapping, dst, scales, mode, kv_cache.scalar_type());
 }
 

@@ -634,6 +634,13 @@ void set_cache_dest(RowParams& p, const at::Tensor& kv_cache, const at::Tensor& 
   p.halves = 2;
 }
 
+// The kernels read one divider per K and V for a whole block (rows_kernel); per-KV-head scales
+// run on the Triton kernels (kvfuse.ops.native declares this to the registry).
+void check_tensor_scale(const at::Tensor& s, const char* name) {
+  TORCH_CHECK_VALUE(s.numel() == 1, name, " has shape ", s.sizes(), ": the native CUDA kernels take one scale per "
+                    "tensor; per-KV-head scales run on the Triton backend");
+}
+
 void check_int32_sizes(const at::Tensor& x) {
   TORCH_CHECK_VALUE(x.size(0) < (int64_t{1} << 31) && x.size(1) * x.size(2) < (int64_t{1} << 30),
                     "tensor too large for the native kernel: ", x.sizes());
@@ -645,6 +652,7 @@ at::Tensor encode_kv_cuda(const at::Tensor& x, const at::Tensor& scale, int64_t 
                           at::ScalarType cache_dtype) {
   const KVQuantMode mode = to_mode(kv_quant_mode);
   check_encode(x, scale, mode, cache_dtype);
+  check_tensor_scale(scale, "scale");
   check_int32_sizes(x);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t row_dim = storage_row_dim(mode, x.size(2));
@@ -682,6 +690,8 @@ void encode_and_cache_write_cuda(const at::Tensor& key, const at::Tensor& value,
                                  const at::Tensor& v_scale, int64_t kv_quant_mode) {
   const KVQuantMode mode = to_mode(kv_quant_mode);
   check_encode_and_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, mode);
+  check_tensor_scale(k_scale, "k_scale");
+  check_tensor_scale(v_scale, "v_scale");
   check_int32_sizes(key);
   if (key.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(kv_cache.device());

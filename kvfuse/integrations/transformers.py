@@ -27,13 +27,14 @@ What :func:`enable` does, through transformers' own extension points:
   ``FP8`` / ``NVFP4``) becomes the config's ``checkpoint_kv_cache_dtype`` unless the user set
   one; DESIGN.md's precedence then applies (skip rule, the user's explicit ``kv_cache_dtype``,
   the checkpoint's, the model dtype).
-- **Checkpoint scales.** Per-tensor K/V scales are read by the names quantized checkpoints
+- **Checkpoint scales.** K/V scales are read by the names quantized checkpoints
   use: ``<attn>.k_scale`` / ``<attn>.v_scale`` (compressed-tensors, and vLLM's
   ``<attn>.attn.k_scale``), ``<attn>.k_proj.k_scale`` / ``<attn>.v_proj.v_scale`` (ModelOpt)
   and the legacy ``<attn>.kv_scale`` (both), from the model's own parameters or from the
   ``*.safetensors`` files of a local checkpoint directory (``model.name_or_path``), and set on
   FP8 layers (NVFP4 layers only when the checkpoint declares NVFP4: its global scale is another
-  quantity). Per-head scales are refused until the formats issue lands.
+  quantity). A scale with one value per KV head (vLLM's ``kv_scale_type="attn_head"``) loads into
+  layers built with ``KVCacheConfig(kv_scale_granularity="head")`` and is refused by per-tensor ones.
 - **Attention.** ``AttentionInterface.register("kvfuse", ...)`` and
   ``model.set_attn_implementation("kvfuse")``. No mask function is registered, so transformers
   builds no masks: padding, causality and windows come from the paged metadata.
@@ -246,7 +247,10 @@ def load_kv_scales(model: nn.Module, scales: Optional[Mapping[str, Any]] = None,
 
     ``scales``: a mapping name -> tensor/float to read instead of the model and its checkpoint
     directory. ``declared``: the checkpoint's declared dtype name (NVFP4 layers take scales only
-    when it is ``nvfp4``). Returns ``{layer_name: (k_scale, v_scale)}`` for the layers set.
+    when it is ``nvfp4``). A checkpoint scale holds one value, or one per KV head of the model
+    (a layer built with ``kv_scale_granularity="head"`` keeps its rank's heads; a per-tensor layer
+    refuses it). Returns ``{layer_name: (k_scale, v_scale)}`` for the layers set: floats, or lists
+    of this rank's per-head values.
     """
     modules = [(n, m) for n, m in _attention_modules(model) if isinstance(getattr(m, "kvfuse_attn", None),
                                                                           PagedAttention)]
@@ -256,24 +260,29 @@ def load_kv_scales(model: nn.Module, scales: Optional[Mapping[str, Any]] = None,
     loaded = {}
     for module_name, module in modules:
         layer = module.kvfuse_attn
-        values = []
+        values, names = [], []
         for which in "kv":
             name = next((n for n in _scale_names(module_name, which) if n in source), None)
             if name is None:
                 break
+            names.append(name)
             t = torch.as_tensor(source[name]).detach().float()
-            if t.numel() != 1:
-                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(t.shape)}: kvfuse takes one "
-                                 f"per-tensor scale per K and V (per-head scales are not supported yet)")
-            values.append(float(t.reshape(())))
+            if t.numel() != 1 and not layer.spec.scale_shape:
+                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(t.shape)}: layer "
+                                 f"{layer.layer_name!r} takes one per-tensor scale per K and V; per-head scales need a "
+                                 f"layer built with KVCacheConfig(kv_scale_granularity='head')")
+            values.append(t)
         if len(values) < 2:
             continue
         mode = layer.spec.kv_quant_mode
         if mode is KVQuantMode.NONE or (mode is KVQuantMode.NVFP4 and declared_mode is not KVQuantMode.NVFP4):
             logger.debug("layer %s: checkpoint scales ignored (cache mode %s)", layer.layer_name, mode.name)
             continue
-        layer.set_scales(*values)
-        loaded[layer.layer_name] = tuple(values)
+        try:
+            layer.set_scales(*values)
+        except ValueError as e:
+            raise ValueError(f"checkpoint scales {names} for layer {layer.layer_name!r}: {e}") from None
+        loaded[layer.layer_name] = tuple(s.tolist() if s.dim() else float(s) for s in (layer.k_scale, layer.v_scale))
     if loaded:
         logger.info("loaded checkpoint K/V scales for %d layers", len(loaded))
     return loaded

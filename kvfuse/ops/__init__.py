@@ -9,7 +9,8 @@
         |  the op's body, registered for CPU and CUDA
         v
     registry.kernel(op, device, mode, tokens)    a cached choice per (op, device, mode,
-        |                                        size class, capture): one dict lookup per call
+        |                                        size class, capture, per-head scales): one dict
+        |                                        lookup per call
         v
     reference.py | native.py -> kvfuse_native::<op> (csrc/, C++ switches on kvfuse::KVQuantMode)
                  | triton/kv_write.py, triton/attention.py | flashinfer.py

@@ -66,9 +66,13 @@ def _fail(op: str, layer_name: str, message: str) -> None:
 
 def check_scales(op: str, layer_name: str, **scales: torch.Tensor) -> None:
     for name, scale in scales.items():
-        value = float(scale.reshape(()).item())
-        if not (value > 0 and value != float("inf")):
-            _fail(op, layer_name, f"{name}={value!r}; scales must be finite and > 0")
+        values = scale.detach().reshape(-1).float().cpu()
+        bad = ~(torch.isfinite(values) & (values > 0))
+        if bool(bad.any()):
+            index = int(bad.nonzero()[0, 0])
+            where = f"[{index}]" if scale.numel() > 1 else ""
+            _fail(op, layer_name, f"{name}{where}={float(values[index])!r}; scales must be finite and > 0 "
+                  f"(every element of a per-KV-head scale)")
 
 
 def check_slots(op: str, layer_name: str, slot_mapping: torch.Tensor, kv_cache: torch.Tensor) -> None:

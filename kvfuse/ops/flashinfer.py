@@ -24,6 +24,9 @@ Attention logit soft-capping maps to FlashInfer's ``logits_soft_cap`` (same defi
 FlashInfer 0.6's paged decode/prefill wrappers have no sink argument, so a call with ``sinks``
 must run on the Triton backend (the default order picks it first).
 
+Per-KV-head scales are not offered (the registry passes such calls to the next implementation):
+FlashInfer's ``run`` takes ``k_scale`` / ``v_scale`` as one float each.
+
 NVFP4 is not offered: kvfuse's NVFP4 page is vLLM's (data, then block scales, per page side),
 which FlashInfer reads through separate data and ``kv_cache_sf`` views, but only on its
 trtllm-gen (Blackwell) and fa2 paths, not on the Hopper paths kvfuse routes to it; the Triton
@@ -79,7 +82,7 @@ def _rank(situation: Situation) -> Optional[int]:
 IMPLEMENTATION = Implementation(
     name="flashinfer", module=__name__, ops=frozenset({"paged_attention"}), devices=frozenset({"cuda"}),
     modes=frozenset({KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2}),
-    available=unavailable_reason, rank=_rank,
+    available=unavailable_reason, rank=_rank, per_head_scale_devices=frozenset(),
 )
 
 
@@ -169,6 +172,12 @@ def paged_attention(call: AttentionCall) -> torch.Tensor:
             f"sinks (attention sinks, gpt-oss; shape {tuple(call.sinks.shape)}) are not supported by kvfuse's "
             f"FlashInfer backend: FlashInfer 0.6's paged wrappers take no sink logits; allowed: sinks=None, or run "
             f"the triton backend (KVFUSE_ATTENTION_BACKEND=triton, or unset)"
+        )
+    if call.k_scale.numel() > 1 or call.v_scale.numel() > 1:
+        raise ValueError(
+            f"k_scale/v_scale of shapes {tuple(call.k_scale.shape)}/{tuple(call.v_scale.shape)} (one per KV head) are "
+            f"not supported by kvfuse's FlashInfer backend, whose run() takes one float per K and V; allowed: "
+            f"one-element scales, or the triton backend (KVFUSE_ATTENTION_BACKEND=triton, or unset)"
         )
     query, kv_quant_mode = call.query, call.kv_quant_mode
     args = (query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,

@@ -84,10 +84,18 @@ def _check_devices(op: str, layer_name: str, **tensors: torch.Tensor) -> None:
               f"{', '.join(f'{n} on {d}' for n, d in zip(tensors, devices))}")
 
 
-def _check_scale(op: str, layer_name: str, name: str, scale: torch.Tensor) -> None:
-    if scale.dtype != torch.float32 or scale.numel() != 1:
-        _fail(op, layer_name, f"{name} must be a float32 tensor with one element (shape [] or [1]), "
-              f"got dtype {scale.dtype} shape {tuple(scale.shape)}")
+def _check_scale(op: str, layer_name: str, name: str, scale: torch.Tensor, num_kv_heads) -> None:
+    """One float32 scale per tensor (shape [] or [1]) or one per KV head (shape [num_kv_heads])."""
+    per_tensor = scale.numel() == 1
+    per_head = scale.dim() == 1 and scale.shape[0] == num_kv_heads
+    if scale.dtype != torch.float32 or not (per_tensor or per_head):
+        _fail(op, layer_name, f"{name} must be a float32 tensor with one element (shape [] or [1]) or one per "
+              f"KV head (shape [{num_kv_heads}]), got dtype {scale.dtype} shape {tuple(scale.shape)}")
+
+
+def per_head_scales(*scales: torch.Tensor) -> bool:
+    """Whether any of the (validated) scales holds one value per KV head (more than one element)."""
+    return any(s.numel() > 1 for s in scales)
 
 
 def _check_kv_input(op: str, layer_name: str, name: str, x: torch.Tensor) -> None:
@@ -138,7 +146,7 @@ def _validate_encode_kv(x, scale, kv_quant_mode, cache_dtype, layer_name) -> KVQ
     op = "encode_kv"
     mode = _mode(op, layer_name, kv_quant_mode)
     _check_kv_input(op, layer_name, "x", x)
-    _check_scale(op, layer_name, "scale", scale)
+    _check_scale(op, layer_name, "scale", scale, x.shape[1])
     _check_devices(op, layer_name, x=x, scale=scale)
     if mode_of_storage_dtype(cache_dtype) is not mode:
         _fail(op, layer_name, f"cache_dtype={cache_dtype} cannot hold kv_quant_mode={mode.name}")
@@ -153,7 +161,7 @@ def _encode_kv_fake(x, scale, kv_quant_mode, cache_dtype, layer_name):
     return x.new_empty((x.shape[0], x.shape[1], row_dim_for(mode, x.shape[2])), dtype=cache_dtype)
 
 
-def _self_checked_choice(op: str, kv_quant_mode, device_type: str, num_tokens: int):
+def _self_checked_choice(op: str, kv_quant_mode, device_type: str, num_tokens: int, per_head: bool = False):
     """The registry's choice when its kernel checks the op's whole contract itself, else None.
 
     Native kernels check in C++, before touching memory, every condition the op's validator
@@ -162,7 +170,7 @@ def _self_checked_choice(op: str, kv_quant_mode, device_type: str, num_tokens: i
     """
     if type(kv_quant_mode) is not int or kv_quant_mode not in _MODES or checks.enabled():
         return None
-    choice = registry.route(op, device_type, kv_quant_mode).pick(num_tokens)
+    choice = registry.route(op, device_type, kv_quant_mode, per_head).pick(num_tokens)
     return choice if device_type in registry.implementations()[choice.name].checks_inputs else None
 
 
@@ -175,14 +183,15 @@ def _run_self_checked(kernel, kernel_args: tuple, validate, validate_args: tuple
 
 
 def _encode_kv_impl(x, scale, kv_quant_mode, cache_dtype, layer_name):
-    choice = _self_checked_choice("encode_kv", kv_quant_mode, x.device.type, x.shape[0])
+    choice = _self_checked_choice("encode_kv", kv_quant_mode, x.device.type, x.shape[0], per_head_scales(scale))
     if choice is not None:
         return _run_self_checked(choice.kernel, (x, scale, kv_quant_mode, cache_dtype), _validate_encode_kv,
                                  (x, scale, kv_quant_mode, cache_dtype, layer_name))
     mode = _validate_encode_kv(x, scale, kv_quant_mode, cache_dtype, layer_name)
     if checks.enabled() and mode.is_quantized:
         checks.check_scales("encode_kv", layer_name, scale=scale)
-    return registry.kernel("encode_kv", x.device.type, mode, x.shape[0])(x, scale, mode, cache_dtype)
+    return registry.kernel("encode_kv", x.device.type, mode, x.shape[0], per_head_scales(scale))(
+        x, scale, mode, cache_dtype)
 
 
 # ----------------------------------------------------------------------------- cache_write
@@ -259,8 +268,8 @@ def _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale
     if tuple(kv_cache.shape[3:]) != expected:
         _fail(op, layer_name, f"kv_cache holds (heads, row_dim)={tuple(kv_cache.shape[3:])} but key "
               f"{tuple(key.shape)} in mode {mode.name} needs {expected}")
-    _check_scale(op, layer_name, "k_scale", k_scale)
-    _check_scale(op, layer_name, "v_scale", v_scale)
+    _check_scale(op, layer_name, "k_scale", k_scale, key.shape[1])
+    _check_scale(op, layer_name, "v_scale", v_scale, key.shape[1])
     _check_slots(op, layer_name, slot_mapping, key.shape[0])
     _check_devices(op, layer_name, key=key, value=value, kv_cache=kv_cache, slot_mapping=slot_mapping,
                    k_scale=k_scale, v_scale=v_scale)
@@ -276,7 +285,8 @@ def _encode_and_cache_write_fake(key, value, kv_cache, slot_mapping, k_scale, v_
 def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode, layer_name):
     if kv_cache.is_cuda and not native.cuda_routing_decided():
         native.route_cuda_calls()
-    choice = _self_checked_choice("encode_and_cache_write", kv_quant_mode, kv_cache.device.type, key.shape[0])
+    choice = _self_checked_choice("encode_and_cache_write", kv_quant_mode, kv_cache.device.type, key.shape[0],
+                                  per_head_scales(k_scale, v_scale))
     if choice is not None:
         _run_self_checked(choice.kernel, (key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode),
                           _validate_encode_and_cache_write,
@@ -288,7 +298,8 @@ def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_
         checks.check_slots("encode_and_cache_write", layer_name, slot_mapping, kv_cache)
         if mode.is_quantized:
             checks.check_scales("encode_and_cache_write", layer_name, k_scale=k_scale, v_scale=v_scale)
-    registry.kernel("encode_and_cache_write", kv_cache.device.type, mode, key.shape[0])(
+    registry.kernel("encode_and_cache_write", kv_cache.device.type, mode, key.shape[0],
+                    per_head_scales(k_scale, v_scale))(
         key, value, kv_cache, slot_mapping, k_scale, v_scale, mode)
 
 
@@ -372,7 +383,8 @@ def _rope_encode_and_cache_write_impl(query, key, value, kv_cache, slot_mapping,
             checks.check_positions(op, layer_name, positions, cos.shape[0])
         if mode.is_quantized:
             checks.check_scales(op, layer_name, k_scale=k_scale, v_scale=v_scale)
-    return registry.kernel("rope_encode_and_cache_write", kv_cache.device.type, mode, key.shape[0])(
+    return registry.kernel("rope_encode_and_cache_write", kv_cache.device.type, mode, key.shape[0],
+                           per_head_scales(k_scale, v_scale))(
         query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin, positions, rotary_dim, is_neox, mode)
 
 
@@ -402,8 +414,8 @@ def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, se
               f"{mode.name} (expected {row_dim_for(mode, head_size)})")
     if num_q_heads % num_kv_heads:
         _fail(op, layer_name, f"query has {num_q_heads} heads, not a multiple of the cache's {num_kv_heads} KV heads")
-    _check_scale(op, layer_name, "k_scale", k_scale)
-    _check_scale(op, layer_name, "v_scale", v_scale)
+    _check_scale(op, layer_name, "k_scale", k_scale, num_kv_heads)
+    _check_scale(op, layer_name, "v_scale", v_scale, num_kv_heads)
     if block_table.dim() != 2 or block_table.dtype != torch.int32:
         _fail(op, layer_name, f"block_table must be [num_seqs, max_blocks] int32, got dtype {block_table.dtype} "
               f"shape {tuple(block_table.shape)}")
@@ -453,7 +465,7 @@ def _paged_attention_impl(query, kv_cache, k_scale, v_scale, block_table, seq_le
             checks.check_scales("paged_attention", layer_name, k_scale=k_scale, v_scale=v_scale)
     call = registry.AttentionCall(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
                                   mode, sm_scale, sliding_window, float(logit_softcap), sinks)
-    return registry.kernel("paged_attention", query.device.type, mode)(call)
+    return registry.kernel("paged_attention", query.device.type, mode, None, per_head_scales(k_scale, v_scale))(call)
 
 
 for _name, _impl in (

@@ -326,4 +326,7 @@ IMPLEMENTATION = Implementation(
     # not understood yet), so CUDA calls are validated in Python, or pre-checked without throwing by
     # the eager router (fits_encode_and_write).
     available=unavailable_reason, rank=_rank, checks_inputs=frozenset({"cpu"}),
+    # The CUDA kernels hold one divider per K and V for a whole block (csrc/cuda/cache_write.cu) and
+    # refuse per-KV-head scales; those calls take the Triton kernels.
+    per_head_scale_devices=frozenset({"cpu"}),
 )

@@ -23,12 +23,20 @@ IMPLEMENTATION = Implementation(
 )
 
 
+def _head_scale(scale: torch.Tensor) -> torch.Tensor:
+    """float32 ``scale`` shaped to broadcast over ``[..., H, D]``: ``[]`` per tensor, ``[H, 1]`` per KV head."""
+    s = scale.float()
+    return s.reshape(()) if s.numel() == 1 else s.reshape(-1, 1)
+
+
 def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dtype: torch.dtype) -> torch.Tensor:
     """Encode ``x [T, H, D]`` into cache rows ``[T, H, row_dim]`` of ``cache_dtype``.
 
     - NONE: ``x.to(cache_dtype)`` (a value conversion, never a bit reinterpretation);
     - FP8: ``clamp(x / scale, -max, max)`` rounded to nearest even; NaN stays NaN;
     - NVFP4: :func:`kvfuse.kv_cache.nvfp4_quantize_reference` with ``scale`` as global scale.
+
+    ``scale`` has one element, or one per KV head (``[H]``: head ``h`` uses ``scale[h]``).
     """
     mode = KVQuantMode(kv_quant_mode)
     if mode is KVQuantMode.NONE:
@@ -36,18 +44,18 @@ def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dt
         return x.to(cache_dtype, copy=True).contiguous()
     if mode.is_fp8:
         limit = fp8_max(mode)
-        q = x.float() / scale.float().reshape(())
+        q = x.float() / _head_scale(scale)
         return torch.clamp(q, -limit, limit).to(cache_dtype).contiguous()
     return nvfp4_quantize_reference(x, scale).contiguous()
 
 
 def decode_rows(rows: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int) -> torch.Tensor:
-    """Inverse of :func:`encode_kv` up to rounding: cache rows -> float32 ``[..., D]``."""
+    """Inverse of :func:`encode_kv` up to rounding: cache rows ``[..., H, row_dim]`` -> float32 ``[..., H, D]``."""
     mode = KVQuantMode(kv_quant_mode)
     if mode is KVQuantMode.NONE:
         return rows.float()
     if mode.is_fp8:
-        return rows.float() * scale.float().reshape(())
+        return rows.float() * _head_scale(scale)
     return nvfp4_dequantize_reference(rows, scale)
 
 

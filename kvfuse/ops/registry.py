@@ -138,6 +138,7 @@ class Situation(NamedTuple):
     mode: KVQuantMode
     size_class: str  # "small" or "bulk" (CUDA cache ops), else "any"
     captured: bool  # a CUDA graph is being captured (only where the policy cares)
+    per_head_scales: bool = False  # k_scale / v_scale hold one value per KV head
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,9 @@ class Implementation:
     #: Device types on which its kernels check every condition of the op's validator before touching
     #: memory and refuse cleanly: the op body then skips the Python validation there (kvfuse.ops.library).
     checks_inputs: frozenset = frozenset()
+    #: Device types on which its kernels take per-KV-head scales (None: every device it runs on); on
+    #: the others a call with per-head scales goes to the next implementation.
+    per_head_scale_devices: Optional[frozenset] = None
 
     def __post_init__(self) -> None:
         if self.name not in envs.BACKEND_NAMES:
@@ -168,7 +172,7 @@ class Implementation:
         if unknown:
             raise ValueError(f"implementation {self.name!r} declares unknown ops {sorted(unknown)}; known: {OPS}")
 
-    def covers(self, op: str, device_type: str, mode: KVQuantMode) -> Optional[str]:
+    def covers(self, op: str, device_type: str, mode: KVQuantMode, per_head_scales: bool = False) -> Optional[str]:
         """None if the declaration covers the call, else why not."""
         if op not in self.ops:
             return f"{self.name} implements {', '.join(sorted(self.ops))}, not {op}"
@@ -176,6 +180,8 @@ class Implementation:
             return f"{self.name} runs on {', '.join(sorted(self.devices))}, not {device_type}"
         if mode not in self.modes:
             return f"{self.name} does not support {mode.name} caches for {op}"
+        if per_head_scales and self.per_head_scale_devices is not None and device_type not in self.per_head_scale_devices:
+            return f"{self.name} takes only per-tensor scales for {op} on {device_type}, not one per KV head"
         return None
 
     def kernel(self, op: str):
@@ -212,13 +218,14 @@ def family(op: str) -> str:
     raise ValueError(f"op={op!r} is not a kvfuse op; known: {OPS}")
 
 
-def unavailable_reason(name: str, op: str, device_type: str, mode) -> Optional[str]:
-    """None if implementation ``name`` can run ``op`` for this device type and mode, else why not."""
+def unavailable_reason(name: str, op: str, device_type: str, mode, per_head_scales: bool = False) -> Optional[str]:
+    """None if implementation ``name`` can run ``op`` for this device type and mode (and, with
+    ``per_head_scales``, with one scale per KV head), else why not."""
     impl = implementations().get(name)
     if impl is None:
         return f"{name!r} is not a kvfuse backend; valid: {', '.join(implementations())}"
     mode = KVQuantMode(mode)
-    reason = impl.covers(op, device_type, mode)
+    reason = impl.covers(op, device_type, mode, per_head_scales)
     if reason is None:
         try:
             reason = impl.available(op, device_type, mode)
@@ -239,7 +246,8 @@ def _decide(situation: Situation) -> tuple[Choice, list]:
     forced = envs.settings().forced_backend(family(situation.op))
     impls = implementations()
     if forced is not None:
-        reason = unavailable_reason(forced, situation.op, situation.device_type, situation.mode)
+        reason = unavailable_reason(forced, situation.op, situation.device_type, situation.mode,
+                                    situation.per_head_scales)
         if reason is not None:
             raise RuntimeError(f"backend {forced!r} was forced for {situation.op} on {situation.device_type} "
                                f"but {reason}")
@@ -247,12 +255,13 @@ def _decide(situation: Situation) -> tuple[Choice, list]:
     ranked = sorted((r, name) for name, impl in impls.items() if (r := impl.rank(situation)) is not None)
     skipped = []
     for _, name in ranked:
-        reason = unavailable_reason(name, situation.op, situation.device_type, situation.mode)
+        reason = unavailable_reason(name, situation.op, situation.device_type, situation.mode,
+                                    situation.per_head_scales)
         if reason is None:
             return _choice(impls[name], situation), skipped
         skipped.append((name, reason))
     raise RuntimeError(f"no kvfuse backend can run {situation.op} on {situation.device_type} for "
-                       f"{situation.mode.name}: " + "; ".join(f"{n}: {r}" for n, r in skipped))
+                       f"{situation.mode.name}{' with per-head scales' if situation.per_head_scales else ''}: " + "; ".join(f"{n}: {r}" for n, r in skipped))
 
 
 def choose(situation: Situation) -> Choice:
@@ -284,10 +293,11 @@ class Route:
     where the policy depends on it, and an attribute read; no hashing.
     """
 
-    __slots__ = ("op", "device_type", "mode", "limit", "capture_sensitive", "_small", "_bulk", "_captured")
+    __slots__ = ("op", "device_type", "mode", "per_head", "limit", "capture_sensitive", "_small", "_bulk",
+                 "_captured")
 
-    def __init__(self, op: str, device_type: str, mode: KVQuantMode) -> None:
-        self.op, self.device_type, self.mode = op, device_type, mode
+    def __init__(self, op: str, device_type: str, mode: KVQuantMode, per_head: bool = False) -> None:
+        self.op, self.device_type, self.mode, self.per_head = op, device_type, mode, per_head
         self.limit, self.capture_sensitive = None, False
         if device_type == "cuda" and op in CACHE_OPS:
             from . import tuning
@@ -301,37 +311,42 @@ class Route:
         if self.limit is not None:
             if num_tokens is not None and num_tokens >= self.limit:
                 if self._bulk is None:
-                    self._bulk = choose(Situation(self.op, self.device_type, self.mode, "bulk", False))
+                    self._bulk = choose(Situation(self.op, self.device_type, self.mode, "bulk", False, self.per_head))
                 return self._bulk
             if self.capture_sensitive and torch.cuda.is_current_stream_capturing():
                 if self._captured is None:
-                    self._captured = choose(Situation(self.op, self.device_type, self.mode, "small", True))
+                    self._captured = choose(Situation(self.op, self.device_type, self.mode, "small", True,
+                                                      self.per_head))
                 return self._captured
             size_class = "small"
         else:
             size_class = "any"
         if self._small is None:
-            self._small = choose(Situation(self.op, self.device_type, self.mode, size_class, False))
+            self._small = choose(Situation(self.op, self.device_type, self.mode, size_class, False, self.per_head))
         return self._small
 
 
-def route(op: str, device_type: str, mode_value: int) -> Route:
-    """The :class:`Route` of ``op`` on ``device_type`` for the mode whose value is ``mode_value``."""
-    found = _routes.get((op, device_type, mode_value))
+def route(op: str, device_type: str, mode_value: int, per_head: bool = False) -> Route:
+    """The :class:`Route` of ``op`` on ``device_type`` for the mode whose value is ``mode_value``
+    (and per-KV-head scales when ``per_head``)."""
+    key = (op, device_type, mode_value, per_head)
+    found = _routes.get(key)
     if found is None:
-        found = _routes[(op, device_type, mode_value)] = Route(op, device_type, KVQuantMode(mode_value))
+        found = _routes[key] = Route(op, device_type, KVQuantMode(mode_value), per_head)
     return found
 
 
-def kernel(op: str, device_type: str, mode: KVQuantMode, num_tokens: Optional[int] = None) -> Callable:
+def kernel(op: str, device_type: str, mode: KVQuantMode, num_tokens: Optional[int] = None,
+           per_head_scales: bool = False) -> Callable:
     """The kernel function that runs ``op`` now (the per-call path of the public ops)."""
-    return route(op, device_type, int(mode)).pick(num_tokens).kernel
+    return route(op, device_type, int(mode), per_head_scales).pick(num_tokens).kernel
 
 
-def select(op: str, device_type: str, mode, num_tokens: Optional[int] = None) -> Choice:
+def select(op: str, device_type: str, mode, num_tokens: Optional[int] = None,
+           per_head_scales: bool = False) -> Choice:
     """``(name, kernel)`` for ``op`` on ``device_type`` with cache mode ``mode`` and ``num_tokens`` tokens."""
     family(op)
-    return route(op, device_type, int(KVQuantMode(mode))).pick(num_tokens)
+    return route(op, device_type, int(KVQuantMode(mode)), per_head_scales).pick(num_tokens)
 
 
 def decisions(device_type: str) -> list[dict]:

@@ -97,7 +97,10 @@ def _scale_problem(enc: Encoding, x_val) -> Optional[str]:
     s = val(enc.scale)
     if not isinstance(s, torch.Tensor):
         return f"scale {describe(enc.scale)} has no tensor metadata"
-    if s.numel() != 1:
+    # kvfuse's own encode_kv also takes one scale per KV head ([H] for x [T, H, D]), as the fused op does.
+    per_head = (enc.source == "kvfuse::encode_kv" and s.dim() == 1 and x_val is not None and x_val.dim() == 3
+                and s.shape[0] == x_val.shape[1])
+    if s.numel() != 1 and not per_head:
         return f"scale {describe(enc.scale)} is not a per-tensor scalar (shape {tuple(s.shape)})"
     if s.dtype != torch.float32:
         return f"scale {describe(enc.scale)} is {s.dtype}, the fused op takes a float32 scale"

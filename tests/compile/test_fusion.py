@@ -159,3 +159,36 @@ def test_reinplaced_no_cache_copy_in_output_code(v2):
         assert cache_arg.startswith("arg") and cache_arg.endswith("_1"), call  # a graph input, not a buffer
     assert "clone" not in code and "copy_" not in code, code
     assert "encode_kv" not in code and "kvfuse.cache_write" not in code
+
+
+@pytest.mark.parametrize("dtype_name,mode", [("fp8", KVQuantMode.FP8_E4M3), ("nvfp4", KVQuantMode.NVFP4)])
+def test_per_head_layer_beside_per_tensor_layer(dtype_name, mode, monkeypatch):
+    """One layer with per-KV-head scales, one with per-tensor scales: both fuse, bit-exact, and each
+    fused write and attention carries its own layer's scale shape."""
+    from compile_util import D, HKV, HQ
+
+    torch._dynamo.reset()
+    model = TinyModel(2, KVCacheConfig(kv_cache_dtype=dtype_name), seed=3)
+    model.attn[1] = kvfuse.PagedAttention(HQ, HKV, D, "model.layers.1.attn",
+                                          config=KVCacheConfig(dtype_name, kv_scale_granularity="head"))
+    divisor = 448.0 if mode is KVQuantMode.FP8_E4M3 else 448.0 * 6
+    model.attn[0].set_scales(0.9 / divisor, 2.0 / divisor)
+    model.attn[1].set_scales([0.3 / divisor, 4.0 / divisor], [1.5 / divisor, 0.2 / divisor])
+    assert [tuple(a.k_scale.shape) for a in model.attn] == [(), (HKV,)]
+    x, md = make_inputs(T=7)
+    be = snapshot_backend()
+    out, caches = _compile_and_run(model, be, x, md)
+
+    assert [(r.layer_name, r.kv_quant_mode, r.fused) for r in be.report] == [
+        ("model.layers.0.attn", mode, True), ("model.layers.1.attn", mode, True)]
+    graph = be.pass_manager.graphs_after[0]
+    shapes = {a["layer_name"]: tuple(a["k_scale"].meta["val"].shape) for _, a in nodes_of(graph, FUSED_WRITE)}
+    assert shapes == {"model.layers.0.attn": (), "model.layers.1.attn": (HKV,)}
+    ref_out, ref_caches = _eager_reference(model, x, md, monkeypatch)
+    for i, (c, r) in enumerate(zip(caches, ref_caches)):
+        assert_bytes_equal(c, r, f"layer {i} cache")
+    torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)
+    # The per-head scales matter: the same layer with its head-0 scales for both heads writes other bytes.
+    model.attn[1].set_scales(float(model.attn[1].k_scale[0]), float(model.attn[1].v_scale[0]))
+    _, flat_caches = _eager_reference(model, x, md, monkeypatch)
+    assert not torch.equal(flat_caches[1].view(torch.uint8), caches[1].view(torch.uint8))

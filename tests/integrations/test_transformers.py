@@ -345,3 +345,25 @@ def test_enable_reports_skip_rules_that_match_no_layer(caplog):
     with pytest.raises(ValueError, match="'7'"):
         kvt.enable(build("llama"),
                kvfuse.KVCacheConfig(kv_cache_dtype="fp8", skip_layers=("7",), strict_skip_layers=True))
+
+
+def test_per_head_checkpoint_scales_load_into_per_head_layers():
+    """vLLM's kv_scale_type="attn_head": one scale per KV head, loaded as is by per-head layers."""
+    model = build("llama")
+    heads = model.config.num_key_value_heads
+    k = torch.tensor([0.5, 2.0][:heads])
+    scales = {"model.layers.0.self_attn.k_scale": k, "model.layers.0.self_attn.v_scale": torch.tensor(0.25),
+              "model.layers.1.self_attn.k_proj.k_scale": k * 3, "model.layers.1.self_attn.v_proj.v_scale": k * 5}
+    kvt.enable(model, kvfuse.KVCacheConfig(kv_cache_dtype="fp8", kv_scale_granularity="attn_head"), kv_scales=scales)
+    layers = kvt.kvfuse_layers(model)
+    assert [(layer.k_scale.tolist(), layer.v_scale.tolist()) for layer in layers] == [
+        (k.tolist(), [0.25] * heads), ((k * 3).tolist(), (k * 5).tolist())]
+    ids, mask = left_padded_batch()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.isfinite(logits).all()
+    with pytest.raises(ValueError, match=r"checkpoint scales \['model.layers.0.self_attn.k_scale', .*k_scale has 3 "
+                                         r"values.*one per KV head \(2"):
+        kvt.enable(model, kvfuse.KVCacheConfig(kv_cache_dtype="fp8", kv_scale_granularity="head"),
+                   kv_scales={"model.layers.0.self_attn.k_scale": torch.ones(3),
+                              "model.layers.0.self_attn.v_scale": torch.ones(3)})

@@ -91,6 +91,16 @@ def _kv_write_cases() -> list[Case]:
                           dict(op="encode_kv", mode=mode, head=(128, 80, 256, 64)[j], heads=8,
                                tokens=(7, 512, 1, 64)[j], in_dtype="bfloat16", cache_dtype=cache,
                                soft_rounding=bool(j % 2))))
+    # Per-KV-head scales (K_SCALE_STRIDE_H / V_SCALE_STRIDE_H > 0): the scale loads become per-head vectors.
+    for j, (mode, cache) in enumerate((("FP8_E4M3", "float8_e4m3fn"), ("FP8_E5M2", "float8_e5m2"),
+                                       ("NVFP4", "uint8"))):
+        cases.append(Case(f"kv_write-fused-{mode}-d{(128, 80, 64)[j]}-head_scales", "kv_write",
+                          dict(op="encode_and_cache_write", mode=mode, head=(128, 80, 64)[j], heads=(8, 3, 4)[j],
+                               tokens=(4096, 37, 1)[j], in_dtype="bfloat16", cache_dtype=cache,
+                               soft_rounding=bool(j % 2), head_scales=True)))
+    cases.append(Case("kv_write-encode_kv-NVFP4-head_scales", "kv_write",
+                      dict(op="encode_kv", mode="NVFP4", head=128, heads=8, tokens=512, in_dtype="bfloat16",
+                           cache_dtype="uint8", soft_rounding=False, head_scales=True)))
     for j, row in enumerate(("bfloat16", "float8_e4m3fn", "uint8")):
         cases.append(Case(f"kv_write-cache_write-{row}", "kv_write",
                           dict(op="cache_write", mode="COPY", head=(128, 256, 64)[j], heads=(8, 1, 4)[j],
@@ -150,6 +160,11 @@ def _attention_cases() -> list[Case]:
         # The prefill tile with BLOCK_N capped for float32 (shared memory: see _FP32_MAX_BLOCK_N).
         Case("attention-NONE-d128-prefill-float32", "attention",
              dict(mode="NONE", head=128, phase="prefill", q_dtype="float32", group=2, sinks=True)),
+        # Per-KV-head scales: the scale pointers advance by the program's KV head.
+        Case("attention-FP8_E4M3-d128-decode-bf16-head_scales", "attention",
+             dict(mode="FP8_E4M3", head=128, phase="decode", q_dtype="bfloat16", group=4, head_scales=True)),
+        Case("attention-NVFP4-d128-prefill-bf16-head_scales", "attention",
+             dict(mode="NVFP4", head=128, phase="prefill", q_dtype="bfloat16", group=4, head_scales=True)),
     ]
     return cases
 
@@ -176,6 +191,11 @@ def _rope_cases() -> list[Case]:
              dict(mode="NVFP4", head=128, neox=False, rotary=64, half_table=False, positions=True, query=True, heads=1,
                   q_heads=4, tokens=33, in_dtype="bfloat16", soft_rounding=False, fp_fusion=None, page=5)),
     ]
+    for j, mode in enumerate(("FP8_E4M3", "NVFP4")):
+        cases.append(Case(f"rope-{mode}-neox-d128-head_scales", "rope",
+                          dict(mode=mode, head=128, neox=True, rotary=128, half_table=False, positions=bool(j),
+                               query=True, heads=8, q_heads=32, tokens=(33, 2048)[j], in_dtype="bfloat16",
+                               soft_rounding=bool(j), fp_fusion=None, head_scales=True)))
     return cases
 
 
@@ -265,7 +285,7 @@ def _run_case(case: Case) -> list[Launch]:
             else:
                 mode = KVQuantMode[p["mode"]]
                 in_dtype = _dtype(p["in_dtype"])
-                scale = torch.empty((), dtype=torch.float32, device=meta)
+                scale = torch.empty((h,) if p.get("head_scales") else (), dtype=torch.float32, device=meta)
                 # K and V as views of one QKV projection output, as attention layers hand them over.
                 qkv = torch.empty((t, 4 * h + 2 * h, d), dtype=in_dtype, device=meta)
                 key, value = qkv[:, 4 * h: 5 * h], qkv[:, 5 * h:]
@@ -291,7 +311,7 @@ def _run_case(case: Case) -> list[Launch]:
             blocks = seqs * context // page
             cache = torch.empty((blocks, 2, page, kv_heads, row_dim_for(mode, d)), dtype=storage, device=meta)
             query = torch.empty((tokens, kv_heads * group, d), dtype=_dtype(p["q_dtype"]), device=meta)
-            scale = torch.empty((), dtype=torch.float32, device=meta)
+            scale = torch.empty((kv_heads,) if p.get("head_scales") else (), dtype=torch.float32, device=meta)
             call = AttentionCall(
                 query=query, kv_cache=cache, k_scale=scale, v_scale=scale,
                 block_table=torch.empty((seqs, context // page), dtype=torch.int32, device=meta),
@@ -318,7 +338,7 @@ def _run_case(case: Case) -> list[Launch]:
             query, key, value = qkv[:, :hq], qkv[:, hq: hq + h], qkv[:, hq + h:]
             cache = torch.empty((t // page + 2, 2, page, h, row_dim_for(mode, d)), dtype=storage, device=meta)
             slots = torch.empty((t,), dtype=torch.int64, device=meta)
-            scale = torch.empty((), dtype=torch.float32, device=meta)
+            scale = torch.empty((h,) if p.get("head_scales") else (), dtype=torch.float32, device=meta)
             width = r // 2 if p["half_table"] else r
             rows = 8192 if p["positions"] else t
             cos = torch.empty((rows, width), dtype=in_dtype, device=meta)

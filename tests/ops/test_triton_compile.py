@@ -132,6 +132,9 @@ def test_matrix_covers_every_branch(report):
         expect("kv_write", name, both, _seen(kw, name))
     for mode in modes:
         expect("kv_write", f"D[MODE={mode}]", heads, _seen(kw, "D", lambda c, m=mode: c["MODE"] == m))
+    for mode in modes - {int(KVQuantMode.NONE)}:  # per-KV-head scales (stride 1) and per-tensor ones (0)
+        expect("kv_write", f"K_SCALE_STRIDE_H[MODE={mode}]", {0, 1},
+               _seen(kw, "K_SCALE_STRIDE_H", lambda c, m=mode: c["MODE"] == m))
 
     at = _launches(report, "attention")
     is_fp4 = lambda c: c["MODE"] == nvfp4  # noqa: E731
@@ -160,6 +163,9 @@ def test_matrix_covers_every_branch(report):
     for name in ("NEOX", "HALF_TABLE", "HAS_POS", "SOFT_ROUNDING"):
         expect("rope", name, both, _seen(rp, name))
     expect("rope", "D", heads, _seen(rp, "D"))
+    for mode in (int(KVQuantMode.FP8_E4M3), nvfp4):
+        expect("rope", f"V_SCALE_STRIDE_H[MODE={mode}]", {0, 1},
+               _seen(rp, "V_SCALE_STRIDE_H", lambda c, m=mode: c["MODE"] == m))
     if not any(c["constexprs"]["R"] < c["constexprs"]["D"] for c in rp):
         missing.append("rope: no partial rotary (R < D)")
     if {"fp16", "bf16", "fp32"} - {_key_dtype(c) for c in rp}:

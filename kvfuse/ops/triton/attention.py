@@ -12,6 +12,8 @@ Math (per query row at position ``p``, keys ``j`` in the allowed set
     s_j   = (q . k_j) * sm_scale * k_scale * log2(e)
     m     = max_j s_j,  l = sum_j 2^(s_j - m),  o = v_scale * sum_j 2^(s_j - m) v_j / l
 
+(``k_scale`` / ``v_scale``: the program's KV head's entry when the scales are per KV head.)
+
 K/V are dequantized in registers right after the load. FP8 converts exactly to the dot dtype
 (fp16 for bf16 queries where measured faster: one cvt per pair; its scale is folded into ``s``
 and the output). NVFP4 turns each packed byte into two fp16 values with a few 32-bit integer
@@ -387,7 +389,7 @@ def _fp16_safe_scale(amax):
 def _paged_attention_kernel(
     q_ptr, cache_ptr, k_scale_ptr, v_scale_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
     out_ptr, pout_ptr, plse_ptr,
-    qk_scale, cap, window, num_seqs, num_splits,
+    qk_scale, cap, window, num_seqs, num_splits, k_scale_stride_h, v_scale_stride_h,
     stride_qt, stride_qh, stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt,
     stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
     MODE: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, GROUP: tl.constexpr,
@@ -457,8 +459,9 @@ def _paged_attention_kernel(
     k_scale = 1.0
     v_scale = 1.0
     if MODE != _MODE_NONE:
-        k_scale = tl.load(k_scale_ptr)
-        v_scale = tl.load(v_scale_ptr)
+        # Per-KV-head scales: this program's head (stride 0: one scale per tensor).
+        k_scale = tl.load(k_scale_ptr + kvh * k_scale_stride_h)
+        v_scale = tl.load(v_scale_ptr + kvh * v_scale_stride_h)
     qk = qk_scale * k_scale
     q_rows = q_ptr + rows[:, None] * stride_qt + head[:, None].to(tl.int64) * stride_qh
 
@@ -708,6 +711,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         sinks if sinks is not None else k_scale,  # never read without HAS_SINKS
         out, pout, plse,
         qk_scale, cap, window, num_seqs, num_splits,
+        k_scale.stride(0) if k_scale.numel() > 1 else 0, v_scale.stride(0) if v_scale.numel() > 1 else 0,
         query.stride(0), query.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), block_table.stride(0),
         out.stride(0), out.stride(1),

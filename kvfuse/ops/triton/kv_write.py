@@ -123,10 +123,12 @@ def _encode_rows(
     PAGED: tl.constexpr,  # NVFP4 rows go to cache pages (else to dense rows)
     PAGE: tl.constexpr,
     SWIZZLE: tl.constexpr,  # NVFP4 pages: this side's scales are 4-token interleaved (V)
+    SCALE_STRIDE_H: tl.constexpr,
 ):
     """Encode ``[BLOCK_T, BLOCK_H, D]`` of one tensor and store the rows; see the kernel docstring."""
     offs_h = h0 + tl.arange(0, BLOCK_H)
     h_ok = offs_h < H
+    scale_ptr = _head_scale_ptr(scale_ptr, offs_h, H, SCALE_STRIDE_H)
     if MODE == _NVFP4:
         BLOCK_NB: tl.constexpr = BLOCK_D // 16
         offs_b = tl.arange(0, BLOCK_NB)
@@ -164,10 +166,21 @@ def _encode_rows(
 
 
 @triton.jit
+def _head_scale_ptr(scale_ptr, offs_h, H: tl.constexpr, SCALE_STRIDE_H: tl.constexpr):
+    """The scale pointer of each row: ``scale_ptr`` itself for a per-tensor scale (SCALE_STRIDE_H 0,
+    one scalar load), else ``[1, BLOCK_H, 1]`` pointers ``scale_ptr + h * SCALE_STRIDE_H`` (heads past
+    ``H`` read the last head's scale, so the load needs no mask), which broadcast over the rows."""
+    if SCALE_STRIDE_H == 0:
+        return scale_ptr
+    else:
+        return scale_ptr + (tl.minimum(offs_h, H - 1) * SCALE_STRIDE_H)[None, :, None]
+
+
+@triton.jit
 def _store_nvfp4(
     x,  # [BLOCK_T, BLOCK_H, BLOCK_D // 16, 16] float32 values of the rows
     dst_ptr,
-    scale_ptr,
+    scale_ptr,  # the global scale: one pointer, or [1, BLOCK_H, 1] per head (_head_scale_ptr)
     dst_tok,  # [BLOCK_T] int64 element offset of each token's row in dst (PAGED: of its page side)
     offs_h,  # [BLOCK_H] head indices
     row_ok,  # [BLOCK_T, BLOCK_H, BLOCK_D // 16] write this 16-block
@@ -282,7 +295,8 @@ def _nvfp4_side_bases(blk, k_stride_blk, v_stride_blk, value_off, ALIGN: tl.cons
 
 @triton.jit
 def _store_dense(x, dst, scale_ptr, ok, MODE: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
-    """Encode ``x`` (any shape) for a NONE / FP8 / COPY cache and store it at the pointers ``dst``."""
+    """Encode ``x`` (any shape) for a NONE / FP8 / COPY cache and store it at the pointers ``dst``;
+    ``scale_ptr`` is one pointer or pointers that broadcast over ``x`` (per head: :func:`_head_scale_ptr`)."""
     if MODE == _COPY:
         tl.store(dst, x, mask=ok)
     elif MODE == _NONE:
@@ -354,6 +368,8 @@ def _encode_and_cache_write_kernel(
     SOFT_ROUNDING: tl.constexpr,
     SWIZZLE_V: tl.constexpr,
     PAGE_ALIGN: tl.constexpr,
+    K_SCALE_STRIDE_H: tl.constexpr = 0,
+    V_SCALE_STRIDE_H: tl.constexpr = 0,
 ):
     """Encode K and V rows and store them at their cache slots.
 
@@ -376,6 +392,9 @@ def _encode_and_cache_write_kernel(
     NVFP4 into a cache (NVFP4, COPY_NVFP4 with ``HAS_SLOTS``): the row's data and scale bytes go
     to its page side's two regions (:func:`_put_nvfp4`); V scales 4-token interleaved when
     ``SWIZZLE_V``; ``PAGE_ALIGN`` divides the page sides' offsets (the cache strides 0 and 1).
+
+    ``scale`` is ``k_scale`` / ``v_scale``, or with ``*_SCALE_STRIDE_H > 0`` (per-KV-head scales)
+    ``scale[h * *_SCALE_STRIDE_H]`` for the rows of head ``h``.
 
     K and V share a program (rather than a grid axis and a runtime branch) because offsets that
     flow out of a branch lose Triton's alignment facts, and the stores stop being 16-byte wide.
@@ -405,11 +424,12 @@ def _encode_and_cache_write_kernel(
         v_dst = tok64 * vc_stride_off
         v_cache_ptr = value_cache_ptr + value_cache_off
     _encode_rows(key_ptr, key_cache_ptr, k_scale_ptr, tok64 * key_stride_t, k_dst, tok_ok, h0,
-                 H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, HAS_SLOTS, PAGE, False)
+                 H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, HAS_SLOTS, PAGE, False,
+                 K_SCALE_STRIDE_H)
     if PAIR:
         _encode_rows(value_ptr, v_cache_ptr, v_scale_ptr, tok64 * value_stride_t, v_dst,
                      tok_ok, h0, H, V_STRIDE_H, VC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off,
-                     HAS_SLOTS, PAGE, SWIZZLE_V)
+                     HAS_SLOTS, PAGE, SWIZZLE_V, V_SCALE_STRIDE_H)
 
 
 # ----------------------------------------------------------------------------- launch configuration
@@ -480,8 +500,19 @@ def _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, 
         PAGE=key_cache.shape[-3] if has_slots else 1,
         MODE=mode, HAS_SLOTS=has_slots, PAIR=num_kv == 2,
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
-        SWIZZLE_V=swizzle_v, PAGE_ALIGN=page_align, num_warps=num_warps,
+        SWIZZLE_V=swizzle_v, PAGE_ALIGN=page_align,
+        K_SCALE_STRIDE_H=scale_head_stride(k_scale, mode), V_SCALE_STRIDE_H=scale_head_stride(v_scale, mode),
+        num_warps=num_warps,
     )
+
+
+_SCALED_MODES = frozenset({int(KVQuantMode.FP8_E4M3), int(KVQuantMode.FP8_E5M2), int(KVQuantMode.NVFP4)})
+
+
+def scale_head_stride(scale: torch.Tensor, mode: int) -> int:
+    """Elements between consecutive heads' scales: 0 for a one-element (per-tensor) scale and for the
+    modes that read no scale (casts; copies, which get a placeholder tensor), so those compile once."""
+    return scale.stride(0) if mode in _SCALED_MODES and scale.numel() > 1 else 0
 
 
 # ----------------------------------------------------------------------------- launchers

@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 
 from ...kv_cache import KVQuantMode
-from .kv_write import (_NVFP4, _encode_rows, _launch_config, _nvfp4_page_layout, _nvfp4_side_bases, _soft_rounding,
-                       _store_dense, _store_nvfp4)
+from .kv_write import (_NVFP4, _encode_rows, _head_scale_ptr, _launch_config, _nvfp4_page_layout, _nvfp4_side_bases,
+                       _soft_rounding, _store_dense, _store_nvfp4, scale_head_stride)
 
 __all__ = ["rope_encode_and_cache_write"]
 
@@ -92,11 +92,12 @@ def _rope_encode_rows(src_ptr, dst_ptr, scale_ptr, cos_ptr, sin_ptr, src_tok, ds
                       H: tl.constexpr, SRC_STRIDE_H: tl.constexpr, DST_STRIDE_H: tl.constexpr, D: tl.constexpr,
                       R: tl.constexpr, NEOX: tl.constexpr, HALF_TABLE: tl.constexpr, MODE: tl.constexpr,
                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SOFT_ROUNDING: tl.constexpr, dst_off,
-                      PAGE: tl.constexpr):
+                      PAGE: tl.constexpr, SCALE_STRIDE_H: tl.constexpr):
     """Rotate ``[BLOCK_T, BLOCK_H, D]`` of K, round to K's dtype, encode and store the rows (NVFP4:
     ``dst_tok`` is the page side's offset, ``dst_off`` the in-page token; K scales are linear)."""
     offs_h = h0 + tl.arange(0, BLOCK_H)
     h_ok = offs_h < H
+    scale_ptr = _head_scale_ptr(scale_ptr, offs_h, H, SCALE_STRIDE_H)
     if MODE == _NVFP4:
         BLOCK_NB: tl.constexpr = BLOCK_D // 16
         offs_b = tl.arange(0, BLOCK_NB)
@@ -161,6 +162,8 @@ def _rope_encode_and_cache_write_kernel(
     SOFT_ROUNDING: tl.constexpr,
     SWIZZLE_V: tl.constexpr,
     PAGE_ALIGN: tl.constexpr,
+    K_SCALE_STRIDE_H: tl.constexpr = 0,
+    V_SCALE_STRIDE_H: tl.constexpr = 0,
 ):
     """See the module docstring. Program ``(i, j)``: tokens ``i*BLOCK_T ..``; ``j < KV_PROGRAMS``:
     KV heads ``j*BLOCK_H ..`` (rotate + encode + store K, encode + store V), else query heads
@@ -192,9 +195,10 @@ def _rope_encode_and_cache_write_kernel(
             v_cache_ptr = cache_ptr + value_cache_off
         _rope_encode_rows(key_ptr, cache_ptr, k_scale_ptr, cos_ptr, sin_ptr, tok64 * key_stride_t, k_dst, cos_tok,
                           sin_tok, tok_ok, h0, H, K_STRIDE_H, C_STRIDE_H, D, R, NEOX, HALF_TABLE, MODE, BLOCK_H,
-                          BLOCK_D, SOFT_ROUNDING, off, PAGE)
+                          BLOCK_D, SOFT_ROUNDING, off, PAGE, K_SCALE_STRIDE_H)
         _encode_rows(value_ptr, v_cache_ptr, v_scale_ptr, tok64 * value_stride_t, v_dst, tok_ok, h0,
-                     H, V_STRIDE_H, C_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, True, PAGE, SWIZZLE_V)
+                     H, V_STRIDE_H, C_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, True, PAGE, SWIZZLE_V,
+                     V_SCALE_STRIDE_H)
     else:
         # Names apart from the branch above: a compiled Triton `if` needs a name bound in both
         # branches to have one type (the interpreter does not check).
@@ -243,6 +247,8 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
         V_STRIDE_H=value.stride(1), C_STRIDE_H=s[3], PAGE=kv_cache.shape[2], R=int(rotary_dim), NEOX=bool(is_neox),
         HALF_TABLE=cos.shape[1] != rotary_dim, HAS_POS=positions is not None, KV_PROGRAMS=kv_programs, MODE=mode,
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
-        SWIZZLE_V=swizzle_v, PAGE_ALIGN=align, num_warps=num_warps, **extra,
+        SWIZZLE_V=swizzle_v, PAGE_ALIGN=align,
+        K_SCALE_STRIDE_H=scale_head_stride(k_scale, mode), V_SCALE_STRIDE_H=scale_head_stride(v_scale, mode),
+        num_warps=num_warps, **extra,
     )
     return q_out
