@@ -260,7 +260,9 @@ void cache_write_cpu(const at::Tensor& key_rows, const at::Tensor& value_rows, c
   for_each_row(key_rows.size(0), key_rows.size(1), head_size, 2, slot_mapping, src, dst, row_bytes,
                [&](int, const char* s, const RowDst& d) {
                  std::memcpy(d.row, s, half);
-                 for (int64_t j = 0; j < head_size / kNvfp4Block; ++j) d.put_scale(j, static_cast<uint8_t>(s[half + j]));
+                 for (int64_t j = 0; j < head_size / kNvfp4Block; ++j) {
+                   d.put_scale(j, static_cast<uint8_t>(s[half + j]));
+                 }
                });
 }
 
