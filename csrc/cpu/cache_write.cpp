@@ -1,5 +1,6 @@
 // CPU kernels of kvfuse's cache ops: encode (cast / FP8 / NVFP4) and scatter rows into a
-// paged cache, parallel over tokens with at::parallel_for.
+// paged cache, parallel over tokens with at::parallel_for. NVFP4 rows are split over their
+// page's packed-data and block-scale regions (nvfp4_page.h).
 //
 // Every conversion goes through c10's scalar types (c10::BFloat16(float), c10::Float8_e4m3fn
 // (float), ...), the same routines torch's own .to() uses, after the float32 math of

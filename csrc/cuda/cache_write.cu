@@ -1,5 +1,7 @@
 // CUDA kernels of kvfuse's cache ops: encode K/V rows (cast, FP8, NVFP4) and scatter them
-// into a paged cache (num_blocks, 2, block_size, heads, row_dim) in one pass.
+// into a paged cache (num_blocks, 2, block_size, heads, row_dim) in one pass. An NVFP4 row is
+// split over its page's packed-data and block-scale regions (nvfp4_page.h); encode_kv's NVFP4
+// output keeps dense [data | scales] rows.
 //
 // One kernel serves every op. A token's row work is cut into units: (head, chunk), covering the
 // chunk in both the key and the value row (paired), or (half, head, chunk) (unpaired, for the
@@ -114,7 +116,6 @@ struct RowParams {
   int num_tokens, num_heads, halves;
   int head_size;
   int store_width;  // NVFP4 packed-data store: 8, 4 or 1 bytes at a time
-  int load_width;  // NVFP4 row copies: packed-data load, 8, 4 or 1 bytes at a time
   // NVFP4 ops: where a row's data and scales go from its side's base (a cache page's K or V half,
   // or encode_kv's output), and the divider by the V-scale group (nvfp4_page.h).
   Nvfp4Layout nvfp4;
