@@ -64,11 +64,37 @@ inline void check_mode_dtype(KVQuantMode mode, at::ScalarType cache_dtype) {
                     "cache dtype ", cache_dtype, " cannot hold kv_quant_mode=", mode_name(mode));
 }
 
+// An NVFP4 page splits into data and scale regions (nvfp4_page.h), so its dims 1-4 must be one
+// contiguous run; pages themselves may lie apart (any stride(0)). The row width must be an NVFP4
+// one (9 D / 16), as the kernels derive the page layout from it. kv_cache is 5-D here.
+inline bool is_nvfp4_page(const at::Tensor& kv_cache) {
+  if (kv_cache.size(4) % 9 != 0) return false;
+  int64_t expected = 1;
+  for (int64_t d = 4; d >= 1; --d) {
+    if (kv_cache.size(d) != 1 && kv_cache.stride(d) != expected) return false;
+    expected *= kv_cache.size(d);
+  }
+  return true;
+}
+
+// uint8 storage holds only NVFP4 (storage_dtype_of).
+inline bool holds_nvfp4_pages(const at::Tensor& kv_cache) {
+  return kv_cache.scalar_type() == at::ScalarType::Byte;
+}
+
 inline void check_cache(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, int64_t num_tokens,
                         const at::Device& device) {
   TORCH_CHECK_VALUE(kv_cache.dim() == 5 && kv_cache.size(1) == 2 && kv_cache.stride(4) == 1,
                     "kv_cache must be (num_blocks, 2, block_size, heads, row_dim) with a contiguous last dim, got ",
                     kv_cache.sizes());
+  if (holds_nvfp4_pages(kv_cache) && !is_nvfp4_page(kv_cache)) {
+    const int64_t row = kv_cache.size(4), heads = kv_cache.size(3), tokens = kv_cache.size(2);
+    TORCH_CHECK_VALUE(row % 9 == 0, "NVFP4 kv_cache ", kv_cache.sizes(), ": row_dim=", row,
+                      " is not an NVFP4 row width (9 * head_size / 16)");
+    TORCH_CHECK_VALUE(false, "NVFP4 kv_cache ", kv_cache.sizes(), ": its strides ", kv_cache.strides(),
+                      " are not contiguous within a page (dims 1-4 must have strides (", tokens * heads * row, ", ",
+                      heads * row, ", ", row, ", 1))");
+  }
   TORCH_CHECK_VALUE(slot_mapping.dim() == 1 && slot_mapping.size(0) == num_tokens &&
                         (slot_mapping.scalar_type() == at::ScalarType::Int ||
                          slot_mapping.scalar_type() == at::ScalarType::Long),
@@ -137,7 +163,7 @@ inline bool fits_encode_and_write(const at::Tensor& key, const at::Tensor& value
     return false;
   }
   if (!kv_cache.defined() || kv_cache.dim() != 5 || kv_cache.size(1) != 2 || kv_cache.stride(4) != 1 ||
-      kv_cache.device() != key.device()) {
+      kv_cache.device() != key.device() || (holds_nvfp4_pages(kv_cache) && !is_nvfp4_page(kv_cache))) {
     return false;
   }
   if (!slot_mapping.defined() || slot_mapping.dim() != 1 || slot_mapping.size(0) != key.size(0) ||

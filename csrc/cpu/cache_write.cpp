@@ -1,5 +1,6 @@
 // CPU kernels of kvfuse's cache ops: encode (cast / FP8 / NVFP4) and scatter rows into a
-// paged cache, parallel over tokens with at::parallel_for.
+// paged cache, parallel over tokens with at::parallel_for. NVFP4 rows are split over their
+// page's packed-data and block-scale regions (nvfp4_page.h).
 //
 // Every conversion goes through c10's scalar types (c10::BFloat16(float), c10::Float8_e4m3fn
 // (float), ...), the same routines torch's own .to() uses, after the float32 math of
@@ -19,18 +20,49 @@
 
 #include "../cache_write.h"
 #include "../encode_math.h"
+#include "../nvfp4_page.h"
 
 namespace kvfuse {
 namespace {
 
 // Where each token's rows go: the cache position of its slot, or (encode_kv) row t of a
-// contiguous output. Strides in bytes.
+// contiguous output. Strides in bytes. NVFP4 rows are not contiguous in a cache page: their data
+// and scales go where `nvfp4` says, from the base of the row's side.
 struct Dest {
   char* base;
   int64_t s_block, s_kv, s_off, s_head;
   int64_t block_size;
   int64_t capacity;  // num_blocks * block_size
+  bool split_nvfp4;  // rows are placed by `nvfp4`, not by s_off / s_head
+  Nvfp4Layout nvfp4;
 };
+
+// One (side, token, head) row's destination: `row` for every format; for NVFP4 `row` holds the
+// packed data and block scale j goes to scales[(j / group) * group_stride + (j % group) * step].
+struct RowDst {
+  char* row;
+  uint8_t* scales;
+  int64_t group, group_stride, step;
+
+  void put_scale(int64_t j, uint8_t value) const {
+    scales[(j / group) * group_stride + (j % group) * step] = value;
+  }
+};
+
+RowDst row_dst(const Dest& dst, int half, int64_t block, int64_t off, int64_t head, int64_t head_size) {
+  char* side = dst.base + block * dst.s_block + half * dst.s_kv;
+  if (!dst.split_nvfp4) {
+    char* row = side + off * dst.s_off + head * dst.s_head;
+    // Dense NVFP4 rows (encode_kv): scales right after the data, linear.
+    return RowDst{row, reinterpret_cast<uint8_t*>(row + head_size / 2), head_size / kNvfp4Block, 0, 1};
+  }
+  const Nvfp4Layout& l = dst.nvfp4;
+  char* row = side + nvfp4_data_offset(l, off, head);
+  const bool interleaved = half == 1 && l.v_group > 0;
+  auto* scales = reinterpret_cast<uint8_t*>(side + nvfp4_scale_offset(l, interleaved, off, head, 0, 0));
+  if (!interleaved) return RowDst{row, scales, head_size / kNvfp4Block, 0, 1};
+  return RowDst{row, scales, l.v_group, l.scale_tok, 4};
+}
 
 struct Source {
   const char* base[2];
@@ -48,9 +80,9 @@ void encode_row_fp8(const In* src, Fp8* dst, int64_t n, float scale, float limit
 }
 
 template <typename In>
-void encode_row_nvfp4(const In* src, uint8_t* dst, int64_t head_size, float gs) {
+void encode_row_nvfp4(const In* src, const RowDst& out, int64_t head_size, float gs) {
   const auto to_e4m3 = [](float v) { return c10::Float8_e4m3fn(v).x; };
-  uint8_t* scales = dst + head_size / 2;
+  auto* dst = reinterpret_cast<uint8_t*>(out.row);
   for (int64_t b = 0; b < head_size / kNvfp4Block; ++b) {
     float x[kNvfp4Block];
     float amax = 0.0f;
@@ -60,7 +92,7 @@ void encode_row_nvfp4(const In* src, uint8_t* dst, int64_t head_size, float gs) 
       amax = a > amax ? a : amax;
     }
     float denom;
-    scales[b] = nvfp4_block_scale(amax, gs, to_e4m3, &denom);
+    out.put_scale(b, nvfp4_block_scale(amax, gs, to_e4m3, &denom));
     for (int i = 0; i < kNvfp4Block; i += 2) {
       const uint8_t lo = e2m1_code(denom > 0.0f ? x[i] / denom : 0.0f);
       const uint8_t hi = e2m1_code(denom > 0.0f ? x[i + 1] / denom : 0.0f);
@@ -70,20 +102,20 @@ void encode_row_nvfp4(const In* src, uint8_t* dst, int64_t head_size, float gs) 
 }
 
 // Row encoder for one (input dtype, mode, cache dtype): writes one head row.
-using RowFn = void (*)(const char* src, char* dst, int64_t head_size, float scale);
+using RowFn = void (*)(const char* src, const RowDst& dst, int64_t head_size, float scale);
 
 template <typename In, typename Out>
-void row_cast(const char* src, char* dst, int64_t n, float) {
-  encode_row_cast(reinterpret_cast<const In*>(src), reinterpret_cast<Out*>(dst), n);
+void row_cast(const char* src, const RowDst& dst, int64_t n, float) {
+  encode_row_cast(reinterpret_cast<const In*>(src), reinterpret_cast<Out*>(dst.row), n);
 }
 template <typename In, typename Fp8>
-void row_fp8(const char* src, char* dst, int64_t n, float scale) {
-  encode_row_fp8(reinterpret_cast<const In*>(src), reinterpret_cast<Fp8*>(dst), n, scale,
+void row_fp8(const char* src, const RowDst& dst, int64_t n, float scale) {
+  encode_row_fp8(reinterpret_cast<const In*>(src), reinterpret_cast<Fp8*>(dst.row), n, scale,
                  std::is_same_v<Fp8, c10::Float8_e4m3fn> ? kE4M3Max : kE5M2Max);
 }
 template <typename In>
-void row_nvfp4(const char* src, char* dst, int64_t n, float gs) {
-  encode_row_nvfp4(reinterpret_cast<const In*>(src), reinterpret_cast<uint8_t*>(dst), n, gs);
+void row_nvfp4(const char* src, const RowDst& dst, int64_t n, float gs) {
+  encode_row_nvfp4(reinterpret_cast<const In*>(src), dst, n, gs);
 }
 
 template <typename In>
@@ -126,15 +158,24 @@ void check_slot_range(const at::Tensor& slots, int64_t capacity) {
   }
 }
 
+// kv_cache passed check_cache, so an NVFP4 (uint8) cache is contiguous within each page.
 Dest cache_dest(const at::Tensor& kv_cache) {
   const int64_t es = kv_cache.element_size();
-  return Dest{static_cast<char*>(kv_cache.data_ptr()),
-              kv_cache.stride(0) * es,
-              kv_cache.stride(1) * es,
-              kv_cache.stride(2) * es,
-              kv_cache.stride(3) * es,
-              kv_cache.size(2),
-              kv_cache.size(0) * kv_cache.size(2)};
+  Dest dst{static_cast<char*>(kv_cache.data_ptr()),
+           kv_cache.stride(0) * es,
+           kv_cache.stride(1) * es,
+           kv_cache.stride(2) * es,
+           kv_cache.stride(3) * es,
+           kv_cache.size(2),
+           kv_cache.size(0) * kv_cache.size(2),
+           false,
+           {}};
+  if (holds_nvfp4_pages(kv_cache)) {
+    dst.split_nvfp4 = true;
+    // stride(1) may be anything for a size-1 dim elsewhere, but not here: dim 1 has size 2.
+    dst.nvfp4 = nvfp4_page_layout(kv_cache.size(2), kv_cache.size(3), nvfp4_head_size(kv_cache.size(4)));
+  }
+  return dst;
 }
 
 Source source_of(const at::Tensor& k, const at::Tensor& v) {
@@ -144,11 +185,11 @@ Source source_of(const at::Tensor& k, const at::Tensor& v) {
                 {k.stride(1) * es, v.stride(1) * es}};
 }
 
-// Runs `row(half, head, src_row, dst_row)` for every (token, half, head) whose slot is not -1.
+// Runs `row(half, head, src_row, dst)` for every (token, half, head) whose slot is not -1.
 // `slots` undefined = identity mapping (encode_kv's contiguous output).
 template <class RowOp>
-void for_each_row(int64_t num_tokens, int64_t num_heads, int halves, const at::Tensor& slots, const Source& src,
-                  const Dest& dst, int64_t row_bytes, RowOp row) {
+void for_each_row(int64_t num_tokens, int64_t num_heads, int64_t head_size, int halves, const at::Tensor& slots,
+                  const Source& src, const Dest& dst, int64_t row_bytes, RowOp row) {
   // Enough rows per task that scheduling stays far below the copy cost.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, halves * num_heads * row_bytes));
   at::parallel_for(0, num_tokens, grain, [&](int64_t begin, int64_t end) {
@@ -156,11 +197,10 @@ void for_each_row(int64_t num_tokens, int64_t num_heads, int halves, const at::T
       const int64_t slot = slots.defined() ? slot_at(slots, t) : t;
       if (slot < 0) continue;
       const int64_t block = slot / dst.block_size, off = slot % dst.block_size;
-      char* dst_tok = dst.base + block * dst.s_block + off * dst.s_off;
       for (int half = 0; half < halves; ++half) {
         for (int64_t h = 0; h < num_heads; ++h) {
           row(half, h, src.base[half] + t * src.s_tok[half] + h * src.s_head[half],
-              dst_tok + half * dst.s_kv + h * dst.s_head);
+              row_dst(dst, half, block, off, h, head_size));
         }
       }
     }
@@ -182,15 +222,15 @@ void encode_into(const at::Tensor& key, const at::Tensor& value, int halves, con
   const int64_t row_bytes = storage_row_dim(mode, head_size) * c10::elementSize(out_dtype);
   const Source src = source_of(key, value);
   if (mode == KVQuantMode::NONE && key.scalar_type() == out_dtype) {
-    for_each_row(key.size(0), key.size(1), halves, slots, src, dst, row_bytes,
-                 [&](int, int64_t, const char* s, char* d) { std::memcpy(d, s, row_bytes); });
+    for_each_row(key.size(0), key.size(1), head_size, halves, slots, src, dst, row_bytes,
+                 [&](int, int64_t, const char* s, const RowDst& d) { std::memcpy(d.row, s, row_bytes); });
     return;
   }
   const RowFn fn = pick_row_fn(key.scalar_type(), mode, out_dtype);
   TORCH_CHECK_VALUE(fn != nullptr, "no CPU encoder for input ", key.scalar_type(), " mode ", mode_name(mode), " cache ",
                     out_dtype);
-  for_each_row(key.size(0), key.size(1), halves, slots, src, dst, row_bytes,
-               [&](int half, int64_t h, const char* s, char* d) { fn(s, d, head_size, scales[half].at(h)); });
+  for_each_row(key.size(0), key.size(1), head_size, halves, slots, src, dst, row_bytes,
+               [&](int half, int64_t h, const char* s, const RowDst& d) { fn(s, d, head_size, scales[half].at(h)); });
 }
 
 }  // namespace
@@ -203,7 +243,7 @@ at::Tensor encode_kv_cpu(const at::Tensor& x, const at::Tensor& scale, int64_t k
   at::Tensor out = at::empty({x.size(0), x.size(1), row_dim}, x.options().dtype(cache_dtype));
   const int64_t es = out.element_size();
   const Dest dst{static_cast<char*>(out.data_ptr()), 0, 0, x.size(1) * row_dim * es, row_dim * es,
-                 std::max<int64_t>(1, x.size(0)), x.size(0)};
+                 std::max<int64_t>(1, x.size(0)), x.size(0), false, {}};
   const Scale s = scale_of(scale);
   const Scale scales[2] = {s, s};
   encode_into(x, x, 1, at::Tensor(), dst, scales, mode, cache_dtype);
@@ -217,8 +257,21 @@ void cache_write_cpu(const at::Tensor& key_rows, const at::Tensor& value_rows, c
   const Dest dst = cache_dest(kv_cache);
   check_slot_range(slot_mapping, dst.capacity);
   const int64_t row_bytes = kv_cache.size(4) * kv_cache.element_size();
-  for_each_row(key_rows.size(0), key_rows.size(1), 2, slot_mapping, source_of(key_rows, value_rows), dst, row_bytes,
-               [&](int, int64_t, const char* s, char* d) { std::memcpy(d, s, row_bytes); });
+  const Source src = source_of(key_rows, value_rows);
+  if (!dst.split_nvfp4) {
+    for_each_row(key_rows.size(0), key_rows.size(1), 0, 2, slot_mapping, src, dst, row_bytes,
+                 [&](int, int64_t, const char* s, const RowDst& d) { std::memcpy(d.row, s, row_bytes); });
+    return;
+  }
+  // An encoded NVFP4 row is [data | scales]: the data moves as one run, each scale to its address.
+  const int64_t head_size = nvfp4_head_size(row_bytes), half = head_size / 2;
+  for_each_row(key_rows.size(0), key_rows.size(1), head_size, 2, slot_mapping, src, dst, row_bytes,
+               [&](int, int64_t, const char* s, const RowDst& d) {
+                 std::memcpy(d.row, s, half);
+                 for (int64_t j = 0; j < head_size / kNvfp4Block; ++j) {
+                   d.put_scale(j, static_cast<uint8_t>(s[half + j]));
+                 }
+               });
 }
 
 void encode_and_cache_write_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,

@@ -1,5 +1,7 @@
 // CUDA kernels of kvfuse's cache ops: encode K/V rows (cast, FP8, NVFP4) and scatter them
-// into a paged cache (num_blocks, 2, block_size, heads, row_dim) in one pass.
+// into a paged cache (num_blocks, 2, block_size, heads, row_dim) in one pass. An NVFP4 row is
+// split over its page's packed-data and block-scale regions (nvfp4_page.h); encode_kv's NVFP4
+// output keeps dense [data | scales] rows.
 //
 // One kernel serves every op. A token's row work is cut into units: (head, chunk), covering the
 // chunk in both the key and the value row (paired), or (half, head, chunk) (unpaired, for the
@@ -39,6 +41,7 @@
 
 #include "../cache_write.h"
 #include "../encode_math.h"
+#include "../nvfp4_page.h"
 
 // Tuning knobs (benchmarks/native_sweep.py rebuilds the library with other values): threads per
 // block, units per thread and the resident blocks per SM the register budget is set for, per op
@@ -113,6 +116,10 @@ struct RowParams {
   int num_tokens, num_heads, halves;
   int head_size;
   int store_width;  // NVFP4 packed-data store: 8, 4 or 1 bytes at a time
+  // NVFP4 ops: where a row's data and scales go from its side's base (a cache page's K or V half,
+  // or encode_kv's output), and the divider by the V-scale group (nvfp4_page.h).
+  Nvfp4Layout nvfp4;
+  IntDivider<uint32_t> v_group;
 };
 
 struct E4M3 {};
@@ -178,11 +185,14 @@ struct Pair {
   typename Op::Raw half[2];
 };
 
+// Ops with kSplitRows (NVFP4) place a row's bytes themselves (Op::store_split, from the base of
+// the row's side); the others get the address of their row.
 template <class Op, int kUnits, bool kPaired, bool kFast>
 __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
                                             const int64_t (&slot)[kUnits], const int64_t (&dst_row)[kUnits],
-                                            const int (&chunk)[kUnits], const bool (&is_value)[kUnits],
-                                            const Divider div_k, const Divider div_v) {
+                                            const int (&head)[kUnits], const int (&chunk)[kUnits],
+                                            const bool (&is_value)[kUnits], const Divider div_k,
+                                            const Divider div_v) {
 #pragma unroll
   for (int m = 0; m < kUnits; ++m) {
     if (slot[m] < 0 || slot[m] >= p.capacity) continue;
@@ -195,13 +205,26 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
       block = slot[m] / p.block_size;
       off = slot[m] - block * p.block_size;
     }
-    char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_row[m];
-    if constexpr (kPaired) {
-      Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
-      if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
+    if constexpr (Op::kSplitRows) {
+      char* side = p.dst + block * p.dst_block;
+      if constexpr (kPaired) {
+        Op::template store_split<kFast>(raw[m].half[0], side, off, head[m], chunk[m], false, div_k, p);
+        if (p.halves == 2) {
+          Op::template store_split<kFast>(raw[m].half[1], side + p.dst_kv, off, head[m], chunk[m], true, div_v, p);
+        }
+      } else {
+        Op::template store_split<kFast>(raw[m].half[0], is_value[m] ? side + p.dst_kv : side, off, head[m],
+                                        chunk[m], is_value[m], is_value[m] ? div_v : div_k, p);
+      }
     } else {
-      // Selected by value: a reference to either would put both dividers in local memory.
-      Op::template store<kFast>(raw[m].half[0], dst, chunk[m], is_value[m] ? div_v : div_k, p);
+      char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_row[m];
+      if constexpr (kPaired) {
+        Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
+        if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
+      } else {
+        // Selected by value: a reference to either would put both dividers in local memory.
+        Op::template store<kFast>(raw[m].half[0], dst, chunk[m], is_value[m] ? div_v : div_k, p);
+      }
     }
   }
 }
@@ -226,6 +249,7 @@ __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) ro
   Pair<Op> raw[kUnits];
   int64_t slot[kUnits];
   int64_t dst_row[kUnits];  // byte offset of the unit's head row within its slot's key row
+  int head[kUnits];  // kSplitRows ops address by head instead
   int chunk[kUnits];
   bool is_value[kUnits];
 #pragma unroll
@@ -240,44 +264,48 @@ __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) ro
                                    : __ldg(static_cast<const int32_t*>(p.slots) + tok);
       if constexpr (kPaired) {
         const auto hc = p.chunks.divmod(tr.mod);
-        const int head = static_cast<int>(hc.div);
+        head[m] = static_cast<int>(hc.div);
         chunk[m] = static_cast<int>(hc.mod);
-        raw[m].half[0] = Op::load(p.src[0] + tok * p.src_tok[0] + head * p.src_head[0], chunk[m]);
-        if (p.halves == 2) raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head * p.src_head[1], chunk[m]);
-        dst_row[m] = head * p.dst_head;
+        raw[m].half[0] = Op::load(p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0], chunk[m], p);
+        if (p.halves == 2) {
+          raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1], chunk[m], p);
+        }
+        dst_row[m] = head[m] * p.dst_head;
       } else {
         is_value[m] = tr.mod >= p.per_half;
         const auto hc = p.chunks.divmod(is_value[m] ? tr.mod - p.per_half : tr.mod);
-        const int head = static_cast<int>(hc.div);
+        head[m] = static_cast<int>(hc.div);
         chunk[m] = static_cast<int>(hc.mod);
         // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
-        const char* src = is_value[m] ? p.src[1] + tok * p.src_tok[1] + head * p.src_head[1]
-                                      : p.src[0] + tok * p.src_tok[0] + head * p.src_head[0];
-        raw[m].half[0] = Op::load(src, chunk[m]);
-        dst_row[m] = head * p.dst_head + (is_value[m] ? p.dst_kv : 0);
+        const char* src = is_value[m] ? p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1]
+                                      : p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
+        raw[m].half[0] = Op::load(src, chunk[m], p);
+        dst_row[m] = head[m] * p.dst_head + (is_value[m] ? p.dst_kv : 0);
       }
     }
   }
   // One branch per block instead of one per value: the division's fast path is a template.
   if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
-    store_units<Op, kUnits, kPaired, true>(p, raw, slot, dst_row, chunk, is_value, div_k, div_v);
+    store_units<Op, kUnits, kPaired, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
   } else {
-    store_units<Op, kUnits, kPaired, false>(p, raw, slot, dst_row, chunk, is_value, div_k, div_v);
+    store_units<Op, kUnits, kPaired, false>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
   }
 }
 
 // ----------------------------------------------------------------------------- row ops
-// Each op: Raw (the registers one unit loads), load(src_row, chunk), store(raw, dst_row, chunk,
-// divider, params); kMinBlocks, the resident blocks per SM its register budget is set for
-// (4 at 256 threads: at most 64 registers); kUnits, the units per thread at large token counts.
+// Each op: Raw (the registers one unit loads), load(src_row, chunk, params), store(raw, dst_row,
+// chunk, divider, params) or, with kSplitRows, store_split (see store_units); kMinBlocks, the
+// resident blocks per SM its register budget is set for (4 at 256 threads: at most 64
+// registers); kUnits, the units per thread at large token counts.
 
 template <int W>
 struct CopyOp {
   static constexpr bool kUsesScale = false;
+  static constexpr bool kSplitRows = false;
   static constexpr int kMinBlocks = KVFUSE_COPY_MIN_BLOCKS;
   static constexpr int kUnits = KVFUSE_COPY_UNITS;
   using Raw = typename Word<W>::type;
-  __device__ __forceinline__ static Raw load(const char* s, int c) {
+  __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams&) {
     if constexpr (W == 16 && KVFUSE_LOAD_HINT) return __ldcs(reinterpret_cast<const Raw*>(s) + c);
     return reinterpret_cast<const Raw*>(s)[c];
   }
@@ -359,6 +387,7 @@ __device__ __forceinline__ uint32_t fp8x4(const Quotient (&q)[4]) {
 template <typename In, typename Out, int N>
 struct EncodeOp {
   static constexpr bool kUsesScale = kIsFp8<Out>;
+  static constexpr bool kSplitRows = false;
   // float32 input holds twice the registers per unit: one block fewer, or the compiler spills.
   static constexpr int kMinBlocks = !kIsFp8<Out>     ? KVFUSE_COPY_MIN_BLOCKS
                                     : sizeof(In) > 2 ? (KVFUSE_FP8_MIN_BLOCKS > 2 ? KVFUSE_FP8_MIN_BLOCKS - 1 : 2)
@@ -367,7 +396,7 @@ struct EncodeOp {
   static constexpr int kUnits = kIsFp8<Out> ? KVFUSE_FP8_UNITS : KVFUSE_COPY_UNITS;
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
-  __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
+  __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams&) { return Raw::load(s, c); }
   template <bool kFast>
   __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider div, const RowParams&) {
     if constexpr (kIsFp8<Out>) {
@@ -427,19 +456,45 @@ __device__ __forceinline__ uint8_t e4m3_rne(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
+// Stores one NVFP4 block (8 packed bytes, the low nibble first, and its scale byte) of (side,
+// token t, head, block c): the data as one 8-byte word where p.store_width allows, the scale as one
+// byte at its linear or interleaved address (nvfp4_page.h).
+__device__ __forceinline__ void store_nvfp4_block(const RowParams& p, char* side, int64_t t, int head, int c,
+                                                  bool is_value, uint32_t lo, uint32_t hi, uint8_t scale) {
+  char* data = side + nvfp4_data_offset(p.nvfp4, t, head) + static_cast<int64_t>(c) * (kNvfp4Block / 2);
+  if (p.store_width == 8) {
+    *reinterpret_cast<uint2*>(data) = make_uint2(lo, hi);
+  } else if (p.store_width == 4) {
+    reinterpret_cast<uint32_t*>(data)[0] = lo;
+    reinterpret_cast<uint32_t*>(data)[1] = hi;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) data[k] = static_cast<char>(((k < 4 ? lo : hi) >> (8 * (k % 4))) & 0xFF);
+  }
+  int64_t at;
+  if (is_value && p.nvfp4.v_group > 0) {
+    const auto gr = p.v_group.divmod(static_cast<uint32_t>(c));
+    at = nvfp4_scale_offset(p.nvfp4, true, t, head, gr.div, gr.mod);
+  } else {
+    at = nvfp4_scale_offset(p.nvfp4, false, t, head, 0, c);
+  }
+  side[at] = static_cast<char>(scale);
+}
+
 // One 16-element NVFP4 block per work item: 8 packed bytes + 1 block-scale byte.
 template <typename In, bool kVector>
 struct Nvfp4Op {
   static constexpr bool kUsesScale = true;
+  static constexpr bool kSplitRows = true;
   // The per-block math needs ~70 registers; at 64 the compiler spills. One unit per thread: the
   // math needs the registers more than extra loads in flight.
   static constexpr int kMinBlocks = 3;
   static constexpr int kUnits = 1;
   using Raw = Elements<In, kNvfp4Block, kVector>;
-  __device__ __forceinline__ static Raw load(const char* s, int c) { return Raw::load(s, c); }
+  __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams&) { return Raw::load(s, c); }
   template <bool kFast>
-  __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider global,
-                                               const RowParams& p) {
+  __device__ __forceinline__ static void store_split(const Raw& f, char* side, int64_t t, int head, int c,
+                                                     bool is_value, const Divider global, const RowParams& p) {
     // NaN encodes as +0 and is ignored by amax: zero it once, so neither loop below tests it.
     float x[kNvfp4Block];
     float amax = 0.0f;
@@ -458,19 +513,45 @@ struct Nvfp4Op {
     for (int k = 0; k < kNvfp4Block; ++k) {
       packed[k / 8] |= static_cast<uint32_t>(e2m1_code(divide(x[k], div))) << (4 * (k % 8));
     }
-    packed[0] &= keep;
-    packed[1] &= keep;
-    char* data = d + static_cast<int64_t>(c) * (kNvfp4Block / 2);
-    if (p.store_width == 8) {
-      *reinterpret_cast<uint2*>(data) = make_uint2(packed[0], packed[1]);
-    } else if (p.store_width == 4) {
-      reinterpret_cast<uint32_t*>(data)[0] = packed[0];
-      reinterpret_cast<uint32_t*>(data)[1] = packed[1];
+    store_nvfp4_block(p, side, t, head, c, is_value, packed[0] & keep, packed[1] & keep, scale_bits);
+  }
+};
+
+// Copies already-encoded NVFP4 rows ([D/2 data | D/16 scales] each) into cache pages, one block
+// per unit: kLoad-byte loads of the 8 data bytes (as the source rows' alignment allows), one byte
+// load of the scale; stores as in Nvfp4Op.
+template <int kLoad>
+struct Nvfp4CopyOp {
+  static constexpr bool kUsesScale = false;
+  static constexpr bool kSplitRows = true;
+  static constexpr int kMinBlocks = KVFUSE_COPY_MIN_BLOCKS;
+  static constexpr int kUnits = KVFUSE_COPY_UNITS;
+  struct Raw {
+    uint32_t lo, hi;
+    uint8_t scale;
+  };
+  __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams& p) {
+    const char* data = s + static_cast<int64_t>(c) * (kNvfp4Block / 2);
+    Raw out;
+    if constexpr (kLoad == 8) {
+      const uint2 w = *reinterpret_cast<const uint2*>(data);
+      out.lo = w.x;
+      out.hi = w.y;
+    } else if constexpr (kLoad == 4) {
+      out.lo = reinterpret_cast<const uint32_t*>(data)[0];
+      out.hi = reinterpret_cast<const uint32_t*>(data)[1];
     } else {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) data[k] = static_cast<char>((packed[k / 4] >> (8 * (k % 4))) & 0xFF);
+      const auto* b = reinterpret_cast<const uint8_t*>(data);
+      out.lo = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+      out.hi = b[4] | (b[5] << 8) | (b[6] << 16) | (static_cast<uint32_t>(b[7]) << 24);
     }
-    d[p.head_size / 2 + c] = static_cast<char>(scale_bits);
+    out.scale = static_cast<uint8_t>(s[p.head_size / 2 + c]);
+    return out;
+  }
+  template <bool kFast>
+  __device__ __forceinline__ static void store_split(const Raw& r, char* side, int64_t t, int head, int c,
+                                                     bool is_value, const Divider, const RowParams& p) {
+    store_nvfp4_block(p, side, t, head, c, is_value, r.lo, r.hi, r.scale);
   }
 };
 
@@ -543,6 +624,18 @@ bool dst_aligned(const RowParams& p, int64_t bytes) {
   return aligned(p.dst, bytes) && all_multiples({p.dst_block, p.dst_kv, p.dst_off, p.dst_head}, bytes);
 }
 
+// NVFP4 ops: the layout their stores follow, and the widest packed-data store every row allows
+// (data rows are D/2 bytes apart within a side, a multiple of 8; side bases need not be aligned).
+void set_nvfp4(RowParams& p, const Nvfp4Layout& layout) {
+  p.nvfp4 = layout;
+  p.v_group = IntDivider<uint32_t>(layout.v_group > 0 ? static_cast<uint32_t>(layout.v_group) : 1u);
+  const auto data_aligned = [&](int64_t bytes) {
+    return aligned(p.dst, bytes) &&
+           all_multiples({p.dst_block, p.dst_kv, layout.data_tok, layout.data_head}, bytes);
+  };
+  p.store_width = data_aligned(8) ? 8 : data_aligned(4) ? 4 : 1;
+}
+
 // Copies rows of row_bytes: the widest word that every pointer, stride and the row allow.
 void launch_copy(RowParams p, int64_t row_bytes, cudaStream_t stream) {
   for (const int w : {16, 8, 4, 2, 1}) {
@@ -580,7 +673,6 @@ void launch_encode_from(RowParams p, KVQuantMode mode, at::ScalarType out, cudaS
     case KVQuantMode::FP8_E4M3: return launch_encode_to<In, E4M3>(p, stream);
     case KVQuantMode::FP8_E5M2: return launch_encode_to<In, E5M2>(p, stream);
     case KVQuantMode::NVFP4: {
-      p.store_width = dst_aligned(p, 8) ? 8 : dst_aligned(p, 4) ? 4 : 1;
       if (src_aligned(p, 16)) return launch<Nvfp4Op<In, true>>(p, p.head_size / kNvfp4Block, stream);
       return launch<Nvfp4Op<In, false>>(p, p.head_size / kNvfp4Block, stream);
     }
@@ -632,6 +724,10 @@ void set_cache_dest(RowParams& p, const at::Tensor& kv_cache, const at::Tensor& 
   p.slots = slot_mapping.const_data_ptr();
   p.slots64 = slot_mapping.scalar_type() == at::ScalarType::Long;
   p.halves = 2;
+  // check_cache has made sure an NVFP4 cache is contiguous within each page.
+  if (holds_nvfp4_pages(kv_cache)) {
+    set_nvfp4(p, nvfp4_page_layout(kv_cache.size(2), kv_cache.size(3), nvfp4_head_size(kv_cache.size(4))));
+  }
 }
 
 // The kernels read one divider per K and V for a whole block (rows_kernel); per-KV-head scales
@@ -668,6 +764,7 @@ at::Tensor encode_kv_cuda(const at::Tensor& x, const at::Tensor& scale, int64_t 
   p.capacity = x.size(0);
   p.halves = 1;
   p.scale[0] = p.scale[1] = scale.const_data_ptr<float>();
+  if (mode == KVQuantMode::NVFP4) set_nvfp4(p, nvfp4_rows_layout(x.size(1), x.size(2)));
   launch_encode(p, x.scalar_type(), mode, cache_dtype, c10::cuda::getCurrentCUDAStream());
   return out;
 }
@@ -682,7 +779,14 @@ void cache_write_cuda(const at::Tensor& key_rows, const at::Tensor& value_rows, 
   RowParams p{};
   set_sources(p, key_rows, value_rows);
   set_cache_dest(p, kv_cache, slot_mapping);
-  launch_copy(p, kv_cache.size(4) * kv_cache.element_size(), c10::cuda::getCurrentCUDAStream());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (!holds_nvfp4_pages(kv_cache)) return launch_copy(p, kv_cache.size(4) * kv_cache.element_size(), stream);
+  // NVFP4: rows split over their page's data and scale regions, one 16-element block per unit.
+  p.head_size = static_cast<int>(nvfp4_head_size(kv_cache.size(4)));
+  const int chunks = p.head_size / kNvfp4Block;
+  if (src_aligned(p, 8)) return launch<Nvfp4CopyOp<8>>(p, chunks, stream);
+  if (src_aligned(p, 4)) return launch<Nvfp4CopyOp<4>>(p, chunks, stream);
+  launch<Nvfp4CopyOp<1>>(p, chunks, stream);
 }
 
 void encode_and_cache_write_cuda(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,

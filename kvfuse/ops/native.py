@@ -22,6 +22,12 @@ body to C++. Importing this module compiles nothing and does not touch CUDA.
 Functions :func:`encode_kv`, :func:`cache_write` and :func:`encode_and_cache_write` take the
 argument lists of :mod:`kvfuse.ops.reference`; arguments are validated by the op layer before
 they get here (the C++ side re-checks only what memory safety needs).
+
+NVFP4 caches are written in the page layout of :func:`kvfuse.kv_cache.nvfp4_page_index`
+(``csrc/nvfp4_page.h`` restates it): both cache ops split each encoded row over its page's data
+and block-scale regions, while ``encode_kv`` returns dense ``[data | scales]`` rows. An NVFP4
+cache that is not contiguous within a page is refused: by the CPU kernels' checks, and on CUDA by
+the eager router's pre-check, which hands the call to the Python body to word the refusal.
 """
 
 from __future__ import annotations

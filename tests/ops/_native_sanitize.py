@@ -35,6 +35,10 @@ def main() -> int:
         t.test_cuda_unaligned_and_odd_shapes(mode, in_dtype, cache_dtype)
         t.test_cuda_encode_kv_and_cache_write_match_reference(mode, in_dtype, cache_dtype)
         count += 2
+    for block_size, head_size in t.NVFP4_PAGES:
+        for row_offset in (0, 1):
+            t._check_nvfp4_page(block_size, head_size, "cuda", row_offset=row_offset)
+            count += 1
     t.test_cuda_out_of_range_slots_are_skipped_not_written()
     torch.cuda.synchronize()
     print(f"sanitize script: {count + 1} native CUDA cases ran and matched the reference")

@@ -3,7 +3,9 @@ against the Python one, message for message.
 
 The module builds the library once (CPU, plus CUDA where nvcc and a device exist); it is
 skipped with the build error when no C++ toolchain is present. Caches are pre-filled with a
-sentinel byte so that padding tokens (slot -1) and slots nobody wrote are proven untouched.
+sentinel byte so that padding tokens (slot -1) and slots nobody wrote are proven untouched; an
+NVFP4 slot's bytes are spread over its page (kvfuse.kv_cache.nvfp4_page_index), so those checks
+read the slots' logical rows.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import sys
 import pytest
 import torch
 
-from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype
+from kvfuse.kv_cache import (KVQuantMode, logical_cache_rows, nvfp4_v_scales_swizzled, read_cache_rows, row_dim_for,
+                             storage_dtype)
 from kvfuse import ops as kv_ops
 from kvfuse.ops import registry as backends
 from kvfuse.ops import native
@@ -108,6 +111,17 @@ CASES = [  # (mode, input dtype, cache dtype)
 CASE_IDS = ["bf16", "f32->f16", "f16->f32", "e4m3-bf16", "e4m3-f32", "e5m2-f16", "nvfp4-bf16", "nvfp4-f32"]
 
 
+def _assert_untouched(cache, slots, what="a padding or unrelated slot was written"):
+    """Every slot that no non-negative entry of ``slots`` names still holds the sentinel (in its
+    logical rows: an NVFP4 slot's bytes lie in several places of its page)."""
+    num_blocks, _, block_size = cache.shape[:3]
+    written = torch.zeros(num_blocks * block_size, dtype=torch.bool, device=cache.device)
+    written[slots[slots >= 0].long()] = True
+    rows = _bytes(logical_cache_rows(cache))
+    untouched = rows.permute(0, 2, 1, 3, 4, 5).reshape(num_blocks * block_size, -1)[~written]
+    assert bool((untouched == SENTINEL).all()), what
+
+
 def _check_fused(mode, in_dtype, cache_dtype, num_tokens, head_size, device, slot_dtype=torch.int64,
                  strided=True, heads=2, block_size=16, through_op=False):
     key, value = _inputs(num_tokens, heads, head_size, in_dtype, device, strided)
@@ -124,10 +138,7 @@ def _check_fused(mode, in_dtype, cache_dtype, num_tokens, head_size, device, slo
         native.encode_and_cache_write(key, value, cache, slots, k_scale, v_scale, mode)
     _assert_same(cache, expected, f"{mode.name} {in_dtype}->{cache_dtype} T={num_tokens} D={head_size}")
     # Not implied by the comparison alone if the reference were wrong too: unwritten slots keep the sentinel.
-    written = torch.zeros(num_blocks * block_size, dtype=torch.bool, device=device)
-    written[slots[slots >= 0].long()] = True
-    untouched = _bytes(cache).permute(0, 2, 1, 3, 4, 5).reshape(num_blocks * block_size, -1)[~written]
-    assert bool((untouched == SENTINEL).all()), "a padding or unrelated slot was written"
+    _assert_untouched(cache, slots)
 
 
 # ----------------------------------------------------------------------------- CPU
@@ -165,6 +176,113 @@ def test_cpu_encode_kv_and_cache_write_match_reference(mode, in_dtype, cache_dty
     ref.cache_write(k_rows, v_rows, expected, slots)
     native.cache_write(k_rows, v_rows, cache, slots)
     _assert_same(cache, expected, "cache_write")
+
+
+# ----------------------------------------------------------------------------- NVFP4 page layout
+
+# (block_size, head_size): V scales interleaved where block_size % 4 == 0 and (head_size / 16) % 4 == 0
+# (16 and 4 with 64 / 128 / 256), linear otherwise (block size 5; head size 80 at every block size).
+NVFP4_PAGES = [(b, d) for b in (16, 4, 5) for d in HEAD_SIZES]
+
+
+def _check_nvfp4_page(block_size, head_size, device, in_dtype=torch.bfloat16, heads=3, num_tokens=29,
+                      page_gap=1, row_offset=0):
+    """Fused write, encode_kv and cache_write, native against the reference, into a sentinel cache
+    whose pages lie ``page_gap`` page sides apart (stride(0) is free; dims 1-4 are the page), from
+    encoded rows that start ``row_offset`` bytes into their buffer (unaligned copies)."""
+    mode = KVQuantMode.NVFP4
+    key, value = _inputs(num_tokens, heads, head_size, in_dtype, device, strided=True)
+    num_blocks = -(-num_tokens * 3 // 2) // block_size + 2
+    slots = _slots(num_tokens, num_blocks * block_size, torch.int32, device)
+    k_scale, v_scale = _scales(mode, device)
+    row_dim = row_dim_for(mode, head_size)
+    what = f"NVFP4 block_size={block_size} D={head_size} H={heads} on {device}"
+
+    def cache_pair():
+        buf = sentinel_cache((num_blocks, 2 + page_gap, block_size, heads, row_dim), torch.uint8, device)
+        return buf, buf[:, :2]
+
+    expected_buf, expected = cache_pair()
+    ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, mode)
+    fused_buf, fused = cache_pair()
+    native.encode_and_cache_write(key, value, fused, slots, k_scale, v_scale, mode)
+    _assert_same(fused_buf, expected_buf, f"fused {what}")
+    _assert_untouched(fused, slots)
+
+    k_rows = native.encode_kv(key, k_scale, mode, torch.uint8)
+    v_rows = native.encode_kv(value, v_scale, mode, torch.uint8)
+    _assert_same(k_rows, ref.encode_kv(key, k_scale, mode, torch.uint8), f"encode_kv {what}")
+    _assert_same(v_rows, ref.encode_kv(value, v_scale, mode, torch.uint8), f"encode_kv {what}")
+    if row_offset:
+        def shifted(rows):
+            raw = torch.zeros(rows.numel() + row_offset, dtype=torch.uint8, device=device)
+            view = raw[row_offset:].view(rows.shape)
+            view.copy_(rows)
+            return view
+        k_rows, v_rows = shifted(k_rows), shifted(v_rows)
+    copied_buf, copied = cache_pair()
+    native.cache_write(k_rows, v_rows, copied, slots)
+    _assert_same(copied_buf, expected_buf, f"cache_write {what}")
+    # The rows land where the format says: read back through the layout, they are the encoded rows.
+    valid = slots >= 0
+    blocks, offsets = slots[valid].long() // block_size, slots[valid].long() % block_size
+    _assert_same(read_cache_rows(copied, blocks, offsets, 1), v_rows[valid], f"V rows read back {what}")
+
+
+@pytest.mark.parametrize("block_size,head_size", NVFP4_PAGES)
+def test_cpu_nvfp4_page_layouts(block_size, head_size):
+    _check_nvfp4_page(block_size, head_size, "cpu")
+
+
+def test_cpu_nvfp4_page_by_the_formula():
+    """One interleaved page written natively and checked byte by byte against the layout's formulas,
+    independently of kvfuse.kv_cache.nvfp4_page_index (which the reference uses)."""
+    T, H, D = 8, 2, 128
+    half, S = D // 2, D // 16
+    assert nvfp4_v_scales_swizzled(T, D)
+    key, value = _inputs(T, H, D, torch.float32, "cpu", strided=False)
+    k_scale, v_scale = _scales(KVQuantMode.NVFP4, "cpu")
+    cache = _sentinel_cache(1, T, H, half + S, torch.uint8, "cpu")
+    native.encode_and_cache_write(key, value, cache, torch.arange(T), k_scale, v_scale, KVQuantMode.NVFP4)
+    page = cache.view(2, -1)
+    for side, (x, scale) in enumerate(((key, k_scale), (value, v_scale))):
+        rows = ref.encode_kv(x, scale, KVQuantMode.NVFP4, torch.uint8)
+        for t in range(T):
+            for h in range(H):
+                data_at = (t * H + h) * half
+                assert torch.equal(page[side, data_at:data_at + half], rows[t, h, :half]), (side, t, h)
+                for j in range(S):
+                    if side == 0:
+                        at = T * H * half + (t * H + h) * S + j
+                    else:
+                        t_row, col = 4 * (t // 4) + j // (S // 4), 4 * (j % (S // 4)) + t % 4
+                        at = T * H * half + (t_row * H + h) * S + col
+                    assert int(page[side, at]) == int(rows[t, h, half + j]), (side, t, h, j)
+
+
+def _paged_nvfp4_refusal_case(device):
+    """An NVFP4 cache whose heads are a slice of wider pages: rows not contiguous within a page."""
+    key, value = _inputs(5, 2, 64, torch.bfloat16, device, strided=False)
+    buf = _sentinel_cache(3, 4, 3, row_dim_for(KVQuantMode.NVFP4, 64), torch.uint8, device)
+    k_scale, v_scale = _scales(KVQuantMode.NVFP4, device)
+    return key, value, buf, buf[:, :, :, :2], torch.arange(5, device=device), k_scale, v_scale
+
+
+def test_cpu_refuses_nvfp4_cache_not_contiguous_within_a_page():
+    key, value, buf, cache, slots, k_scale, v_scale = _paged_nvfp4_refusal_case("cpu")
+    before = buf.clone()
+    with pytest.raises(ValueError, match=r"strides \[864, 432, 108, 36, 1\] are not contiguous within a page "
+                                         r"\(dims 1-4 must have strides \(288, 72, 36, 1\)\)"):
+        native.encode_and_cache_write(key, value, cache, slots, k_scale, v_scale, KVQuantMode.NVFP4)
+    rows = ref.encode_kv(key, k_scale, KVQuantMode.NVFP4, torch.uint8)
+    with pytest.raises(ValueError, match="not contiguous within a page"):
+        native.cache_write(rows, rows, cache, slots)
+    with pytest.raises(ValueError, match=r"row_dim=35 is not an NVFP4 row width"):
+        native.cache_write(rows[..., :35], rows[..., :35], buf[..., :35].contiguous(), slots)
+    # Through the public op the validator's message explains it in the op's terms.
+    with pytest.raises(ValueError, match=r"encode_and_cache_write.*not contiguous within a page.*allocate_kv_cache"):
+        torch.ops.kvfuse.encode_and_cache_write(key, value, cache, slots, k_scale, v_scale, 3, "layers.0")
+    assert torch.equal(buf, before)
 
 
 def test_cpu_public_op_runs_native_when_forced(monkeypatch):
@@ -312,6 +430,30 @@ def test_cuda_encode_kv_and_cache_write_match_reference(mode, in_dtype, cache_dt
     ref.cache_write(rows, v_rows, expected, slots)
     native.cache_write(rows, v_rows, cache, slots)
     _assert_same(cache, expected, "cache_write")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("row_offset", [0, 4, 1])
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("block_size,head_size", NVFP4_PAGES)
+def test_cuda_nvfp4_page_layouts(block_size, head_size, in_dtype, row_offset):
+    """Every data store width (8 / 4 / 1 bytes: a page side holds block_size * 3 * row_dim bytes,
+    odd for D=80 at block size 5) and every load width of the row copy (rows ``row_offset`` bytes
+    off their buffer, row widths 36 / 45 / 72 / 144)."""
+    if native.unavailable_reason("encode_and_cache_write", "cuda", KVQuantMode.NVFP4) is not None:
+        pytest.skip("no CUDA kernels")
+    _check_nvfp4_page(block_size, head_size, "cuda", in_dtype=in_dtype, row_offset=row_offset)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_cuda_nvfp4_page_layouts_wide_launches(block_size):
+    """Token counts whose launches take paired units and, for the row copy, two units per thread."""
+    if native.unavailable_reason("encode_and_cache_write", "cuda", KVQuantMode.NVFP4) is not None:
+        pytest.skip("no CUDA kernels")
+    _check_nvfp4_page(block_size, 128, "cuda", heads=8, num_tokens=16384)
 
 
 @pytest.mark.gpu
@@ -466,6 +608,27 @@ def test_cuda_routing_runs_the_kernel_from_the_dispatcher(mode):
         torch.ops.kvfuse.encode_and_cache_write(key, value, cache, slots, scale, scale, int(mode), "layers.0")
         _assert_same(cache.cpu(), expected, f"routed {mode.name} T={num_tokens}")
         assert native.cuda_routing_active()
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_routing_hands_nvfp4_cache_not_contiguous_within_a_page_to_python():
+    """The router's pre-check (fits_encode_and_write) sends the call to the Python body, whose
+    validator refuses it; the native op is never entered with it (a throw there is not how
+    refusals reach Python on CUDA)."""
+    if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
+        pytest.skip("no CUDA kernels")
+    backends.clear_cache()
+    op = torch.ops.kvfuse.encode_and_cache_write
+    key, value, cache, slots, scale = _fused_case(9, KVQuantMode.NVFP4)
+    op(key, value, cache, slots, scale, scale, int(KVQuantMode.NVFP4), "layers.0")
+    assert native.cuda_routing_active()
+    key, value, buf, sliced, slots, k_scale, v_scale = _paged_nvfp4_refusal_case("cuda")
+    before = buf.clone()
+    with pytest.raises(ValueError, match=r"encode_and_cache_write.*not contiguous within a page.*allocate_kv_cache"):
+        op(key, value, sliced, slots, k_scale, v_scale, int(KVQuantMode.NVFP4), "layers.0")
+    torch.cuda.synchronize()
+    assert torch.equal(buf, before)
 
 
 @pytest.mark.gpu
