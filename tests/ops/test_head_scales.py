@@ -21,7 +21,8 @@ if not torch.cuda.is_available():  # Triton picks interpreted vs compiled when a
 
 import kvfuse  # noqa: E402
 from kvfuse import KVCacheConfig, KVQuantMode, KVScaleGranularity  # noqa: E402
-from kvfuse.kv_cache import nvfp4_dequantize_reference, row_dim_for, storage_dtype  # noqa: E402
+from kvfuse.kv_cache import (logical_cache_rows, nvfp4_dequantize_reference, read_cache_rows, row_dim_for,  # noqa: E402
+                             storage_dtype)
 from kvfuse.ops import registry  # noqa: E402
 from kvfuse.ops import reference as ref  # noqa: E402
 from kvfuse.ops.checks import checked  # noqa: E402
@@ -89,7 +90,7 @@ def assert_only_slots_written(cache, slots):
     num_blocks, _, block_size = cache.shape[:3]
     written = torch.zeros(num_blocks * block_size, dtype=torch.bool, device=cache.device)
     written[slots.long()[slots.long() >= 0]] = True
-    rows = _bits(cache).view(num_blocks, 2, block_size, -1).transpose(1, 2).reshape(num_blocks * block_size, -1)
+    rows = _bits(logical_cache_rows(cache)).view(num_blocks, 2, block_size, -1).transpose(1, 2).reshape(num_blocks * block_size, -1)
     assert bool((rows[~written] == SENTINEL).all()), "a slot outside slot_mapping (or a padding token) was written"
 
 
@@ -262,7 +263,7 @@ def attention_float64(call: AttentionCall) -> torch.Tensor:
         q0, q1 = qsl[b], qsl[b + 1]
         pos = torch.arange(seq_len)
         blocks = call.block_table[b].cpu()[pos // page].long()
-        k_rows, v_rows = cache[blocks, 0, pos % page], cache[blocks, 1, pos % page]
+        k_rows, v_rows = (read_cache_rows(cache, blocks, pos % page, side) for side in (0, 1))
         for h in range(query.shape[1]):
             kvh = h // group
             k = decode(k_rows[:, kvh], scale_of(call.k_scale, kvh))
@@ -291,7 +292,8 @@ def attention_case(mode, seq_lens, q_lens, num_q_heads=6, num_kv_heads=3, head_s
                         dtype=storage_dtype(mode, q_dtype))
     if mode is KVQuantMode.NVFP4:
         cache.fill_(0x77)
-        cache[..., head_size // 2:] = 0x7F  # NaN block scales wherever nothing was written
+        # NaN block scales wherever nothing was written: each page side ends with its scale region.
+        cache.view(num_blocks, 2, -1)[..., page * num_kv_heads * head_size // 2:] = 0x7F
     else:
         cache.view(torch.uint8).fill_(0xFF)
     k_scale, v_scale = head_scales(mode, num_kv_heads, "k", "cpu"), head_scales(mode, num_kv_heads, "v", "cpu")
