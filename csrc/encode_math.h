@@ -6,7 +6,8 @@
 //          stored = rne(q) in e4m3fn / e5m2; NaN -> 0x7F | sign, as c10's conversion does
 //   NVFP4: per block of 16: amax = max |x_i| (NaN ignored)
 //          s = e4m3_rne(min(amax / (gs * 6), 448))       (min keeps NaN, like torch.clamp)
-//          q_i = x_i / (float(s) * gs), or 0 where that divisor is not > 0
+//          r = 1 / (float(s) * gs) (once per block), or 0 where that divisor is not > 0
+//          q_i = x_i * r
 //          code_i = nearest E2M1 magnitude (ties to even, saturating) | (q_i < 0) << 3; NaN -> +0
 #pragma once
 

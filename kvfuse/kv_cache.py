@@ -389,7 +389,12 @@ def nvfp4_quantize_reference(x: torch.Tensor, global_scale: Union[torch.Tensor, 
 
         amax      = max(|x_i| for i in b, NaN ignored)
         s_b       = e4m3_rne(min(amax / (global_scale * 6), 448))
-        q_i       = e2m1_rne_sat(x_i / (float(s_b) * global_scale))      (0 where that divisor is 0)
+        r_b       = 1 / (float(s_b) * global_scale)                       (0 where that divisor is 0)
+        q_i       = e2m1_rne_sat(x_i * r_b)
+
+    One reciprocal per block, then a product per element (each rounded to float32), as vLLM's
+    and FlashInfer's NVFP4 quantizers multiply by a reciprocal; kvfuse's is the correctly
+    rounded one (theirs is ``rcp.approx``), so every backend reproduces it bit for bit.
 
     NaN inputs encode as +0 (E2M1 has no NaN), without affecting the other 15 values of the
     block; +-inf saturate to +-6 * s_b * global_scale.
@@ -401,7 +406,8 @@ def nvfp4_quantize_reference(x: torch.Tensor, global_scale: Union[torch.Tensor, 
     amax = torch.where(torch.isnan(xf), 0.0, xf.abs()).amax(dim=-1, keepdim=True)
     block_scale = torch.clamp(amax / (gs * 6.0), max=448.0).to(torch.float8_e4m3fn)
     denom = block_scale.float() * gs
-    q = torch.where(denom > 0, xf / denom, torch.zeros_like(xf))
+    recip = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
+    q = xf * recip
     codes = _e2m1_code(q).reshape(*x.shape[:-1], head_size)
     packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
     scales = block_scale.reshape(*x.shape[:-1], head_size // NVFP4_BLOCK).view(torch.uint8)

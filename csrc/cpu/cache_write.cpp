@@ -93,9 +93,11 @@ void encode_row_nvfp4(const In* src, const RowDst& out, int64_t head_size, float
     }
     float denom;
     out.put_scale(b, nvfp4_block_scale(amax, gs, to_e4m3, &denom));
+    // The reference's definition: one correctly rounded reciprocal per block, a product per element.
+    const float recip = denom > 0.0f ? 1.0f / denom : 0.0f;
     for (int i = 0; i < kNvfp4Block; i += 2) {
-      const uint8_t lo = e2m1_code(denom > 0.0f ? x[i] / denom : 0.0f);
-      const uint8_t hi = e2m1_code(denom > 0.0f ? x[i + 1] / denom : 0.0f);
+      const uint8_t lo = e2m1_code(x[i] * recip);
+      const uint8_t hi = e2m1_code(x[i + 1] * recip);
       dst[b * (kNvfp4Block / 2) + i / 2] = static_cast<uint8_t>(lo | (hi << 4));
     }
   }

@@ -208,7 +208,9 @@ def _store_nvfp4(
     pos = s_val * gs > 0
     denom = tl.where(pos, s_val * gs, 1.0)
     keep = tl.where(pos, 0xFF, 0).to(tl.uint8)
-    q = tl.math.div_rn(x, denom[:, :, :, None])
+    # One correctly rounded reciprocal per block, then a product per element (the reference's
+    # definition): a division per element was most of this kernel's ALU work.
+    q = x * tl.math.div_rn(1.0, denom)[:, :, :, None]
     # E2M1 round-to-nearest-even, saturating at 6, as rint on the binade's grid: steps of 0.5
     # below 2 (codes 0..4), of 1 in [2, 4) (codes 4..6), of 2 from 4 (codes 6, 7); the grid
     # points' own ties (0.25, 1.25, 2.5, 5 down; 0.75, 1.75, 3.5 up) are rint's ties to even.
@@ -382,7 +384,7 @@ def _encode_and_cache_write_kernel(
     - FP8 (e4m3 max 448, e5m2 max 57344): ``rne(clamp(x / scale, -max, max))``, IEEE division,
       NaN -> NaN;
     - NVFP4, per 16-block ``b``: ``amax = max |x_i|`` (NaN ignored),
-      ``s = e4m3_rne(min(amax / (gs * 6), 448))``, ``q_i = x_i / (s * gs)`` (0 if that is 0),
+      ``s = e4m3_rne(min(amax / (gs * 6), 448))``, ``q_i = x_i * (1 / (s * gs))`` (0 if ``s * gs`` is 0),
       E2M1 code of ``q_i`` (RNE, saturating at 6, sign in bit 3, NaN -> +0); the row is
       ``[D/2 bytes, code 2k in the low nibble of byte k | D/16 e4m3 scales]``;
     - COPY: rows already in the cache format, stored as they are;
