@@ -221,7 +221,7 @@ def test_page_index_is_a_bijection_and_matches_the_formulas():
 
 def test_nvfp4_cache_must_be_contiguous_within_a_page():
     spec = kvfuse.KVCacheConfig(kv_cache_dtype="nvfp4").layer_spec("model.layers.0.attn", 2, 64)
-    pages_apart = torch.zeros(4, 2, 2, 16, 2, 36, dtype=torch.uint8)[:, :, 0]  # pages apart: fine
+    pages_apart = torch.zeros(4, 3, 2, 16, 2, 36, dtype=torch.uint8)[:, 1]  # pages apart: fine
     assert pages_apart.shape == spec.cache_shape(4, 16)
     key = torch.randn(3, 2, 64, dtype=torch.bfloat16)
     one = torch.tensor(1.0)
