@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvfuse import KVQuantMode
-from kvfuse.kv_cache import row_dim_for, storage_dtype
+from kvfuse.kv_cache import row_dim_for, storage_dtype, write_cache_rows
 from kvfuse.ops import reference
 from kvfuse.ops import registry as backends
 from kvfuse.ops.registry import AttentionCall
@@ -128,7 +128,12 @@ def test_paged_attention_matches_reference(backend, case):
     # Fill the cache by encoding random K/V, so every quantized byte pattern is a real encoding.
     raw = torch.randn(num_blocks * block_size, 2 * num_kv_heads, head_size, generator=g)
     rows = reference.encode_kv(raw, torch.tensor(0.5), mode, cache_dtype)
-    cache = rows.reshape(num_blocks, block_size, 2, num_kv_heads, row_dim).transpose(1, 2).contiguous().to(DEVICE)
+    cache = torch.empty((num_blocks, 2, block_size, num_kv_heads, row_dim), dtype=cache_dtype)
+    slots = torch.arange(num_blocks * block_size)
+    rows = rows.reshape(num_blocks * block_size, 2, num_kv_heads, row_dim)
+    for side in (0, 1):  # through the page layout (NVFP4 pages split rows into data and scale regions)
+        write_cache_rows(cache, slots // block_size, slots % block_size, side, rows[:, side])
+    cache = cache.to(DEVICE)
     total = sum(q_lens)
     query = torch.randn(total + 2, num_kv_heads * group, head_size, generator=g).bfloat16().to(DEVICE)
     qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
