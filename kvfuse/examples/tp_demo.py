@@ -28,6 +28,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..kv_cache import logical_cache_rows
+
 logger = logging.getLogger(__name__)
 
 #: Default tolerance of --check on logits: the split model sums its row-parallel products in
@@ -108,6 +110,8 @@ def _cache_differences(rank_caches: list, rank_plans: list, reference: list) -> 
     for rank, (caches, plan) in enumerate(zip(rank_caches, rank_plans)):
         for layer, (mine, full) in enumerate(zip(caches, reference)):
             heads = plan[layer]["kv_heads"]
+            # Logical (token, head) rows: an NVFP4 page interleaves its heads' data and scales.
+            mine, full = logical_cache_rows(mine), logical_cache_rows(full)
             want = full[:, :, :, heads[0]:heads[-1] + 1]
             same = mine.view(torch.uint8) == want.view(torch.uint8) if mine.dtype.itemsize == 1 else mine == want
             max_abs = None if mine.dtype == torch.uint8 else (mine.float() - want.float()).abs().max().item()

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from kvfuse.backend import KVFuseBackend
+from kvfuse.kv_cache import logical_cache_rows
 
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (9, 4, 6)
@@ -170,6 +171,8 @@ def _cache_differences(rank_caches: list, rank_plans: list, reference: list) -> 
     for rank, (caches, plan) in enumerate(zip(rank_caches, rank_plans)):
         for layer, (mine, full) in enumerate(zip(_from_bytes(caches), reference)):
             heads = plan[layer]["kv_heads"]
+            # Logical (token, head) rows: an NVFP4 page interleaves its heads' data and scales.
+            mine, full = logical_cache_rows(mine), logical_cache_rows(full)
             want = full[:, :, :, heads[0]:heads[-1] + 1]
             same = mine.view(torch.uint8) == want.view(torch.uint8) if mine.dtype.itemsize == 1 else mine == want
             out.append({"rank": rank, "layer": layer, "mode": plan[layer]["mode"], "shape": list(mine.shape),
