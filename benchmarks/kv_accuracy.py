@@ -203,7 +203,7 @@ def _scale_norm(norm: torch.nn.Module, factor: torch.Tensor, head_dim: int) -> N
     if not torch.allclose(norm(probe).float(), before * factor, rtol=rtol, atol=1e-5):
         weight.copy_(original.to(weight.dtype))
         raise ValueError(f"{type(norm).__name__}: its {weight.dtype} weight cannot hold gains down to "
-                         f"{float(factor.min()):.3g} (a 1 + w gain stores 1 - w, which {weight.dtype} rounds); "
+                         f"{float(factor.min()):.3g} (the gain is 1 + w, and {weight.dtype} rounds w near -1 too coarsely); "
                          f"run the model in float32")
 
 
