@@ -500,28 +500,36 @@ def long_table(results: list) -> str:
     return markdown_table(("model", "K/V", "format", "max abs", "rel L2", "top-1 agree", "note"), rows)
 
 
+def _cell(result: Optional[dict], label: str, metric: str) -> str:
+    row = None if result is None else next((x for x in result["rows"] if x["label"] == label), None)
+    if row is None:
+        return "-"
+    if "skipped" in row:
+        return "skipped"
+    if "error" in row:
+        return "error"
+    return _fmt(row.get(metric), metric)
+
+
 def pivot_table(results: list, metric: str) -> str:
-    """Formats down, models across, one metric; a skipped or failed format says so in its cells."""
-    labels = []
+    """Formats down, models across, one metric. A model run both with the outlier recipe and as
+    built gets ``with / as built`` in each cell."""
+    labels, models = [], []
     for r in results:
-        for row in r["rows"]:
-            if row["label"] not in labels:
-                labels.append(row["label"])
+        models += [r["model"]] if r["model"] not in models else []
+        labels += [row["label"] for row in r["rows"] if row["label"] not in labels]
+
+    def run(model: str, with_outliers: bool) -> Optional[dict]:
+        return next((r for r in results if r["model"] == model and r["with_outliers"] is with_outliers), None)
+
     lines = []
     for label in labels:
         cells = []
-        for r in results:
-            row = next((x for x in r["rows"] if x["label"] == label), None)
-            if row is None:
-                cells.append("-")
-            elif "skipped" in row:
-                cells.append("skipped")
-            elif "error" in row:
-                cells.append("error")
-            else:
-                cells.append(_fmt(row.get(metric), metric))
+        for model in models:
+            pair = [_cell(r, label, metric) for r in (run(model, True), run(model, False)) if r is not None]
+            cells.append("skipped" if set(pair) == {"skipped"} else " / ".join(pair))
         lines.append((label, *cells))
-    return markdown_table(("format", *(r["model"] for r in results)), lines)
+    return markdown_table(("format", *models), lines)
 
 
 def magnitudes_table(results: list) -> str:
@@ -621,14 +629,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for f in failed:
         print(f"failed: {f['model']} ({'outliers' if f['with_outliers'] else 'as built'}): {f['error']}")
     if args.markdown:
-        for with_outliers in (True, False):
-            subset = [r for r in results if r["with_outliers"] is with_outliers]
-            if not subset:
-                continue
-            for metric, title in (("rel_l2", "relative L2 error of the logits"), ("max_abs", "max abs error"),
-                                  ("top1", "greedy top-1 agreement over the decode steps")):
-                variant = "with K/V outliers" if with_outliers else "random init, no outliers"
-                print(f"\n{title}, {variant}:\n\n{pivot_table(subset, metric)}")
+        both = len(recipes) == 2
+        for metric, title in (("rel_l2", "relative L2 error of the logits"), ("max_abs", "max abs error"),
+                              ("top1", "greedy top-1 agreement over the decode steps")):
+            print(f"\n{title}{' (with outliers / as built)' if both else ''}:\n\n{pivot_table(results, metric)}")
     print(f"\n{len(models)} models x {len(formats)} formats x {len(recipes)} variants in {elapsed:.1f} s",
           file=sys.stderr)
     return 0
