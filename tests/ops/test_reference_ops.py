@@ -52,7 +52,8 @@ def _nvfp4_by_hand(x, global_scale):
     amax = torch.nan_to_num(xb.abs(), nan=0.0).amax(-1)
     scale = torch.clamp(amax / (global_scale * 6.0), max=448.0).to(torch.float8_e4m3fn)
     denom = scale.float().unsqueeze(-1) * global_scale
-    q = torch.where(denom > 0, xb / denom, torch.zeros_like(xb))
+    # The contract since the reciprocal encode: one correctly rounded 1 / denom per block, a product per element.
+    q = xb * torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
     mags = torch.tensor(E2M1_VALUES)
     dist = (q.abs().unsqueeze(-1) - mags).abs()
     best = dist == dist.min(-1, keepdim=True).values
