@@ -17,7 +17,9 @@ Ops (namespace ``kvfuse``)::
                     Tensor? sinks=None) -> Tensor
 
 Every op carries the layer's ``kv_quant_mode`` (a :class:`kvfuse.KVQuantMode` value) and
-``layer_name``; nothing here reads a global cache dtype. One validator per op runs in the fake
+``layer_name``; nothing here reads a global cache dtype. ``k_scale`` / ``v_scale`` (and
+``encode_kv``'s ``scale``) keep their schema in every mode but are not read for
+``FP8_PER_TOKEN_HEAD``, whose rows carry their own scale (checked mode does not check them there). One validator per op runs in the fake
 (meta) implementation, at trace time, and in the real body before any kernel touches memory,
 so a bad call fails before anything is written. The real body (registered for CPU and CUDA)
 then asks :mod:`.registry` for the kernel of this (op, device, mode, size) and calls it.
