@@ -111,6 +111,7 @@ def test_matrix_covers_every_branch(report):
 
     modes = {int(m) for m in KVQuantMode}
     nvfp4 = int(KVQuantMode.NVFP4)
+    pth = int(KVQuantMode.FP8_PER_TOKEN_HEAD)
     heads = {64, 80, 128, 256}
     both = {True, False}
     missing = []
@@ -134,7 +135,6 @@ def test_matrix_covers_every_branch(report):
         expect("kv_write", f"{name}[MODE={pth}]", both, _seen(kw, name, lambda c: c["MODE"] == pth))
     for mode in modes:
         expect("kv_write", f"D[MODE={mode}]", heads, _seen(kw, "D", lambda c, m=mode: c["MODE"] == m))
-    pth = int(KVQuantMode.FP8_PER_TOKEN_HEAD)
     expect("kv_write", f"K_SCALE_STRIDE_H[MODE={pth}]", {0}, _seen(kw, "K_SCALE_STRIDE_H", lambda c: c["MODE"] == pth))
     # per-KV-head scales (stride 1) and per-tensor ones (0); FP8_PER_TOKEN_HEAD reads none (always 0)
     for mode in modes - {int(KVQuantMode.NONE), pth}:
