@@ -515,3 +515,19 @@ def test_gpu_attention(q_lens):
     gpu_call = AttentionCall(**{k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in call.__dict__.items()})
     out = tat.paged_attention(gpu_call).float().cpu()
     torch.testing.assert_close(out, expected, atol=3e-2 * expected.abs().max().item(), rtol=3e-2)
+
+
+def test_native_entry_points_refuse_the_mode_cleanly():
+    from kvfuse.ops import native
+
+    reason = native.unavailable_reason("encode_kv", "cpu", int(PTH))
+    if reason is not None:
+        pytest.skip(f"native kernels unavailable: {reason}")
+    assert native.mode_values()["FP8_PER_TOKEN_HEAD"] == int(PTH)
+    key = _inputs(3, 2, 64, seed=19)
+    with pytest.raises(ValueError, match=r"kv_quant_mode=4 \(FP8_PER_TOKEN_HEAD\) is not implemented by the native"):
+        native.encode_kv(key, ONE, int(PTH), torch.uint8)
+    cache = torch.zeros(2, 2, 4, 2, 68, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"FP8_PER_TOKEN_HEAD\) is not implemented by the native"):
+        native.encode_and_cache_write(key, key, cache, torch.arange(3), ONE, ONE, int(PTH))
+    assert not cache.any()
