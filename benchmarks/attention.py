@@ -33,7 +33,8 @@ from kvfuse.ops.registry import AttentionCall
 TILES = None
 
 HQ, HKV, HEAD, PAGE = 32, 8, 128, 16
-MODES = {"bf16": KVQuantMode.NONE, "fp8": KVQuantMode.FP8_E4M3, "nvfp4": KVQuantMode.NVFP4}
+MODES = {"bf16": KVQuantMode.NONE, "fp8": KVQuantMode.FP8_E4M3, "nvfp4": KVQuantMode.NVFP4,
+         "fp8_pth": KVQuantMode.FP8_PER_TOKEN_HEAD}
 ANCHORS = {("decode", "bf16", 64, 4096): ("flashinfer", 375.0, 0.95),
            ("decode", "fp8", 64, 4096): ("flashinfer_tc", 258.0, 0.69)}
 
@@ -54,7 +55,7 @@ def copy_bandwidth():
 
 
 # kvfuse's cache names in the results files (the same as cache_write.json's kv_cache_dtype).
-KV_CACHE_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+KV_CACHE_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4", "fp8_pth": "fp8_per_token_head"}
 
 
 def _result_row(row):
@@ -74,6 +75,11 @@ def make_cache(mode, batch, context, device="cuda"):
     dtype = storage_dtype(mode, torch.bfloat16)
     if mode is KVQuantMode.NVFP4:
         cache = torch.randint(0, 0x70, shape, dtype=torch.uint8, device=device)
+    elif mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+        # Finite e4m3 codes of both signs, then each row's float32 scale in its last 4 bytes.
+        cache = torch.randint(0, 0x7F, shape, dtype=torch.uint8, device=device) ^ torch.randint(
+            0, 2, shape, dtype=torch.uint8, device=device) * 0x80
+        cache[..., HEAD:] = torch.full((*shape[:-1], 1), 0.01, device=device).view(torch.uint8)
     else:
         cache = torch.empty(shape, dtype=dtype, device=device)
         flat = cache.view(-1)
@@ -107,7 +113,7 @@ def run_decode(batch, context, mode_name, impls, rows, copy_bw):
     fns = {}
     if "kvfuse" in impls:
         fns["kvfuse"] = (_kvfuse(args), True)
-    if mode is not KVQuantMode.NVFP4:
+    if mode not in (KVQuantMode.NVFP4, KVQuantMode.FP8_PER_TOKEN_HEAD):  # FlashInfer has neither
         if "kvfuse_flashinfer" in impls:
             from kvfuse.ops import flashinfer as fib
 
@@ -422,7 +428,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="batch 64 / context 4096 decode + 4k prefill only")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--impls", default="kvfuse,kvfuse_flashinfer,flashinfer,flashinfer_tc,torch_sdpa")
-    parser.add_argument("--modes", default="bf16,fp8,nvfp4")
+    parser.add_argument("--modes", default="bf16,fp8,nvfp4,fp8_pth")
     parser.add_argument("--tune", action="store_true", help="sweep Triton block configs first and use the best")
     parser.add_argument("--focus", action="store_true",
                         help="only decode at B=64/4k and B=16/16k: kernel variants and configs side by side")

@@ -35,7 +35,7 @@ from benchmarks import common
 HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 128, 16
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384, 65536)
 QUICK_TOKENS = (1, 64, 1024, 16384, 65536)
-FORMATS = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "nvfp4")
+FORMATS = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "nvfp4", "fp8_per_token_head")
 QUICK_FORMATS = ("bfloat16", "fp8_e4m3", "nvfp4")
 # The two kvfuse kernels first and back to back, before the anchors: the multi-millisecond eager
 # anchors warm the GPU, and a kernel timed right after them ran ~2% slower (FP8 at 65536 tokens:
@@ -71,7 +71,7 @@ def plain_encode_and_write(key, value, kv_cache, slots, k_scale, v_scale, mode: 
     from kvfuse.kv_cache import KVQuantMode
 
     quant = KVQuantMode(mode)
-    if quant is KVQuantMode.NVFP4:
+    if quant is KVQuantMode.NVFP4 or quant.is_per_token_head:
         return torch_encode_and_write(key, value, kv_cache, slots, k_scale, v_scale, mode)
     block_size = kv_cache.shape[2]
     block, offset = slots // block_size, slots % block_size
@@ -205,6 +205,8 @@ def make_flashinfer(case: Case, cache):
     from kvfuse.ops.reference import encode_kv
 
     n = case.num_tokens
+    if case.fmt == "fp8_per_token_head":
+        raise _Skip("flashinfer has no per-token-head FP8 cache")
     if case.fmt == "nvfp4":
         kernel = getattr(page, "_nvfp4_quantize_append_paged_kv_cache_with_slot_mapping_kernel", None)
         public = getattr(flashinfer, "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping", None) or \

@@ -17,6 +17,8 @@ namespace kvfuse {
 inline KVQuantMode to_mode(int64_t value) {
   TORCH_CHECK_VALUE(is_valid_mode(value), "kv_quant_mode=", value, " is not a KVQuantMode (0..",
                     kNumKVQuantModes - 1, ")");
+  TORCH_CHECK_VALUE(is_native_mode(value), "kv_quant_mode=", value, " (", mode_name(static_cast<KVQuantMode>(value)),
+                    ") is not implemented by the native kernels; kvfuse's ops route it to Triton or the reference");
   return static_cast<KVQuantMode>(value);
 }
 
@@ -29,6 +31,7 @@ inline at::ScalarType storage_dtype_of(KVQuantMode mode) {
     case KVQuantMode::FP8_E4M3: return at::ScalarType::Float8_e4m3fn;
     case KVQuantMode::FP8_E5M2: return at::ScalarType::Float8_e5m2;
     case KVQuantMode::NVFP4: return at::ScalarType::Byte;
+    case KVQuantMode::FP8_PER_TOKEN_HEAD: return at::ScalarType::Byte;
     case KVQuantMode::NONE: break;
   }
   return at::ScalarType::Undefined;
@@ -77,7 +80,8 @@ inline bool is_nvfp4_page(const at::Tensor& kv_cache) {
   return true;
 }
 
-// uint8 storage holds only NVFP4 (storage_dtype_of).
+// Among the modes the native kernels implement (to_mode), uint8 storage holds only NVFP4;
+// FP8_PER_TOKEN_HEAD rows (uint8 too) never reach these kernels.
 inline bool holds_nvfp4_pages(const at::Tensor& kv_cache) {
   return kv_cache.scalar_type() == at::ScalarType::Byte;
 }
@@ -148,7 +152,7 @@ inline void check_rows(const at::Tensor& key_rows, const at::Tensor& value_rows,
 inline bool fits_encode_and_write(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
                                   const at::Tensor& slot_mapping, const at::Tensor& k_scale,
                                   const at::Tensor& v_scale, int64_t kv_quant_mode) {
-  if (!is_valid_mode(kv_quant_mode)) return false;
+  if (!is_native_mode(kv_quant_mode)) return false;
   const auto mode = static_cast<KVQuantMode>(kv_quant_mode);
   const auto input_ok = [](const at::Tensor& x) {
     return x.defined() && x.dim() == 3 && is_native_float(x.scalar_type()) && x.stride(2) == 1;

@@ -17,10 +17,14 @@ enum class KVQuantMode : int64_t {
   FP8_E4M3 = 1,
   FP8_E5M2 = 2,
   NVFP4 = 3,
+  // e4m3 data + one float32 scale per (token, head) row, computed at write time. The native
+  // kernels do not implement it (is_native_mode): the Python registry routes it to Triton or
+  // the reference, and the C++ entry points refuse it.
+  FP8_PER_TOKEN_HEAD = 4,
 };
 
 // One past the last value: the enum's size, for iteration and range checks.
-constexpr int64_t kNumKVQuantModes = 4;
+constexpr int64_t kNumKVQuantModes = 5;
 
 inline const char* mode_name(KVQuantMode mode) {
   switch (mode) {
@@ -28,11 +32,17 @@ inline const char* mode_name(KVQuantMode mode) {
     case KVQuantMode::FP8_E4M3: return "FP8_E4M3";
     case KVQuantMode::FP8_E5M2: return "FP8_E5M2";
     case KVQuantMode::NVFP4: return "NVFP4";
+    case KVQuantMode::FP8_PER_TOKEN_HEAD: return "FP8_PER_TOKEN_HEAD";
   }
   return "?";
 }
 
 inline bool is_valid_mode(int64_t value) { return value >= 0 && value < kNumKVQuantModes; }
+
+// The modes the native kernels implement.
+inline bool is_native_mode(int64_t value) {
+  return is_valid_mode(value) && value != static_cast<int64_t>(KVQuantMode::FP8_PER_TOKEN_HEAD);
+}
 
 inline bool is_fp8(KVQuantMode mode) { return mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2; }
 

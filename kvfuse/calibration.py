@@ -171,7 +171,8 @@ def calibrate_scales(
     observers: list[_Observer] = []
     for layer in layers:
         spec = layer.spec
-        if not spec.kv_quant_mode.is_quantized:
+        if not spec.kv_quant_mode.has_static_scales:
+            # NONE has no scales; FP8_PER_TOKEN_HEAD computes each row's scale as it writes the row.
             logger.debug("layer %s: %s cache, no scales to calibrate", layer.layer_name, spec.kv_quant_mode.name)
             continue
         own = spec.scale_granularity

@@ -38,6 +38,11 @@ __all__ = [
     "check_page_contiguous",
     "nvfp4_quantize_reference",
     "nvfp4_dequantize_reference",
+    "fp8_per_token_head_row_dim",
+    "fp8_per_token_head_quantize_reference",
+    "fp8_per_token_head_dequantize_reference",
+    "fp8_per_token_head_split",
+    "storage_holds",
     "fp8_max",
     "parse_model_dtype",
     "describe_unmatched_skip_rules",
@@ -55,6 +60,9 @@ class KVQuantMode(enum.IntEnum):
     FP8_E4M3 = 1
     FP8_E5M2 = 2
     NVFP4 = 3
+    #: e4m3 data with one float32 scale per (token, KV head) row, computed when the row is written
+    #: (vLLM's ``fp8_per_token_head``); see :func:`fp8_per_token_head_quantize_reference`.
+    FP8_PER_TOKEN_HEAD = 4
 
     @property
     def is_quantized(self) -> bool:
@@ -62,18 +70,32 @@ class KVQuantMode(enum.IntEnum):
 
     @property
     def is_fp8(self) -> bool:
+        """FP8 with static (per-tensor or per-KV-head) scales; FP8_PER_TOKEN_HEAD is not one of them."""
         return self in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2)
+
+    @property
+    def is_per_token_head(self) -> bool:
+        """The scales live in the cache, one per row, so the ops' k_scale / v_scale are not read."""
+        return self is KVQuantMode.FP8_PER_TOKEN_HEAD
+
+    @property
+    def has_static_scales(self) -> bool:
+        """Whether the layer's k_scale / v_scale (a checkpoint's or calibrated) take part in the math."""
+        return self.is_quantized and not self.is_per_token_head
 
 
 class KVScaleGranularity(enum.Enum):
     """What one FP8 scale / NVFP4 global scale of a layer covers.
 
     TENSOR: one float32 scale for all of K (and one for V); HEAD: one per KV head, static (from
-    a checkpoint or :func:`kvfuse.calibrate_scales`), indexed by the head a row belongs to.
+    a checkpoint or :func:`kvfuse.calibrate_scales`), indexed by the head a row belongs to;
+    TOKEN_HEAD: one per (token, KV head) row, dynamic, stored in the cache beside the row
+    (``FP8_PER_TOKEN_HEAD`` layers only; it comes with the dtype, never from configuration).
     """
 
     TENSOR = "tensor"
     HEAD = "head"
+    TOKEN_HEAD = "token_head"
 
 
 # "attn_head" is vLLM's spelling (its kv_scale_type) of per-KV-head static scales.
@@ -110,22 +132,24 @@ _DTYPE_NAMES: dict[str, tuple[KVQuantMode, Optional[torch.dtype]]] = {
     "fp8_inc": (KVQuantMode.FP8_E4M3, None),
     "fp8_e5m2": (KVQuantMode.FP8_E5M2, None),
     "nvfp4": (KVQuantMode.NVFP4, None),
+    "fp8_per_token_head": (KVQuantMode.FP8_PER_TOKEN_HEAD, None),
 }
 VALID_KV_CACHE_DTYPES: tuple[str, ...] = tuple(_DTYPE_NAMES)
 # Names vLLM accepts for formats kvfuse will have but does not have yet: refused with a message
 # that says so, rather than as an unknown name.
-_PLANNED_DTYPE_NAMES: dict[str, str] = {
-    "fp8_per_token_head": "FP8 with dynamic per-token-head scales",
-}
+_PLANNED_DTYPE_NAMES: dict[str, str] = {}
 
+# uint8 holds two formats (NVFP4, FP8_PER_TOKEN_HEAD, both as vLLM stores them): code that must
+# know a uint8 cache's layout takes the mode explicitly (see storage_holds and read_cache_rows).
 _QUANTIZED_STORAGE: dict[KVQuantMode, torch.dtype] = {
     KVQuantMode.FP8_E4M3: torch.float8_e4m3fn,
     KVQuantMode.FP8_E5M2: torch.float8_e5m2,
     KVQuantMode.NVFP4: torch.uint8,
+    KVQuantMode.FP8_PER_TOKEN_HEAD: torch.uint8,
 }
 NATIVE_CACHE_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 
-_FP8_MAX = {KVQuantMode.FP8_E4M3: 448.0, KVQuantMode.FP8_E5M2: 57344.0}
+_FP8_MAX = {KVQuantMode.FP8_E4M3: 448.0, KVQuantMode.FP8_E5M2: 57344.0, KVQuantMode.FP8_PER_TOKEN_HEAD: 448.0}
 
 #: Elements per NVFP4 block scale.
 NVFP4_BLOCK = 16
@@ -181,13 +205,21 @@ def storage_dtype(mode: KVQuantMode, native_dtype: Optional[torch.dtype] = None)
 
 
 def mode_of_storage_dtype(dtype: torch.dtype) -> Optional[KVQuantMode]:
-    """The only mode a cache of storage ``dtype`` can hold, or None for an invalid dtype."""
+    """The only mode a cache of storage ``dtype`` can hold; None for an invalid dtype and for
+    uint8, which holds NVFP4 and FP8_PER_TOKEN_HEAD alike (use :func:`storage_holds` with the
+    layer's mode)."""
     if dtype in NATIVE_CACHE_DTYPES:
         return KVQuantMode.NONE
-    for mode, storage in _QUANTIZED_STORAGE.items():
-        if storage == dtype:
-            return mode
-    return None
+    modes = [mode for mode, storage in _QUANTIZED_STORAGE.items() if storage == dtype]
+    return modes[0] if len(modes) == 1 else None
+
+
+def storage_holds(dtype: torch.dtype, mode: KVQuantMode) -> bool:
+    """Whether a cache of storage ``dtype`` can hold rows of ``mode``."""
+    mode = KVQuantMode(mode)
+    if mode is KVQuantMode.NONE:
+        return dtype in NATIVE_CACHE_DTYPES
+    return _QUANTIZED_STORAGE[mode] == dtype
 
 
 # ----------------------------------------------------------------------------- NVFP4 layout
@@ -210,8 +242,28 @@ def nvfp4_head_size(row_dim: int) -> int:
     return row_dim * 16 // 9
 
 
+#: Bytes of the float32 scale at the end of each FP8_PER_TOKEN_HEAD row.
+PER_TOKEN_HEAD_SCALE_BYTES = 4
+
+
+def fp8_per_token_head_row_dim(head_size: int) -> int:
+    """Bytes of one FP8_PER_TOKEN_HEAD row: ``head_size`` e4m3 bytes, then one float32 scale."""
+    if head_size <= 0 or head_size % PER_TOKEN_HEAD_SCALE_BYTES:
+        raise ValueError(
+            f"head_size={head_size} cannot be stored as fp8_per_token_head: it must be a positive multiple "
+            f"of {PER_TOKEN_HEAD_SCALE_BYTES}, so that each row's float32 scale (after its head_size e4m3 "
+            f"bytes) is 4-byte aligned"
+        )
+    return head_size + PER_TOKEN_HEAD_SCALE_BYTES
+
+
 def row_dim_for(mode: KVQuantMode, head_size: int) -> int:
-    return nvfp4_row_dim(head_size) if KVQuantMode(mode) is KVQuantMode.NVFP4 else head_size
+    mode = KVQuantMode(mode)
+    if mode is KVQuantMode.NVFP4:
+        return nvfp4_row_dim(head_size)
+    if mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+        return fp8_per_token_head_row_dim(head_size)
+    return head_size
 
 
 def nvfp4_split(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,25 +368,32 @@ def _flat_pages(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.as_strided((n, 2 * T * H * F), (kv_cache.stride(0), 1))
 
 
-def _is_nvfp4_cache(kv_cache: torch.Tensor) -> bool:
-    # uint8 storage holds only NVFP4 (see mode_of_storage_dtype).
-    return mode_of_storage_dtype(kv_cache.dtype) is KVQuantMode.NVFP4
+def _is_nvfp4_cache(kv_cache: torch.Tensor, mode: Optional[KVQuantMode] = None) -> bool:
+    """Whether ``kv_cache`` holds NVFP4 pages: by ``mode`` where given, else by its dtype (uint8
+    meant NVFP4 before FP8_PER_TOKEN_HEAD shared it; callers that may see both pass the mode)."""
+    if mode is not None:
+        return KVQuantMode(mode) is KVQuantMode.NVFP4
+    return kv_cache.dtype == torch.uint8
 
 
 def read_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor,
-                    side: int) -> torch.Tensor:
+                    side: int, mode: Optional[KVQuantMode] = None) -> torch.Tensor:
     """The encoded rows ``[L, H, row_dim]`` of slots ``(blocks[l], offsets[l])`` of one side
-    (0: K, 1: V), in the format ``encode_kv`` returns whatever the page layout (a copy)."""
-    if not _is_nvfp4_cache(kv_cache):
+    (0: K, 1: V), in the format ``encode_kv`` returns whatever the page layout (a copy).
+
+    ``mode``: the layer's :class:`KVQuantMode`; without it a uint8 cache is read as NVFP4 pages
+    (pass ``KVQuantMode.FP8_PER_TOKEN_HEAD`` for those caches, whose rows are stored whole)."""
+    if not _is_nvfp4_cache(kv_cache, mode):
         return kv_cache[blocks.long(), side, offsets.long()]
     index = _page_index_for(kv_cache)[side]
     return _flat_pages(kv_cache)[blocks.long()[:, None, None], index[offsets.long()]]
 
 
 def write_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor,
-                     side: int, rows: torch.Tensor) -> None:
-    """Store encoded rows ``[L, H, row_dim]`` into slots ``(blocks[l], offsets[l])`` of one side."""
-    if not _is_nvfp4_cache(kv_cache):
+                     side: int, rows: torch.Tensor, mode: Optional[KVQuantMode] = None) -> None:
+    """Store encoded rows ``[L, H, row_dim]`` into slots ``(blocks[l], offsets[l])`` of one side
+    (``mode`` as for :func:`read_cache_rows`)."""
+    if not _is_nvfp4_cache(kv_cache, mode):
         kv_cache[blocks.long(), side, offsets.long()] = rows
         return
     index = _page_index_for(kv_cache)[side]
@@ -342,10 +401,11 @@ def write_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torc
     flat[blocks.long()[:, None, None], index[offsets.long()]] = rows
 
 
-def logical_cache_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+def logical_cache_rows(kv_cache: torch.Tensor, mode: Optional[KVQuantMode] = None) -> torch.Tensor:
     """A tensor shaped like ``kv_cache`` whose ``[block, side, t, h]`` is that slot's encoded row
-    (a copy for NVFP4 pages, ``kv_cache`` itself otherwise): for tests and inspection."""
-    if not _is_nvfp4_cache(kv_cache):
+    (a copy for NVFP4 pages, ``kv_cache`` itself otherwise; ``mode`` as for :func:`read_cache_rows`):
+    for tests and inspection."""
+    if not _is_nvfp4_cache(kv_cache, mode):
         return kv_cache
     index = _page_index_for(kv_cache)
     flat = _flat_pages(kv_cache)
@@ -430,6 +490,61 @@ def nvfp4_dequantize_reference(rows: torch.Tensor, global_scale: Union[torch.Ten
     return out.reshape(*data.shape[:-1], head_size)
 
 
+# ----------------------------------------------------------------------------- FP8 per token and head
+
+# The FP8_PER_TOKEN_HEAD row is vLLM's (vllm/v1/attention/backends/triton_attn.py,
+# TritonAttentionBackend.get_kv_cache_shape and TritonAttentionImpl._ensure_scale_caches, vLLM main
+# of 2026; STR_DTYPE_TO_TORCH_DTYPE["fp8_per_token_head"] = torch.uint8 in vllm/utils/torch_utils.py):
+# a uint8 cache (num_blocks, 2, block_size, num_kv_heads, head_size + 4) whose every (token, head)
+# row is head_size e4m3 bytes followed by the row's float32 scale (native byte order, i.e. little
+# endian on every device kvfuse runs on). The math is that of vLLM's writer,
+# vllm/v1/attention/ops/triton_reshape_and_cache_flash.py::_reshape_cache_per_token_head:
+# scale = max(amax / 448, 1e-6), q = clamp(x * (1 / scale), -448, 448), e4m3 round to nearest even.
+
+
+def fp8_per_token_head_quantize_reference(x: torch.Tensor) -> torch.Tensor:
+    """Encode ``x [..., D]`` into FP8_PER_TOKEN_HEAD rows ``[..., D + 4]`` (uint8).
+
+    Math, in float32, per row (decode: value = e4m3 * scale)::
+
+        amax  = max(|x_i| for finite x_i)                  (0 if the row has none)
+        scale = max(amax / 448, 1e-6)                      (IEEE division)
+        r     = 1 / scale                                  (IEEE division)
+        q_i   = e4m3_rne(clamp(x_i * r, -448, 448))        (NaN stays NaN, with its sign)
+        row   = [q_0 .. q_{D-1} as bytes | scale as 4 bytes]
+
+    For finite rows this is vLLM's formula; kvfuse divides with IEEE rounding everywhere (vLLM's
+    Triton ``/`` is the approximate ``div.full.f32``, so a scale may differ from vLLM's in its last
+    bit), and it leaves NaN and +-inf out of the amax, so that one such element does not wipe its
+    row (an inf amax would make every other element 0 or NaN): +-inf saturate to +-448 * scale.
+    """
+    head_size = x.shape[-1]
+    fp8_per_token_head_row_dim(head_size)
+    xf = x.float()
+    amax = torch.where(torch.isfinite(xf), xf.abs(), 0.0).amax(dim=-1, keepdim=True)
+    scale = torch.clamp(amax / 448.0, min=1e-6)
+    q = torch.clamp(xf * (1.0 / scale), -448.0, 448.0).to(torch.float8_e4m3fn)
+    return torch.cat([q.view(torch.uint8), scale.view(torch.uint8)], dim=-1)
+
+
+def fp8_per_token_head_split(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split FP8_PER_TOKEN_HEAD rows (uint8 ``[..., D + 4]``) into ``(data float8_e4m3fn [..., D],
+    scale float32 [...])`` (copies for the scales: their bytes need not be 4-aligned in ``rows``)."""
+    if rows.dtype != torch.uint8:
+        raise ValueError(f"fp8_per_token_head rows must be uint8, got {rows.dtype}")
+    head_size = rows.shape[-1] - PER_TOKEN_HEAD_SCALE_BYTES
+    fp8_per_token_head_row_dim(head_size)
+    data = rows[..., :head_size].view(torch.float8_e4m3fn)
+    scale = rows[..., head_size:].contiguous().view(torch.float32).squeeze(-1)
+    return data, scale
+
+
+def fp8_per_token_head_dequantize_reference(rows: torch.Tensor) -> torch.Tensor:
+    """Decode FP8_PER_TOKEN_HEAD rows ``[..., D + 4]`` into float32 ``[..., D]``: e4m3 * the row's scale."""
+    data, scale = fp8_per_token_head_split(rows)
+    return data.float() * scale.unsqueeze(-1)
+
+
 # ----------------------------------------------------------------------------- config and spec
 
 _DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.\w+)+$")
@@ -482,13 +597,15 @@ class KVCacheSpec:
     tp_size: int = 1
     tp_rank: int = 0
     total_num_kv_heads: Optional[int] = None  # None: not sharded (= num_kv_heads)
-    #: Always TENSOR for unquantized (NONE) layers, which have no scales to speak of.
+    #: Always TENSOR for unquantized (NONE) layers, which have no scales to speak of; TOKEN_HEAD for
+    #: FP8_PER_TOKEN_HEAD layers, whose scales are in the cache.
     scale_granularity: KVScaleGranularity = KVScaleGranularity.TENSOR
 
     @property
     def scale_shape(self) -> tuple[int, ...]:
         """Shape of this layer's ``k_scale`` / ``v_scale``: ``()`` per tensor, ``(num_kv_heads,)`` per
-        KV head (this rank's heads under tensor parallelism)."""
+        KV head (this rank's heads under tensor parallelism). A TOKEN_HEAD layer keeps ``()``
+        placeholders that its ops do not read (its scales are computed per row and stored in the cache)."""
         return (self.num_kv_heads,) if self.scale_granularity is KVScaleGranularity.HEAD else ()
 
     def shard_scale(self, value, name: str = "scale", device=None) -> torch.Tensor:
@@ -604,6 +721,11 @@ class KVCacheConfig:
         if not isinstance(self.strict_skip_layers, bool):
             raise ValueError(f"strict_skip_layers={self.strict_skip_layers!r} must be a bool")
         object.__setattr__(self, "kv_scale_granularity", parse_kv_scale_granularity(self.kv_scale_granularity))
+        if self.kv_scale_granularity is KVScaleGranularity.TOKEN_HEAD:
+            raise ValueError(
+                "kv_scale_granularity=KVScaleGranularity.TOKEN_HEAD is not a configuration: per-token-head "
+                "scales come with kv_cache_dtype='fp8_per_token_head'; allowed: 'tensor', 'head' or 'attn_head'"
+            )
         _parse_dtype_name(self.kv_cache_dtype, "kv_cache_dtype")
         if self.checkpoint_kv_cache_dtype is not None:
             _parse_dtype_name(self.checkpoint_kv_cache_dtype, "checkpoint_kv_cache_dtype")
@@ -728,11 +850,17 @@ class KVCacheConfig:
             mode, native, reason = KVQuantMode.NONE, model_dtype, "auto: model dtype"
         if mode is KVQuantMode.NONE and native is None:  # "auto" declared by a checkpoint
             native = model_dtype
-        if mode is KVQuantMode.NVFP4:
+        if mode is KVQuantMode.NVFP4 or mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
             try:
-                nvfp4_row_dim(head_size)
+                row_dim_for(mode, head_size)
             except ValueError as e:
                 raise ValueError(f"layer {layer_name!r}: {e}") from None
+        if mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+            granularity = KVScaleGranularity.TOKEN_HEAD
+        elif mode.is_quantized:
+            granularity = self.kv_scale_granularity
+        else:
+            granularity = KVScaleGranularity.TENSOR
         spec = KVCacheSpec(
             layer_name=layer_name,
             layer_index=layer_index,
@@ -746,7 +874,7 @@ class KVCacheConfig:
             tp_size=self.tp_size,
             tp_rank=self.tp_rank,
             total_num_kv_heads=num_kv_heads if self.tp_size > 1 else None,
-            scale_granularity=self.kv_scale_granularity if mode.is_quantized else KVScaleGranularity.TENSOR,
+            scale_granularity=granularity,
         )
         logger.debug("layer %s: %s (%s), %s", layer_name, mode.name, spec.kv_cache_torch_dtype, reason)
         return spec

@@ -125,7 +125,8 @@ class PagedAttention(nn.Module):
 
         Each is a number or a one-element tensor; a layer with per-KV-head scales also takes one
         value per KV head, of this rank or of the whole model (this rank's heads are kept), and
-        gives a single number to every head (:meth:`KVCacheSpec.shard_scale`).
+        gives a single number to every head (:meth:`KVCacheSpec.shard_scale`). An fp8_per_token_head
+        layer keeps them but never reads them (its rows carry their own scales).
         """
         values = [(name, self.spec.shard_scale(value, name)) for name, value in (("k_scale", k_scale),
                                                                                    ("v_scale", v_scale))]

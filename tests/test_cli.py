@@ -108,7 +108,7 @@ def test_info(capsys):
     rows = _rows(out.split("kernel registry on cpu")[1].split("passed over:")[0])
     from kvfuse.ops import registry
 
-    assert len(rows) == 5 * 4 == len(registry.OPS) * 4  # 5 ops x 4 modes, one situation each on CPU
+    assert len(rows) == 5 * 5 == len(registry.OPS) * 5  # 5 ops x 5 modes, one situation each on CPU
     # Exactly the registry's decisions.
 
     expected = [(d["op"], d["mode"], d["chosen"]) for d in registry.decisions("cpu")]

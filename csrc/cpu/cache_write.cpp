@@ -133,6 +133,7 @@ RowFn pick_for_input(KVQuantMode mode, at::ScalarType out) {
     case KVQuantMode::FP8_E4M3: return row_fp8<In, c10::Float8_e4m3fn>;
     case KVQuantMode::FP8_E5M2: return row_fp8<In, c10::Float8_e5m2>;
     case KVQuantMode::NVFP4: return row_nvfp4<In>;
+    case KVQuantMode::FP8_PER_TOKEN_HEAD: break;  // not a native format: to_mode refuses it first
   }
   return nullptr;
 }

@@ -685,6 +685,8 @@ void launch_encode_from(RowParams p, KVQuantMode mode, at::ScalarType out, cudaS
         case at::ScalarType::BFloat16: return launch_encode_to<In, c10::BFloat16>(p, stream);
         default: TORCH_CHECK_VALUE(false, "cannot cast to ", out);
       }
+    case KVQuantMode::FP8_PER_TOKEN_HEAD:  // not a native format: to_mode refuses it first
+      TORCH_CHECK_VALUE(false, "the native kernels do not implement FP8_PER_TOKEN_HEAD");
   }
 }
 

@@ -275,7 +275,7 @@ def load_kv_scales(model: nn.Module, scales: Optional[Mapping[str, Any]] = None,
         if len(values) < 2:
             continue
         mode = layer.spec.kv_quant_mode
-        if mode is KVQuantMode.NONE or (mode is KVQuantMode.NVFP4 and declared_mode is not KVQuantMode.NVFP4):
+        if not mode.has_static_scales or (mode is KVQuantMode.NVFP4 and declared_mode is not KVQuantMode.NVFP4):
             logger.debug("layer %s: checkpoint scales ignored (cache mode %s)", layer.layer_name, mode.name)
             continue
         try:

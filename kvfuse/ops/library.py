@@ -17,7 +17,9 @@ Ops (namespace ``kvfuse``)::
                     Tensor? sinks=None) -> Tensor
 
 Every op carries the layer's ``kv_quant_mode`` (a :class:`kvfuse.KVQuantMode` value) and
-``layer_name``; nothing here reads a global cache dtype. One validator per op runs in the fake
+``layer_name``; nothing here reads a global cache dtype. ``k_scale`` / ``v_scale`` (and
+``encode_kv``'s ``scale``) keep their schema in every mode but are not read for
+``FP8_PER_TOKEN_HEAD``, whose rows carry their own scale (checked mode does not check them there). One validator per op runs in the fake
 (meta) implementation, at trace time, and in the real body before any kernel touches memory,
 so a bad call fails before anything is written. The real body (registered for CPU and CUDA)
 then asks :mod:`.registry` for the kernel of this (op, device, mode, size) and calls it.
@@ -40,9 +42,9 @@ from ..kv_cache import (
     NATIVE_CACHE_DTYPES,
     KVQuantMode,
     check_page_contiguous,
-    mode_of_storage_dtype,
     row_dim_for,
     storage_dtype,
+    storage_holds,
 )
 from . import checks, native, registry
 
@@ -111,8 +113,7 @@ def _check_cache(op: str, layer_name: str, kv_cache: torch.Tensor, mode: KVQuant
     if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
         _fail(op, layer_name, f"kv_cache must be (num_blocks, 2, block_size, num_kv_heads, row_dim), "
               f"got shape {tuple(kv_cache.shape)}")
-    cache_mode = mode_of_storage_dtype(kv_cache.dtype)
-    if cache_mode is not mode:
+    if not storage_holds(kv_cache.dtype, mode):
         expected = (
             [str(d) for d in NATIVE_CACHE_DTYPES] if mode is KVQuantMode.NONE else str(storage_dtype(mode))
         )
@@ -125,6 +126,26 @@ def _check_cache(op: str, layer_name: str, kv_cache: torch.Tensor, mode: KVQuant
         if problem is not None:
             _fail(op, layer_name, f"NVFP4 kv_cache {tuple(kv_cache.shape)}: {problem}; an NVFP4 page splits "
                   f"into data and block-scale regions, so allocate it with kvfuse.allocate_kv_cache")
+    if mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+        _check_scale_alignment(op, layer_name, "kv_cache", kv_cache)
+
+
+def _check_scale_alignment(op: str, layer_name: str, name: str, rows: torch.Tensor) -> None:
+    """FP8_PER_TOKEN_HEAD rows end in a float32 scale that kernels load and store as one 4-byte word:
+    every row must start 4-byte aligned (strides and storage offset in whole words)."""
+    offsets = (*rows.stride()[:-1], rows.storage_offset())
+    if any(o % 4 for o in offsets):
+        _fail(op, layer_name, f"{name} {tuple(rows.shape)} has strides {tuple(rows.stride())} and storage offset "
+              f"{rows.storage_offset()}; fp8_per_token_head rows need both in multiples of 4 bytes (each row ends "
+              f"in a float32 scale), as kvfuse.allocate_kv_cache and encode_kv produce them")
+
+
+def _check_head_size(op: str, layer_name: str, mode: KVQuantMode, head_size) -> None:
+    if mode is KVQuantMode.NVFP4 and head_size % 16:
+        _fail(op, layer_name, f"head_size={head_size} must be a multiple of 16 for NVFP4")
+    if mode is KVQuantMode.FP8_PER_TOKEN_HEAD and head_size % 4:
+        _fail(op, layer_name, f"head_size={head_size} must be a multiple of 4 for FP8_PER_TOKEN_HEAD (each row's "
+              f"float32 scale follows its head_size e4m3 bytes and must be 4-byte aligned)")
 
 
 def _check_slots(op: str, layer_name: str, slot_mapping: torch.Tensor, num_tokens) -> None:
@@ -148,10 +169,9 @@ def _validate_encode_kv(x, scale, kv_quant_mode, cache_dtype, layer_name) -> KVQ
     _check_kv_input(op, layer_name, "x", x)
     _check_scale(op, layer_name, "scale", scale, x.shape[1])
     _check_devices(op, layer_name, x=x, scale=scale)
-    if mode_of_storage_dtype(cache_dtype) is not mode:
+    if not storage_holds(cache_dtype, mode):
         _fail(op, layer_name, f"cache_dtype={cache_dtype} cannot hold kv_quant_mode={mode.name}")
-    if mode is KVQuantMode.NVFP4 and x.shape[-1] % 16:
-        _fail(op, layer_name, f"head_size={x.shape[-1]} must be a multiple of 16 for NVFP4")
+    _check_head_size(op, layer_name, mode, x.shape[-1])
     return mode
 
 
@@ -188,7 +208,7 @@ def _encode_kv_impl(x, scale, kv_quant_mode, cache_dtype, layer_name):
         return _run_self_checked(choice.kernel, (x, scale, kv_quant_mode, cache_dtype), _validate_encode_kv,
                                  (x, scale, kv_quant_mode, cache_dtype, layer_name))
     mode = _validate_encode_kv(x, scale, kv_quant_mode, cache_dtype, layer_name)
-    if checks.enabled() and mode.is_quantized:
+    if checks.enabled() and mode.has_static_scales:
         checks.check_scales("encode_kv", layer_name, scale=scale)
     return registry.kernel("encode_kv", x.device.type, mode, x.shape[0], per_head_scales(scale))(
         x, scale, mode, cache_dtype)
@@ -240,7 +260,7 @@ def _cache_write_impl(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mod
     if checks.enabled():
         checks.check_slots("cache_write", layer_name, slot_mapping, kv_cache)
     registry.kernel("cache_write", kv_cache.device.type, mode, key_rows.shape[0])(
-        key_rows, value_rows, kv_cache, slot_mapping)
+        key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode=mode)
 
 
 # ----------------------------------------------------------------------------- encode_and_cache_write
@@ -262,8 +282,7 @@ def _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale
     _check(key.shape[0] == value.shape[0], op, layer_name,
            lambda: f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
     _check_cache(op, layer_name, kv_cache, mode)
-    if mode is KVQuantMode.NVFP4 and key.shape[-1] % 16:
-        _fail(op, layer_name, f"head_size={key.shape[-1]} must be a multiple of 16 for NVFP4")
+    _check_head_size(op, layer_name, mode, key.shape[-1])
     expected = (key.shape[1], row_dim_for(mode, key.shape[2]))
     if tuple(kv_cache.shape[3:]) != expected:
         _fail(op, layer_name, f"kv_cache holds (heads, row_dim)={tuple(kv_cache.shape[3:])} but key "
@@ -296,7 +315,7 @@ def _encode_and_cache_write_impl(key, value, kv_cache, slot_mapping, k_scale, v_
                                             kv_quant_mode, layer_name)
     if checks.enabled():
         checks.check_slots("encode_and_cache_write", layer_name, slot_mapping, kv_cache)
-        if mode.is_quantized:
+        if mode.has_static_scales:
             checks.check_scales("encode_and_cache_write", layer_name, k_scale=k_scale, v_scale=v_scale)
     registry.kernel("encode_and_cache_write", kv_cache.device.type, mode, key.shape[0],
                     per_head_scales(k_scale, v_scale))(
@@ -381,7 +400,7 @@ def _rope_encode_and_cache_write_impl(query, key, value, kv_cache, slot_mapping,
         checks.check_slots(op, layer_name, slot_mapping, kv_cache)
         if positions is not None:
             checks.check_positions(op, layer_name, positions, cos.shape[0])
-        if mode.is_quantized:
+        if mode.has_static_scales:
             checks.check_scales(op, layer_name, k_scale=k_scale, v_scale=v_scale)
     return registry.kernel("rope_encode_and_cache_write", kv_cache.device.type, mode, key.shape[0],
                            per_head_scales(k_scale, v_scale))(
@@ -407,8 +426,7 @@ def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, se
     _check_cache(op, layer_name, kv_cache, mode)
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, row_dim = kv_cache.shape[3], kv_cache.shape[4]
-    if mode is KVQuantMode.NVFP4 and head_size % 16:
-        _fail(op, layer_name, f"head_size={head_size} must be a multiple of 16 for NVFP4")
+    _check_head_size(op, layer_name, mode, head_size)
     if row_dim != row_dim_for(mode, head_size):
         _fail(op, layer_name, f"kv_cache row_dim={row_dim} does not fit head_size={head_size} in mode "
               f"{mode.name} (expected {row_dim_for(mode, head_size)})")
@@ -461,7 +479,7 @@ def _paged_attention_impl(query, kv_cache, k_scale, v_scale, block_table, seq_le
     if checks.enabled():
         checks.check_attention_metadata("paged_attention", layer_name, query.shape[0], kv_cache, block_table,
                                         seq_lens, query_start_loc)
-        if mode.is_quantized:
+        if mode.has_static_scales:
             checks.check_scales("paged_attention", layer_name, k_scale=k_scale, v_scale=v_scale)
     call = registry.AttentionCall(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
                                   mode, sm_scale, sliding_window, float(logit_softcap), sinks)

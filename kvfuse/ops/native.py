@@ -224,8 +224,10 @@ def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dt
 
 
 def cache_write(key_rows: torch.Tensor, value_rows: torch.Tensor, kv_cache: torch.Tensor,
-                slot_mapping: torch.Tensor) -> None:
-    """:func:`kvfuse.ops.reference.cache_write`, natively (out-of-range slots: CPU raises, CUDA skips)."""
+                slot_mapping: torch.Tensor, kv_quant_mode: Optional[int] = None) -> None:
+    """:func:`kvfuse.ops.reference.cache_write`, natively (out-of-range slots: CPU raises, CUDA skips).
+    ``kv_quant_mode`` is not passed on: the kernels take uint8 caches for NVFP4 pages, and this backend
+    is never chosen for the other uint8 format (FP8_PER_TOKEN_HEAD, see ``IMPLEMENTATION``)."""
     _require("cache_write")(key_rows, value_rows, kv_cache, slot_mapping)
 
 
@@ -327,7 +329,9 @@ def _rank(situation: Situation) -> Optional[int]:
 
 
 IMPLEMENTATION = Implementation(
-    name="native", module=__name__, ops=frozenset(CACHE_OPS), devices=frozenset({"cpu", "cuda"}), modes=ALL_MODES,
+    name="native", module=__name__, ops=frozenset(CACHE_OPS), devices=frozenset({"cpu", "cuda"}),
+    # csrc/ does not implement FP8_PER_TOKEN_HEAD (its entry points refuse it): Triton / the reference write it.
+    modes=ALL_MODES - {KVQuantMode.FP8_PER_TOKEN_HEAD},
     # CPU only: on CUDA a refusal thrown from check_cache has crashed the process (seen on the H100,
     # not understood yet), so CUDA calls are validated in Python, or pre-checked without throwing by
     # the eager router (fits_encode_and_write).

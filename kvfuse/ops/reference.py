@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import (KVQuantMode, fp8_max, nvfp4_dequantize_reference, nvfp4_quantize_reference, read_cache_rows,
-                        write_cache_rows)
+from ..kv_cache import (KVQuantMode, fp8_max, fp8_per_token_head_dequantize_reference,
+                        fp8_per_token_head_quantize_reference, nvfp4_dequantize_reference, nvfp4_quantize_reference,
+                        read_cache_rows, write_cache_rows)
 from .registry import ALL_MODES, OPS, AttentionCall, Implementation
 
 __all__ = ["encode_kv", "cache_write", "encode_and_cache_write", "apply_rope", "rope_encode_and_cache_write",
@@ -34,7 +35,9 @@ def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dt
 
     - NONE: ``x.to(cache_dtype)`` (a value conversion, never a bit reinterpretation);
     - FP8: ``clamp(x / scale, -max, max)`` rounded to nearest even; NaN stays NaN;
-    - NVFP4: :func:`kvfuse.kv_cache.nvfp4_quantize_reference` with ``scale`` as global scale.
+    - NVFP4: :func:`kvfuse.kv_cache.nvfp4_quantize_reference` with ``scale`` as global scale;
+    - FP8_PER_TOKEN_HEAD: :func:`kvfuse.kv_cache.fp8_per_token_head_quantize_reference` (each row
+      computes and carries its own scale; ``scale`` is not read).
 
     ``scale`` has one element, or one per KV head (``[H]``: head ``h`` uses ``scale[h]``).
     """
@@ -46,6 +49,8 @@ def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dt
         limit = fp8_max(mode)
         q = x.float() / _head_scale(scale)
         return torch.clamp(q, -limit, limit).to(cache_dtype).contiguous()
+    if mode.is_per_token_head:
+        return fp8_per_token_head_quantize_reference(x).contiguous()
     return nvfp4_quantize_reference(x, scale).contiguous()
 
 
@@ -56,6 +61,8 @@ def decode_rows(rows: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int) -> 
         return rows.float()
     if mode.is_fp8:
         return rows.float() * _head_scale(scale)
+    if mode.is_per_token_head:
+        return fp8_per_token_head_dequantize_reference(rows)
     return nvfp4_dequantize_reference(rows, scale)
 
 
@@ -64,12 +71,14 @@ def cache_write(
     value_rows: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kv_quant_mode=None,
 ) -> None:
     """Scatter rows into ``kv_cache[block, 0|1, offset]`` with ``slot = block * block_size + offset``.
 
     NVFP4 rows are split over their page's data and block-scale regions
     (:func:`kvfuse.kv_cache.nvfp4_page_index`). Tokens whose slot is -1 are skipped. Duplicate
-    slots within one call: one of the writers wins.
+    slots within one call: one of the writers wins. ``kv_quant_mode``: the layer's mode (None: a
+    uint8 cache is taken for NVFP4, see :func:`kvfuse.kv_cache.read_cache_rows`).
     """
     block_size = kv_cache.shape[2]
     slots = slot_mapping.long()
@@ -78,8 +87,9 @@ def cache_write(
         return
     slots = slots[valid]
     blocks, offsets = slots // block_size, slots % block_size
-    write_cache_rows(kv_cache, blocks, offsets, 0, key_rows[valid])
-    write_cache_rows(kv_cache, blocks, offsets, 1, value_rows[valid])
+    mode = None if kv_quant_mode is None else KVQuantMode(kv_quant_mode)
+    write_cache_rows(kv_cache, blocks, offsets, 0, key_rows[valid], mode)
+    write_cache_rows(kv_cache, blocks, offsets, 1, value_rows[valid], mode)
 
 
 def encode_and_cache_write(
@@ -97,6 +107,7 @@ def encode_and_cache_write(
         encode_kv(value, v_scale, kv_quant_mode, kv_cache.dtype),
         kv_cache,
         slot_mapping,
+        kv_quant_mode,
     )
 
 
@@ -192,8 +203,9 @@ def paged_attention(call: AttentionCall) -> torch.Tensor:
         positions = torch.arange(seq_len, device=query.device)
         blocks = block_table[b, positions // block_size].long()
         offsets = positions % block_size
-        k = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 0), k_scale, kv_quant_mode)  # [L, Hkv, D]
-        v = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 1), v_scale, kv_quant_mode)
+        mode = KVQuantMode(kv_quant_mode)
+        k = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 0, mode), k_scale, mode)  # [L, Hkv, D]
+        v = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 1, mode), v_scale, mode)
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         q = query[q_start:q_end].float()  # [q_len, Hq, D]

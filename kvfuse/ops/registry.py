@@ -107,8 +107,10 @@ class EncodeKV(Protocol):
 
 
 class CacheWrite(Protocol):
+    # kv_quant_mode: the layer's mode, which a uint8 cache's layout depends on (NVFP4 pages or
+    # FP8_PER_TOKEN_HEAD rows); None (callers from before that format) means NVFP4 for uint8.
     def __call__(self, key_rows: torch.Tensor, value_rows: torch.Tensor, kv_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None: ...
+                 slot_mapping: torch.Tensor, kv_quant_mode: Optional[int] = None) -> None: ...
 
 
 class EncodeAndCacheWrite(Protocol):

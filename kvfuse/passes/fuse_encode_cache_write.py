@@ -24,7 +24,7 @@ from typing import Optional, Union
 import torch
 import torch.fx as fx
 
-from ..kv_cache import KVQuantMode, mode_of_storage_dtype
+from ..kv_cache import KVQuantMode, storage_holds
 from . import plain_cast_encoding, plain_fp8_encoding
 from ._graph import (
     ENCODE_KV,
@@ -124,7 +124,7 @@ def check_pair(site: Site, k: Union[Encoding, Rejection], v: Union[Encoding, Rej
         return (f"modes disagree: key encoded as {k.kv_quant_mode.name}, value as {v.kv_quant_mode.name}, "
                 f"cache_write is {getattr(mode, 'name', mode)}")
     rows_dtype = val(site.args["key_rows"]).dtype
-    if not (k.cache_dtype == v.cache_dtype == rows_dtype) or mode_of_storage_dtype(rows_dtype) is not mode:
+    if not (k.cache_dtype == v.cache_dtype == rows_dtype) or not storage_holds(rows_dtype, mode):
         return f"cache dtypes disagree: key -> {k.cache_dtype}, value -> {v.cache_dtype}, cache {rows_dtype}"
     for which, enc, rows in (("key", k, site.args["key_rows"]), ("value", v, site.args["value_rows"])):
         if enc.nodes:

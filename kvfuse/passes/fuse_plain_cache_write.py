@@ -586,6 +586,13 @@ def run(graph: fx.Graph, fuse: bool = True, input_names=None) -> list:
                                             f"plain cache write left unfused: {found}"))
             continue
         kp, vp = found
+        if mode is None and v.dtype == torch.uint8:
+            # uint8 holds NVFP4 pages and fp8_per_token_head rows alike; a plain write says neither.
+            records.append(FusionRecord(_layer_name(p, (), input_names), -1, False,
+                                        "plain cache write left unfused: a uint8 cache holds NVFP4 pages or "
+                                        "fp8_per_token_head rows, which only kvfuse.ops.cache_write or "
+                                        "encode_and_cache_write place (they carry the layer's mode)"))
+            continue
         if mode is None:
             records.append(FusionRecord(_layer_name(p, (), input_names), -1, False,
                                         f"plain cache write left unfused: the cache dtype {v.dtype} is no "

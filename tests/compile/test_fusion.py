@@ -50,6 +50,7 @@ CASES = [
     ("nvfp4", KVQuantMode.NVFP4, True),
     ("fp8", KVQuantMode.FP8_E4M3, False),
     ("nvfp4", KVQuantMode.NVFP4, False),
+    ("fp8_per_token_head", KVQuantMode.FP8_PER_TOKEN_HEAD, True),
 ]
 
 
@@ -192,3 +193,35 @@ def test_per_head_layer_beside_per_tensor_layer(dtype_name, mode, monkeypatch):
     model.attn[1].set_scales(float(model.attn[1].k_scale[0]), float(model.attn[1].v_scale[0]))
     _, flat_caches = _eager_reference(model, x, md, monkeypatch)
     assert not torch.equal(flat_caches[1].view(torch.uint8), caches[1].view(torch.uint8))
+
+
+def test_per_token_head_layer_beside_per_tensor_fp8_and_bf16_skip_layers(monkeypatch):
+    """fp8_per_token_head, per-tensor FP8 and a bf16 skip layer in one compiled graph: the two quantized
+    writes fuse, each node carries its layer's mode, the report names them, caches are bit-exact."""
+    from compile_util import D, HKV, HQ
+
+    torch._dynamo.reset()
+    model = TinyModel(3, KVCacheConfig(kv_cache_dtype="fp8_per_token_head", skip_layers=("2",)), seed=5)
+    model.attn[1] = kvfuse.PagedAttention(HQ, HKV, D, "model.layers.1.attn", config=KVCacheConfig("fp8"))
+    model.attn[1].set_scales(0.02, 0.01)
+    expected = [KVQuantMode.FP8_PER_TOKEN_HEAD, KVQuantMode.FP8_E4M3, KVQuantMode.NONE]
+    assert [a.spec.kv_quant_mode for a in model.attn] == expected
+    x, md = make_inputs(T=7)
+    be = snapshot_backend()
+    out, caches = _compile_and_run(model, be, x, md)
+
+    assert [(r.layer_name, r.kv_quant_mode, r.fused) for r in be.report] == [
+        (f"model.layers.{i}.attn", m, True) for i, m in enumerate(expected)]
+    assert be.pass_manager.after == [{"encode_and_cache_write": 3, "paged_attention": 3}]
+    graph = be.pass_manager.graphs_after[0]
+    writes = {a["layer_name"]: a["kv_quant_mode"] for _, a in nodes_of(graph, FUSED_WRITE)}
+    assert writes == {f"model.layers.{i}.attn": int(m) for i, m in enumerate(expected)}
+    reads = {a["layer_name"]: (a["kv_quant_mode"], a["kv_cache"].meta["val"].dtype)
+             for _, a in nodes_of(graph, torch.ops.kvfuse.paged_attention.default)}
+    assert reads == {"model.layers.0.attn": (int(expected[0]), torch.uint8),
+                     "model.layers.1.attn": (int(expected[1]), torch.float8_e4m3fn),
+                     "model.layers.2.attn": (int(expected[2]), torch.bfloat16)}
+    ref_out, ref_caches = _eager_reference(model, x, md, monkeypatch)
+    for i, (c, r) in enumerate(zip(caches, ref_caches)):
+        assert_bytes_equal(c, r, f"layer {i} cache")
+    torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)

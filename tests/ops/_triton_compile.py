@@ -67,7 +67,7 @@ class Case:
 # switches over those rows so that each value of each switch is compiled in several contexts.
 # test_triton_compile.py checks that the recorded constexprs cover every branch value.
 
-_MODES = ("NONE", "FP8_E4M3", "FP8_E5M2", "NVFP4")
+_MODES = ("NONE", "FP8_E4M3", "FP8_E5M2", "NVFP4", "FP8_PER_TOKEN_HEAD")
 _HEADS = (64, 80, 128, 256)
 
 
@@ -78,7 +78,7 @@ def _kv_write_cases() -> list[Case]:
         for j, mode in enumerate(_MODES):
             k = i + j
             cache = {"NONE": ("bfloat16", "float16", "float32", "float16")[k % 4], "FP8_E4M3": "float8_e4m3fn",
-                     "FP8_E5M2": "float8_e5m2", "NVFP4": "uint8"}[mode]
+                     "FP8_E5M2": "float8_e5m2", "NVFP4": "uint8", "FP8_PER_TOKEN_HEAD": "uint8"}[mode]
             cases.append(Case(
                 f"kv_write-fused-{mode}-d{head}", "kv_write",
                 dict(op="encode_and_cache_write", mode=mode, head=head, heads=(1, 2, 8, 4)[k % 4],
@@ -86,10 +86,10 @@ def _kv_write_cases() -> list[Case]:
                      soft_rounding=bool(k % 2))))
     for j, mode in enumerate(_MODES):
         cache = {"NONE": "bfloat16", "FP8_E4M3": "float8_e4m3fn", "FP8_E5M2": "float8_e5m2",
-                 "NVFP4": "uint8"}[mode]
+                 "NVFP4": "uint8", "FP8_PER_TOKEN_HEAD": "uint8"}[mode]
         cases.append(Case(f"kv_write-encode_kv-{mode}", "kv_write",
-                          dict(op="encode_kv", mode=mode, head=(128, 80, 256, 64)[j], heads=8,
-                               tokens=(7, 512, 1, 64)[j], in_dtype="bfloat16", cache_dtype=cache,
+                          dict(op="encode_kv", mode=mode, head=(128, 80, 256, 64, 80)[j], heads=8,
+                               tokens=(7, 512, 1, 64, 33)[j], in_dtype="bfloat16", cache_dtype=cache,
                                soft_rounding=bool(j % 2))))
     # Per-KV-head scales (K_SCALE_STRIDE_H / V_SCALE_STRIDE_H > 0): the scale loads become per-head vectors.
     for j, (mode, cache) in enumerate((("FP8_E4M3", "float8_e4m3fn"), ("FP8_E5M2", "float8_e5m2"),
@@ -115,6 +115,10 @@ def _kv_write_cases() -> list[Case]:
         Case("kv_write-fused-NVFP4-d128-page5", "kv_write",
              dict(op="encode_and_cache_write", mode="NVFP4", head=128, heads=1, tokens=300, in_dtype="bfloat16",
                   cache_dtype="uint8", soft_rounding=False, page=5)),
+        # Encoded fp8_per_token_head rows (uint8, head + 4 bytes) are copied whole, not split as NVFP4 pages.
+        Case("kv_write-cache_write-uint8-per_token_head-d128", "kv_write",
+             dict(op="cache_write", mode="COPY", head=128, heads=4, tokens=300, cache_dtype="uint8",
+                  copy_mode="FP8_PER_TOKEN_HEAD")),
     ]
     return cases
 
@@ -277,11 +281,13 @@ def _run_case(case: Case) -> list[Launch]:
             t, h, d = p["tokens"], p["heads"], p["head"]
             cache_dtype = _dtype(p["cache_dtype"])
             if p["op"] == "cache_write":
-                width = row_dim_for(KVQuantMode.NVFP4, d) if cache_dtype == torch.uint8 else d
+                copy_mode = KVQuantMode[p["copy_mode"]] if "copy_mode" in p else None
+                width = row_dim_for(copy_mode or KVQuantMode.NVFP4, d) if cache_dtype == torch.uint8 else d
                 rows = torch.empty((t, 2, h, width), dtype=cache_dtype, device=meta)
                 cache = torch.empty((t // page + 2, 2, page, h, width), dtype=cache_dtype, device=meta)
                 slots = torch.empty((t,), dtype=torch.int64, device=meta)
-                kv_write.cache_write(rows[:, 0], rows[:, 1], cache, slots)
+                kv_write.cache_write(rows[:, 0], rows[:, 1], cache, slots,
+                                     None if copy_mode is None else int(copy_mode))
             else:
                 mode = KVQuantMode[p["mode"]]
                 in_dtype = _dtype(p["in_dtype"])
@@ -305,7 +311,8 @@ def _run_case(case: Case) -> list[Launch]:
             seqs, tokens = {"decode": (16, 16), "prefill": (2, 2048), "mixed": (4, 600)}[p["phase"]]
             context = 4096
             storage = {KVQuantMode.NONE: torch.bfloat16, KVQuantMode.FP8_E4M3: torch.float8_e4m3fn,
-                       KVQuantMode.FP8_E5M2: torch.float8_e5m2, KVQuantMode.NVFP4: torch.uint8}[mode]
+                       KVQuantMode.FP8_E5M2: torch.float8_e5m2, KVQuantMode.NVFP4: torch.uint8,
+                       KVQuantMode.FP8_PER_TOKEN_HEAD: torch.uint8}[mode]
             if mode is KVQuantMode.NONE:
                 storage = _dtype(p["q_dtype"])
             blocks = seqs * context // page
@@ -333,7 +340,8 @@ def _run_case(case: Case) -> list[Launch]:
             t, h, hq, d, r = p["tokens"], p["heads"], p["q_heads"], p["head"], p["rotary"]
             in_dtype = _dtype(p["in_dtype"])
             storage = {KVQuantMode.NONE: in_dtype, KVQuantMode.FP8_E4M3: torch.float8_e4m3fn,
-                       KVQuantMode.FP8_E5M2: torch.float8_e5m2, KVQuantMode.NVFP4: torch.uint8}[mode]
+                       KVQuantMode.FP8_E5M2: torch.float8_e5m2, KVQuantMode.NVFP4: torch.uint8,
+                       KVQuantMode.FP8_PER_TOKEN_HEAD: torch.uint8}[mode]
             qkv = torch.empty((t, hq + 2 * h, d), dtype=in_dtype, device=meta)
             query, key, value = qkv[:, :hq], qkv[:, hq: hq + h], qkv[:, hq + h:]
             cache = torch.empty((t // page + 2, 2, page, h, row_dim_for(mode, d)), dtype=storage, device=meta)

@@ -110,7 +110,8 @@ def check(args, window=None, **options):
 
 # ----------------------------------------------------------------------------- CPU (interpreter) + GPU
 
-MODES = [KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4]
+MODES = [KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4,
+         KVQuantMode.FP8_PER_TOKEN_HEAD]
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
@@ -167,7 +168,8 @@ def test_nvfp4_scale_paths(scale_gather):
     check(args, window=5, tiles=tiles)
 
 
-@pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4],
+@pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4,
+                                  KVQuantMode.FP8_PER_TOKEN_HEAD],
                          ids=lambda m: m.name)
 def test_quantized_cache_with_query_beyond_fp16_range(mode):
     # Quantized caches run fp16 dots; a bf16 query past fp16's max (65504) must be rescaled, not inf.

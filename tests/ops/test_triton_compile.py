@@ -111,6 +111,7 @@ def test_matrix_covers_every_branch(report):
 
     modes = {int(m) for m in KVQuantMode}
     nvfp4 = int(KVQuantMode.NVFP4)
+    pth = int(KVQuantMode.FP8_PER_TOKEN_HEAD)
     heads = {64, 80, 128, 256}
     both = {True, False}
     missing = []
@@ -130,9 +131,13 @@ def test_matrix_covers_every_branch(report):
     expect("kv_write", "D", heads, _seen(kw, "D"))
     for name in ("HAS_SLOTS", "PAIR", "SOFT_ROUNDING"):
         expect("kv_write", name, both, _seen(kw, name))
+    for name in ("HAS_SLOTS", "SOFT_ROUNDING"):  # cache and dense rows, both FP8 rounding paths
+        expect("kv_write", f"{name}[MODE={pth}]", both, _seen(kw, name, lambda c: c["MODE"] == pth))
     for mode in modes:
         expect("kv_write", f"D[MODE={mode}]", heads, _seen(kw, "D", lambda c, m=mode: c["MODE"] == m))
-    for mode in modes - {int(KVQuantMode.NONE)}:  # per-KV-head scales (stride 1) and per-tensor ones (0)
+    expect("kv_write", f"K_SCALE_STRIDE_H[MODE={pth}]", {0}, _seen(kw, "K_SCALE_STRIDE_H", lambda c: c["MODE"] == pth))
+    # per-KV-head scales (stride 1) and per-tensor ones (0); FP8_PER_TOKEN_HEAD reads none (always 0)
+    for mode in modes - {int(KVQuantMode.NONE), pth}:
         expect("kv_write", f"K_SCALE_STRIDE_H[MODE={mode}]", {0, 1},
                _seen(kw, "K_SCALE_STRIDE_H", lambda c, m=mode: c["MODE"] == m))
 
@@ -148,6 +153,10 @@ def test_matrix_covers_every_branch(report):
         expect("attention", f"{name}[nvfp4]", both, _seen(at, name, is_fp4))
     expect("attention", "DOT_DTYPE[dense]", {"fp16", "bf16", "fp32"}, _seen(at, "DOT_DTYPE", dense))
     expect("attention", "DOT_DTYPE[nvfp4]", {"fp16", "bf16", "fp32"}, _seen(at, "DOT_DTYPE", is_fp4))
+    per_row = lambda c: c["MODE"] == pth  # noqa: E731
+    expect("attention", "DOT_DTYPE[per_token_head]", {"fp16", "fp32"}, _seen(at, "DOT_DTYPE", per_row))
+    for name in ("SPLIT", "HAS_WINDOW", "KEYS_FIRST"):
+        expect("attention", f"{name}[per_token_head]", both, _seen(at, name, per_row))
     expect("attention", "PRECISION", {"ieee", "tf32"}, _seen(at, "PRECISION"))
     # NVFP4 rows of 72 or 45 bytes: strides aligned to less than 16 bytes.
     expect("attention", "ROW_ALIGN", {16, 8, 1}, _seen(at, "ROW_ALIGN"))

@@ -1,4 +1,4 @@
-"""Paged attention over bf16/fp16/fp32, FP8 (e4m3/e5m2) and NVFP4 caches, in Triton.
+"""Paged attention over bf16/fp16/fp32, FP8 (e4m3/e5m2, per-token-head) and NVFP4 caches, in Triton.
 
 One kernel serves decode, prefill and mixed batches. A program owns a *tile*: up to
 ``BLOCK_Q`` consecutive query tokens of one sequence times the ``GROUP`` query heads that share
@@ -12,7 +12,9 @@ Math (per query row at position ``p``, keys ``j`` in the allowed set
     s_j   = (q . k_j) * sm_scale * k_scale * log2(e)
     m     = max_j s_j,  l = sum_j 2^(s_j - m),  o = v_scale * sum_j 2^(s_j - m) v_j / l
 
-(``k_scale`` / ``v_scale``: the program's KV head's entry when the scales are per KV head.)
+(``k_scale`` / ``v_scale``: the program's KV head's entry when the scales are per KV head. For
+FP8_PER_TOKEN_HEAD caches they are each row's own scale, read beside its data, so they scale
+score column ``j`` and P's column ``j`` instead: see :func:`_attend_range`.)
 
 K/V are dequantized in registers right after the load. FP8 converts exactly to the dot dtype
 (fp16 for bf16 queries where measured faster: one cvt per pair; its scale is folded into ``s``
@@ -53,6 +55,7 @@ __all__ = ["paged_attention", "Tile", "TileTable", "DEFAULT_TILES"]
 _LOG2E = 1.4426950408889634
 _MODE_NONE = tl.constexpr(int(KVQuantMode.NONE))
 _MODE_NVFP4 = tl.constexpr(int(KVQuantMode.NVFP4))
+_MODE_FP8_PTH = tl.constexpr(int(KVQuantMode.FP8_PER_TOKEN_HEAD))
 
 
 @dataclass(frozen=True)
@@ -182,12 +185,18 @@ def _attend_range(
     cache_ptr, bt_row_ptr, kvh, stride_cb, stride_ckv, stride_cs, stride_ch,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    ROW_ALIGN: tl.constexpr, KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr,
+    ROW_ALIGN: tl.constexpr, KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SCALES: tl.constexpr = False,
 ):
     """Keys ``[lo, hi)`` of a bf16/fp16/fp32 or FP8 cache (FP8 converts exactly to DOT_DTYPE).
 
     KEYS_FIRST: ``q`` is passed transposed ([HEAD_PAD, BLOCK_M]) and the scores are computed as
-    ``(K @ q^T)^T``, see :class:`Tile`."""
+    ``(K @ q^T)^T``, see :class:`Tile`.
+
+    ROW_SCALES (FP8_PER_TOKEN_HEAD): each row's float32 scale follows its HEAD e4m3 bytes. The
+    data keeps the FP8 path (exact conversion to DOT_DTYPE); key ``j``'s scale multiplies column
+    ``j`` of the scores, and value ``j``'s scale column ``j`` of P before P @ V, divided by the
+    tile's largest value scale (multiplied back into the fp32 product) so that P stays in [0, 1]
+    in a 16-bit dot whatever the scales' magnitude."""
     offs_d = tl.arange(0, HEAD_PAD)
     dmask = offs_d < HEAD
     for start in range(lo, hi, BLOCK_N):
@@ -202,12 +211,23 @@ def _attend_range(
             k = tl.load(cache_ptr + off[None, :] + offs_d[:, None], mask=kmask[None, :] & dmask[:, None],
                         other=0.0)
             s = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * qk_scale
+        if ROW_SCALES:
+            k_rs = tl.load((cache_ptr + off + HEAD).to(tl.pointer_type(tl.float32)), mask=kmask, other=0.0)
+            s = s * k_rs[None, :]
         s = _softcap(s, cap, SOFTCAP)
         allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
         p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
         v = tl.load(cache_ptr + stride_ckv + off[:, None] + offs_d[None, :], mask=kmask[:, None] & dmask[None, :],
                     other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+        if ROW_SCALES:
+            v_rs = tl.load((cache_ptr + stride_ckv + off + HEAD).to(tl.pointer_type(tl.float32)), mask=kmask,
+                           other=0.0)
+            v_top = tl.max(v_rs, 0)
+            v_top = tl.where(v_top > 0, v_top, 1.0)
+            pv = p * (v_rs / v_top)[None, :]
+            acc = acc * alpha[:, None] + tl.dot(pv.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION) * v_top
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
     return acc, m_i, l_i
 
 
@@ -458,8 +478,9 @@ def _paged_attention_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     k_scale = 1.0
     v_scale = 1.0
-    if MODE != _MODE_NONE:
-        # Per-KV-head scales: this program's head (stride 0: one scale per tensor).
+    if MODE != _MODE_NONE and MODE != _MODE_FP8_PTH:
+        # Per-KV-head scales: this program's head (stride 0: one scale per tensor). FP8_PER_TOKEN_HEAD
+        # reads each row's scale from the cache instead (_attend_range, ROW_SCALES).
         k_scale = tl.load(k_scale_ptr + kvh * k_scale_stride_h)
         v_scale = tl.load(v_scale_ptr + kvh * v_scale_stride_h)
     qk = qk_scale * k_scale
@@ -528,15 +549,15 @@ def _paged_attention_kernel(
             acc, m_i, l_i = _attend_range(
                 acc, m_i, l_i, q, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
                 stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-                ROW_ALIGN, KEYS_FIRST, SOFTCAP)
+                ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH)
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN, KEYS_FIRST, SOFTCAP)
+            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH)
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN, KEYS_FIRST, SOFTCAP)
+            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o = acc * inv[:, None]
         if SPLIT:
@@ -687,7 +708,8 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     cap = float(logit_softcap) * _LOG2E if softcap else 1.0
     window = int(sliding_window) if sliding_window is not None else 0
     has_window = sliding_window is not None
-    cache = kv_cache
+    # FP8_PER_TOKEN_HEAD caches are uint8 (as vLLM stores them); the kernel reads their data as e4m3.
+    cache = kv_cache.view(torch.float8_e4m3fn) if mode is KVQuantMode.FP8_PER_TOKEN_HEAD else kv_cache
     # Largest power of two (<= 16) dividing every row offset: the strides, and for NVFP4 the
     # packed-data row width (its page sides hold data rows of head_size / 2 bytes).
     row_align = 16

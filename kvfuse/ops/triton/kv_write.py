@@ -40,8 +40,8 @@ import triton
 import triton.language as tl
 
 from ... import envs
-from ...kv_cache import (KVQuantMode, check_page_contiguous, mode_of_storage_dtype, nvfp4_head_size, nvfp4_row_dim,
-                         nvfp4_v_scales_swizzled)
+from ...kv_cache import (KVQuantMode, check_page_contiguous, nvfp4_head_size, nvfp4_v_scales_swizzled,
+                         row_dim_for)
 
 __all__ = ["encode_kv", "cache_write", "encode_and_cache_write"]
 
@@ -52,6 +52,7 @@ _NONE = tl.constexpr(int(KVQuantMode.NONE))
 _FP8_E4M3 = tl.constexpr(int(KVQuantMode.FP8_E4M3))
 _FP8_E5M2 = tl.constexpr(int(KVQuantMode.FP8_E5M2))
 _NVFP4 = tl.constexpr(int(KVQuantMode.NVFP4))
+_FP8_PTH = tl.constexpr(int(KVQuantMode.FP8_PER_TOKEN_HEAD))
 _MODE_COPY = max(KVQuantMode) + 1
 _COPY = tl.constexpr(_MODE_COPY)
 _MODE_COPY_NVFP4 = _MODE_COPY + 1
@@ -162,7 +163,37 @@ def _encode_rows(
         src = src_tok[:, None, None] + (offs_h * SRC_STRIDE_H)[None, :, None] + offs_d[None, None, :]
         dst = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None] + offs_d[None, None, :]
         x = tl.load(src_ptr + src, mask=ok)
-        _store_dense(x, dst_ptr + dst, scale_ptr, ok, MODE, SOFT_ROUNDING)
+        if MODE == _FP8_PTH:
+            row = dst_tok[:, None] + (offs_h * DST_STRIDE_H)[None, :]
+            _store_per_token_head(x, dst_ptr + dst, dst_ptr + row, ok, tok_ok[:, None] & h_ok[None, :], D,
+                                  SOFT_ROUNDING)
+        else:
+            _store_dense(x, dst_ptr + dst, scale_ptr, ok, MODE, SOFT_ROUNDING)
+
+
+@triton.jit
+def _store_per_token_head(x, dst, row_ptr, ok, row_ok, D: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
+    """FP8_PER_TOKEN_HEAD: encode ``x [BLOCK_T, BLOCK_H, BLOCK_D]`` (whole rows: BLOCK_D >= D) with
+    one scale per row, store the e4m3 bytes at the uint8 pointers ``dst`` and each row's float32
+    scale at ``row_ptr + D`` (``row_ptr [BLOCK_T, BLOCK_H]``: the rows' first bytes, 4-byte aligned,
+    as the op layer checks). Math: :func:`kvfuse.kv_cache.fp8_per_token_head_quantize_reference`."""
+    xf = x.to(tl.float32)
+    # NaN and +-inf stay out of the amax (every compare with NaN is False).
+    mag = tl.where(ok & (tl.abs(xf) < float("inf")), tl.abs(xf), 0.0)
+    amax = tl.max(mag, axis=2)
+    scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1e-6)
+    recip = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
+    q = xf * recip[:, :, None]
+    q_nan = q != q
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if SOFT_ROUNDING:
+        bits, _ = _fp8_rne(q, 3, 7)
+    else:
+        bits = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    sign = ((xf.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
+    bits = tl.where(q_nan, sign | 0x7F, bits)
+    tl.store(dst, bits, mask=ok)
+    tl.store((row_ptr + D).to(tl.pointer_type(tl.float32)), scale, mask=row_ok)
 
 
 @triton.jit
@@ -387,6 +418,9 @@ def _encode_and_cache_write_kernel(
       ``s = e4m3_rne(min(amax / (gs * 6), 448))``, ``q_i = x_i * (1 / (s * gs))`` (0 if ``s * gs`` is 0),
       E2M1 code of ``q_i`` (RNE, saturating at 6, sign in bit 3, NaN -> +0); the row is
       ``[D/2 bytes, code 2k in the low nibble of byte k | D/16 e4m3 scales]``;
+    - FP8_PER_TOKEN_HEAD: per row, ``scale = max(amax / 448, 1e-6)`` (amax over finite values),
+      ``rne(clamp(x * (1 / scale), -448, 448))`` as e4m3 bytes, then the scale's 4 bytes
+      (:func:`_store_per_token_head`); ``k_scale`` / ``v_scale`` are not read;
     - COPY: rows already in the cache format, stored as they are;
     - COPY_NVFP4: encoded NVFP4 rows (``D`` is the head size), their bytes stored as NVFP4 pages
       hold them.
@@ -449,7 +483,7 @@ def _launch_config(t_bucket: int, num_heads: int, width: int, mode: int, in_byte
     block_d = triton.next_power_of_2(width)
     if mode == KVQuantMode.NVFP4 or mode == _MODE_COPY_NVFP4:  # width: the head size
         block_d = 16 * triton.next_power_of_2(width // 16)
-    quantized = mode in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4)
+    quantized = mode in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4, KVQuantMode.FP8_PER_TOKEN_HEAD)
     # NVFP4 copies count head-size elements, two a byte: 16 keeps 8 data bytes a thread, one store.
     per_thread = 16 if quantized or mode == _MODE_COPY_NVFP4 else 8
     target = (1024 if quantized else 2048) * (2 if in_bytes == 1 else 1)
@@ -527,7 +561,8 @@ def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dt
     """Triton :func:`kvfuse.ops.reference.encode_kv`: ``x [T, H, D]`` -> rows ``[T, H, row_dim]``."""
     mode = int(kv_quant_mode)
     num_tokens, num_heads, head_size = x.shape
-    row_dim = nvfp4_row_dim(head_size) if mode == KVQuantMode.NVFP4 else head_size
+    row_dim = row_dim_for(mode, head_size) if mode in (KVQuantMode.NVFP4, KVQuantMode.FP8_PER_TOKEN_HEAD) \
+        else head_size
     out = torch.empty((num_tokens, num_heads, row_dim), dtype=cache_dtype, device=x.device)
     if num_tokens == 0:
         return out
@@ -538,14 +573,16 @@ def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dt
 
 
 def cache_write(key_rows: torch.Tensor, value_rows: torch.Tensor, kv_cache: torch.Tensor,
-                slot_mapping: torch.Tensor, *, launch_config=None) -> None:
-    """Triton :func:`kvfuse.ops.reference.cache_write` into an NHD ``(blocks, 2, page, H, row_dim)`` cache."""
+                slot_mapping: torch.Tensor, kv_quant_mode: Optional[int] = None, *, launch_config=None) -> None:
+    """Triton :func:`kvfuse.ops.reference.cache_write` into an NHD ``(blocks, 2, page, H, row_dim)`` cache
+    (``kv_quant_mode`` None: a uint8 cache holds NVFP4 pages)."""
     num_tokens, num_heads, row_dim = key_rows.shape
     if num_tokens == 0:
         return
     s = kv_cache.stride()
     strides = (s[0], s[2], s[3])
-    if mode_of_storage_dtype(kv_cache.dtype) is KVQuantMode.NVFP4:
+    nvfp4 = kv_cache.dtype == torch.uint8 if kv_quant_mode is None else int(kv_quant_mode) == KVQuantMode.NVFP4
+    if nvfp4:
         head_size, swizzle_v, align = _nvfp4_page_layout(tuple(kv_cache.shape), s)
         _launch(key_rows, value_rows, kv_cache, kv_cache, slot_mapping, slot_mapping, slot_mapping,
                 num_tokens, num_heads, head_size, _MODE_COPY_NVFP4, True, strides, strides, 2, s[1],

@@ -36,8 +36,9 @@ import triton
 import triton.language as tl
 
 from ...kv_cache import KVQuantMode
-from .kv_write import (_NVFP4, _encode_rows, _head_scale_ptr, _launch_config, _nvfp4_page_layout, _nvfp4_side_bases,
-                       _soft_rounding, _store_dense, _store_nvfp4, scale_head_stride)
+from .kv_write import (_FP8_PTH, _NVFP4, _encode_rows, _head_scale_ptr, _launch_config, _nvfp4_page_layout,
+                       _nvfp4_side_bases, _soft_rounding, _store_dense, _store_nvfp4, _store_per_token_head,
+                       scale_head_stride)
 
 __all__ = ["rope_encode_and_cache_write"]
 
@@ -117,7 +118,12 @@ def _rope_encode_rows(src_ptr, dst_ptr, scale_ptr, cos_ptr, sin_ptr, src_tok, ds
                          R, NEOX, HALF_TABLE)
         y = _round_to(y, src_ptr.dtype.element_ty, SOFT_ROUNDING)
         dst = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None] + e
-        _store_dense(y, dst_ptr + dst, scale_ptr, ok, MODE, SOFT_ROUNDING)
+        if MODE == _FP8_PTH:
+            row = dst_tok[:, None] + (offs_h * DST_STRIDE_H)[None, :]
+            _store_per_token_head(y, dst_ptr + dst, dst_ptr + row, ok, tok_ok[:, None] & h_ok[None, :], D,
+                                  SOFT_ROUNDING)
+        else:
+            _store_dense(y, dst_ptr + dst, scale_ptr, ok, MODE, SOFT_ROUNDING)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
