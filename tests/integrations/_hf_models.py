@@ -57,3 +57,16 @@ def left_padded_batch(lengths=(9, 4, 6), seed: int = 1):
         ids[b, width - n:] = torch.randint(3, VOCAB, (n,), generator=gen)
         mask[b, width - n:] = 1
     return ids, mask
+
+
+def teacher_forced_logits(model, ids, mask, tokens):
+    """Prefill, then one decode step per column of ``tokens`` ([B, n]): logits of every step."""
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        logits, cache, pos = [out.logits[:, -1]], out.past_key_values, mask.sum(1, keepdim=True)
+        for i in range(tokens.shape[1]):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            out = model(input_ids=tokens[:, i:i + 1], attention_mask=mask, past_key_values=cache, position_ids=pos)
+            logits.append(out.logits[:, -1])
+            cache, pos = out.past_key_values, pos + 1
+    return torch.stack(logits, 1).float()

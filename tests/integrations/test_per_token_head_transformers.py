@@ -13,20 +13,9 @@ import kvfuse  # noqa: E402
 from kvfuse.integrations import transformers as kvt  # noqa: E402
 from kvfuse.kv_cache import KVQuantMode, KVScaleGranularity  # noqa: E402
 
-from _hf_models import build, left_padded_batch  # noqa: E402
+from _hf_models import build, left_padded_batch, teacher_forced_logits  # noqa: E402
 
 
-def _teacher_forced_logits(model, ids, mask, tokens):
-    """Prefill, then one decode step per column of ``tokens``: the logits of every step [B, n + 1, V]."""
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-        logits, cache, pos = [out.logits[:, -1]], out.past_key_values, mask.sum(1, keepdim=True)
-        for i in range(tokens.shape[1]):
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            out = model(input_ids=tokens[:, i:i + 1], attention_mask=mask, past_key_values=cache, position_ids=pos)
-            logits.append(out.logits[:, -1])
-            cache, pos = out.past_key_values, pos + 1
-    return torch.stack(logits, 1).float()
 
 
 def test_llama_generates_on_per_token_head_cache_within_bound():
@@ -41,8 +30,8 @@ def test_llama_generates_on_per_token_head_cache_within_bound():
     # Both runs are fed the bf16-cache run's greedy tokens, so a flipped near-tie cannot hide a difference.
     tokens = bf16.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
                            pad_token_id=0)[:, ids.shape[1]:]
-    want = _teacher_forced_logits(bf16, ids, mask, tokens)
-    got = _teacher_forced_logits(pth, ids, mask, tokens)
+    want = teacher_forced_logits(bf16, ids, mask, tokens)
+    got = teacher_forced_logits(pth, ids, mask, tokens)
     # Stated bound: every logit of every step within 5% of the logits' range of the bf16-cache run
     # (e4m3 keeps 4 significant bits per cached element, each row scaled to its own amax; measured 2.8%,
     # per-tensor FP8 with scale 1.0 3.0% on these random weights).

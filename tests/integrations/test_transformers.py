@@ -14,7 +14,7 @@ import kvfuse  # noqa: E402
 from kvfuse.integrations import transformers as kvt  # noqa: E402
 from kvfuse.kv_cache import KVQuantMode  # noqa: E402
 
-from _hf_models import build, left_padded_batch  # noqa: E402
+from _hf_models import build, left_padded_batch, teacher_forced_logits  # noqa: E402
 
 MODELS = ["llama", "qwen3", "mistral", "gemma2", "gemma3", "gpt_oss"]
 GEN = dict(max_new_tokens=12, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
@@ -150,17 +150,6 @@ def test_rows_released_early_and_pool_growth():
 # ----------------------------------------------------------------------------- bf16, FP8, NVFP4
 
 
-def teacher_forced_logits(model, ids, mask, tokens):
-    """Prefill, then one decode step per column of ``tokens`` ([B, n]): logits of every step."""
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-        logits, cache, pos = [out.logits[:, -1]], out.past_key_values, mask.sum(1, keepdim=True)
-        for i in range(tokens.shape[1]):
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            out = model(input_ids=tokens[:, i:i + 1], attention_mask=mask, past_key_values=cache, position_ids=pos)
-            logits.append(out.logits[:, -1])
-            cache, pos = out.past_key_values, pos + 1
-    return torch.stack(logits, 1).float()
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_oss"])
