@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
 #
-#   bash benchmarks/run_gpu.sh [tests-ops] [tests-models] [write] [attention] [decode] [hf] [rope] [native] [tp]
+#   bash benchmarks/run_gpu.sh [tests-ops] [tests-native] [tests-models] [write] [attention] [decode] [hf] [rope] [native] [tp]
 #
-# No argument: tests-ops tests-models write attention decode. The GPU suite is split in two
-# phases (ops; compile/models/integrations), each well inside one call's 10 minutes. `hf` is the
+# No argument: tests-ops tests-native tests-models write attention decode. The GPU suite is split
+# in three phases (Triton/reference/FlashInfer ops; the native kernels' tests and their
+# compute-sanitizer run; compile/models/integrations), each well inside one call's 10 minutes. `hf` is the
 # transformers decode benchmark, `rope` the fused rotary write, `native` the native kernels' own
 # loop (their GPU tests and the launch-constant sweep), `tp` the two-GPU tensor-parallel test and
 # benchmark (needs a machine with 2 GPUs).
@@ -14,7 +15,7 @@
 # limit; FlashInfer's JIT builds stay cached while the machine stays warm. Results (JSON, logs)
 # go to $OUT/results.tgz; benchmarks/summary.py prints the table from them.
 set -uo pipefail
-phases=${*:-tests-ops tests-models write attention decode}
+phases=${*:-tests-ops tests-native tests-models write attention decode}
 OUT=${OUT:-/tmp/kvfuse-gpu}
 RES=$OUT/results
 mkdir -p "$RES"
@@ -25,18 +26,26 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 SECONDS=0
 for phase in $phases; do
   case $phase in
-    tests-ops|tests-models)
+    tests-ops|tests-native|tests-models)
       # Native build first, so its time is not charged to a test's timeout.
       python3 -c "from kvfuse.ops import native; print(native.build_info(build=True))" 2>&1 | tail -3
-      if [ "$phase" = tests-ops ]; then dirs="tests/ops tests/test_*.py"; else dirs="tests/compile tests/models tests/integrations tests/distributed"; fi
-      # -rfE lists failures by name; if a phase limit cuts the run, count the dots and look for F / E.
-      timeout 480 python3 -m pytest -q -m gpu -n 8 $dirs -p no:cacheprovider -rfE \
-        --ignore tests/models/test_memory.py 2>&1 | grep -v 'Benchmark\|warner\|bringing' | tail -25 \
-        | tee "$RES/gpu_$phase.log"
+      case $phase in
+        tests-ops) dirs="tests/ops tests/test_*.py --ignore tests/ops/test_native.py" ;;
+        tests-native) dirs="tests/ops/test_native.py" ;;
+        *) dirs="tests/compile tests/models tests/integrations tests/distributed" ;;
+      esac
+      # -v names every result as it happens (a summary printed at the end is lost when the phase
+      # limit cuts the run); the whole log comes back in results.tgz, its failures are listed here.
+      timeout 480 python3 -m pytest -v --tb=short -m gpu -n 8 $dirs -p no:cacheprovider -rfE \
+        --ignore tests/models/test_memory.py > "$RES/gpu_$phase.log" 2>&1
+      echo "pytest rc=$? (124: cut by the phase limit)"
+      grep -E '^\[gw[0-9]+\].* (FAILED|ERROR) ' "$RES/gpu_$phase.log" | sed 's/^\[gw[0-9]*\] *//' | head -40
+      grep -cE '^\[gw[0-9]+\].* PASSED ' "$RES/gpu_$phase.log" | sed 's/^/passed so far: /'
+      tail -3 "$RES/gpu_$phase.log"
       if [ "$phase" = tests-models ]; then
         timeout 120 python3 -m pytest -q -m gpu tests/models/test_memory.py -p no:cacheprovider 2>&1 \
           | tail -5 | tee -a "$RES/gpu_$phase.log"
-      else
+      elif [ "$phase" = tests-native ]; then
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
           --kernel-name kns=rows_kernel python3 tests/ops/_native_sanitize.py > "$RES/sanitizer.log" 2>&1
         echo "compute-sanitizer memcheck rc=$? ($(grep -c 'ERROR SUMMARY: 0 errors' "$RES/sanitizer.log") clean summaries)"
@@ -84,7 +93,7 @@ for phase in $phases; do
         | tail -8 | tee "$RES/native_tests.log"
       timeout 480 python3 -m benchmarks.native_sweep --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
       ;;
-    *) echo "unknown phase $phase (tests-ops | tests-models | write | attention | decode | hf | rope | native | tp)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests-ops | tests-native | tests-models | write | attention | decode | hf | rope | native | tp)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done

@@ -188,8 +188,14 @@ def parse_kv_cache_dtype(name: str) -> KVQuantMode:
 
 
 def fp8_max(mode: KVQuantMode) -> float:
-    """Largest finite magnitude of an FP8 mode's storage format."""
-    return _FP8_MAX[KVQuantMode(mode)]
+    """Largest finite magnitude of an FP8 mode's storage format (``mode``: a member or its int)."""
+    # A dict lookup, not KVQuantMode(mode): models call this in code that Dynamo traces, and Dynamo
+    # before torch 2.13 cannot build an enum member there (members and their ints hash alike).
+    limit = _FP8_MAX.get(mode)
+    if limit is None:
+        raise ValueError(f"fp8_max: mode={mode!r} is not an FP8 mode; FP8 modes: "
+                         f"{[f'{m.value} ({m.name})' for m in _FP8_MAX]}")
+    return limit
 
 
 def storage_dtype(mode: KVQuantMode, native_dtype: Optional[torch.dtype] = None) -> torch.dtype:
@@ -502,6 +508,18 @@ def nvfp4_dequantize_reference(rows: torch.Tensor, global_scale: Union[torch.Ten
 # scale = max(amax / 448, 1e-6), q = clamp(x * (1 / scale), -448, 448), e4m3 round to nearest even.
 
 
+def fp8_keep_nan_sign(encoded: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``encoded`` (FP8, from ``x``) with the byte of every NaN of ``x`` set to ``sign(x) | 0x7F``.
+
+    The references define a NaN's FP8 byte by the input's sign. PyTorch keeps that sign through
+    its CPU arithmetic, but its CUDA arithmetic returns a positive canonical NaN. Without this,
+    a reference run on CUDA tensors would disagree with itself on CPU and with every kernel, for
+    negative NaN inputs."""
+    nan = torch.isnan(x)
+    nan_byte = torch.where(torch.signbit(x), 0xFF, 0x7F).to(torch.uint8)
+    return torch.where(nan, nan_byte, encoded.view(torch.uint8)).view(encoded.dtype)
+
+
 def fp8_per_token_head_quantize_reference(x: torch.Tensor) -> torch.Tensor:
     """Encode ``x [..., D]`` into FP8_PER_TOKEN_HEAD rows ``[..., D + 4]`` (uint8).
 
@@ -523,7 +541,7 @@ def fp8_per_token_head_quantize_reference(x: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     amax = torch.where(torch.isfinite(xf), xf.abs(), 0.0).amax(dim=-1, keepdim=True)
     scale = torch.clamp(amax / 448.0, min=1e-6)
-    q = torch.clamp(xf * (1.0 / scale), -448.0, 448.0).to(torch.float8_e4m3fn)
+    q = fp8_keep_nan_sign(torch.clamp(xf * (1.0 / scale), -448.0, 448.0).to(torch.float8_e4m3fn), xf)
     return torch.cat([q.view(torch.uint8), scale.view(torch.uint8)], dim=-1)
 
 

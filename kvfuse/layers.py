@@ -177,10 +177,14 @@ class PagedAttention(nn.Module):
             problem = _shape_problem(name, x, heads, spec.head_size, spec.model_dtype)
             if problem is not None:
                 raise ValueError(f"layer {self.layer_name!r}: {problem}")
-        # A token count may be symbolic (even unbacked) under compile: a check, not a branch.
-        # (Dynamo accepts only constants in the message's closure.)
-        message = f"layer {self.layer_name!r}: key and value must hold the same number of tokens"
-        torch._check_with(ValueError, key.shape[0] == value.shape[0], lambda: message)
+        same = key.shape[0] == value.shape[0]
+        if torch.compiler.is_compiling():
+            # Token counts may be symbolic (even unbacked): a recorded check, not a branch. Its
+            # message function has no closure and no exception type: Dynamo before torch 2.13
+            # traces neither and would break the graph at every layer.
+            torch._check(same, lambda: "kvfuse layer: key and value must hold the same number of tokens")
+        elif not same:
+            raise ValueError(f"layer {self.layer_name!r}: key and value must hold the same number of tokens")
 
     def forward(
         self,

@@ -486,6 +486,30 @@ def test_fp8_saturation_nan_and_rne(name, torch_dtype, limit):
     assert ((decoded - y).abs() <= y.abs() * rel_step / 2 + 2.0 ** -9).all()
 
 
+@pytest.mark.parametrize("torch_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_nan_byte_is_the_inputs_sign_whatever_the_arithmetic_returned(torch_dtype):
+    """CUDA arithmetic turns any NaN into +NaN; the reference's byte must not depend on that."""
+    from kvfuse.kv_cache import fp8_keep_nan_sign, fp8_per_token_head_quantize_reference
+
+    # bf16 bits: +NaN at index 0, -NaN at index 4 (built from bits: conversions may flip a NaN's sign).
+    bits = torch.tensor([0x7FC0, 0x3F80, 0x4000, 0x3F00, 0xFFC0 - 0x10000, 0xBF80 - 0x10000, 0xC000 - 0x10000,
+                         0xBF00 - 0x10000], dtype=torch.int16)
+    x = bits.view(torch.bfloat16)
+    assert torch.signbit(x[4]) and not torch.signbit(x[0]) and x[1].item() == 1.0 and x[7].item() == -0.5
+    canonical = torch.tensor([float("nan")] * 1 + [1.0, 2.0, 0.5] + [float("nan"), -1.0, -2.0, -0.5]).abs()
+    canonical[5:] = -canonical[5:]  # what CUDA hands over: both NaNs positive
+    fixed = fp8_keep_nan_sign(canonical.to(torch_dtype), x).view(torch.uint8)
+    assert fixed[0].item() == 0x7F and fixed[4].item() == 0xFF
+    assert torch.equal(fixed[[1, 2, 3, 5, 6, 7]], canonical.to(torch_dtype).view(torch.uint8)[[1, 2, 3, 5, 6, 7]])
+    # The references apply it: a -NaN input gives 0xFF for per-tensor, per-head and per-token-head FP8.
+    rows = reference.encode_kv(x.reshape(2, 1, 4), torch.tensor([1.0]), 1 if torch_dtype == torch.float8_e4m3fn
+                               else 2, torch_dtype)
+    assert rows.view(torch.uint8)[1, 0, 0].item() == 0xFF and rows.view(torch.uint8)[0, 0, 0].item() == 0x7F
+    if torch_dtype == torch.float8_e4m3fn:
+        pth = fp8_per_token_head_quantize_reference(x.reshape(2, 1, 4))
+        assert pth[1, 0, 0].item() == 0xFF and pth[0, 0, 0].item() == 0x7F
+
+
 def test_fp8_rounding_is_nearest_even():
     # e4m3 around 1: spacing 1/8. 1 + 1/16 is a tie -> 1 (even); 1 + 3/16 -> 1.25 (even).
     x = torch.tensor([1 + 1 / 16, 1 + 3 / 16, 1 + 1 / 16 + 1e-3]).reshape(3, 1, 1)

@@ -77,6 +77,10 @@ class PagedCacheManager:
         self._free = list(range(num_blocks - 1, -1, -1))
         self._pages: dict = {}
         self._lens: dict = {}
+        # Each sequence's block-table row (int32, max_blocks_per_seq wide, zero-padded), rebuilt
+        # only when its pages change: a decode step then stacks rows instead of converting every
+        # sequence's page list (most of the step's host time at batch 64).
+        self._table_rows: dict = {}
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -96,6 +100,7 @@ class PagedCacheManager:
             raise ValueError(f"seq_id={seq_id!r} is not active; active: {sorted(self._pages, key=repr)}")
         self._free.extend(reversed(self._pages.pop(seq_id)))
         del self._lens[seq_id]
+        self._table_rows.pop(seq_id, None)
 
     def slot(self, seq_id, position: int) -> int:
         """Cache slot of token ``position`` of ``seq_id`` (``page * block_size + offset``)."""
@@ -130,6 +135,15 @@ class PagedCacheManager:
             self.max_seq_len = max_seq_len
             self.max_blocks_per_seq = -(-max_seq_len // self.block_size)
         logger.debug("cache grown to %d blocks, max_seq_len %d", self.num_blocks, self.max_seq_len)
+
+    def _table_row(self, seq_id) -> torch.Tensor:
+        row = self._table_rows.get(seq_id)
+        if row is None or row.numel() != self.max_blocks_per_seq:  # new pages, or grown max_seq_len
+            pages = self._pages[seq_id]
+            row = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
+            row[: len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            self._table_rows[seq_id] = row
+        return row
 
     # ------------------------------------------------------------------ steps
 
@@ -168,7 +182,9 @@ class PagedCacheManager:
             )
         for seq_id, extra in zip(seq_ids, needed):
             pages = self._pages.setdefault(seq_id, [])
-            pages.extend(self._free.pop() for _ in range(extra))
+            if extra:
+                pages.extend(self._free.pop() for _ in range(extra))
+                self._table_rows.pop(seq_id, None)
 
         input_ids, positions, slots, qsl, logits_indices = [], [], [], [0], []
         for seq_id, ids, length in zip(seq_ids, token_lists, new_lens):
@@ -185,10 +201,7 @@ class PagedCacheManager:
         positions += [0] * num_pad
         slots += [-1] * num_pad
 
-        block_table = torch.zeros(len(seq_ids), self.max_blocks_per_seq, dtype=torch.int32)
-        for b, seq_id in enumerate(seq_ids):
-            pages = self._pages[seq_id]
-            block_table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        block_table = torch.stack([self._table_row(s) for s in seq_ids])
         dev = self.device
         metadata = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import (KVQuantMode, fp8_max, fp8_per_token_head_dequantize_reference,
+from ..kv_cache import (KVQuantMode, fp8_keep_nan_sign, fp8_max, fp8_per_token_head_dequantize_reference,
                         fp8_per_token_head_quantize_reference, nvfp4_dequantize_reference, nvfp4_quantize_reference,
                         read_cache_rows, write_cache_rows)
 from .registry import ALL_MODES, OPS, AttentionCall, Implementation
@@ -48,7 +48,7 @@ def encode_kv(x: torch.Tensor, scale: torch.Tensor, kv_quant_mode: int, cache_dt
     if mode.is_fp8:
         limit = fp8_max(mode)
         q = x.float() / _head_scale(scale)
-        return torch.clamp(q, -limit, limit).to(cache_dtype).contiguous()
+        return fp8_keep_nan_sign(torch.clamp(q, -limit, limit).to(cache_dtype), x).contiguous()
     if mode.is_per_token_head:
         return fp8_per_token_head_quantize_reference(x).contiguous()
     return nvfp4_quantize_reference(x, scale).contiguous()

@@ -80,6 +80,33 @@ def test_free_returns_pages():
         manager.free("a")
 
 
+def test_block_table_follows_pages_through_growth_frees_and_reuse():
+    """Block-table rows are cached per sequence: every step must still show each sequence's pages
+    now (new pages at page boundaries, a freed sequence's pages reused by another, a wider table
+    after grow(max_seq_len)), zero-padded, in the step's sequence order."""
+    manager = PagedCacheManager(_specs(), num_blocks=32, block_size=4, max_seq_len=16)
+    gen = torch.Generator().manual_seed(3)
+    live = {"a": 0, "b": 0, "c": 0}
+    for step_no in range(14):
+        if step_no == 6:
+            manager.free("b")
+            manager.free("a")
+            live.update(a=0, b=0, d=0)  # ids reused for new sequences; d takes freed pages too
+        if step_no == 9:
+            manager.grow(max_seq_len=28)
+        order = sorted(live, key=lambda s: torch.rand((), generator=gen).item())
+        new = {s: [1] * (3 if live[s] == 0 else 1) for s in order}
+        md = manager.step(new).metadata
+        for s in order:
+            live[s] += len(new[s])
+        width = manager.max_blocks_per_seq
+        assert tuple(md.block_table.shape) == (len(order), width)
+        for row, s in zip(md.block_table.tolist(), order):
+            pages = manager.pages(s)
+            assert row == pages + [0] * (width - len(pages)), (step_no, s)
+    assert width == 7 and manager.pages("d")  # the table widened; d reused freed pages
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda m: m.step({}), "new_tokens is empty"),
     (lambda m: m.step({"a": []}), "seq_id='a' has no new tokens"),

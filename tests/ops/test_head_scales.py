@@ -45,8 +45,13 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _assert_same_bytes(actual, expected, what):
     assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
-    differ = _bits(actual) != _bits(expected)
-    assert int(differ.sum()) == 0, f"{what}: {int(differ.sum())} bytes differ (first {differ.nonzero()[:4].tolist()})"
+    a, e = _bits(actual), _bits(expected)
+    differ = a != e
+    count = int(differ.sum())
+    if count:
+        first = differ.nonzero()[:4]
+        pairs = [(idx, hex(int(a[tuple(idx)])), hex(int(e[tuple(idx)]))) for idx in first.tolist()]
+        raise AssertionError(f"{what}: {count} bytes differ; first (index, got, expected): {pairs}")
 
 
 def head_scales(mode: KVQuantMode, heads: int, which: str = "k", device=DEVICE) -> torch.Tensor:
