@@ -1,7 +1,9 @@
 """Paged attention on the GPU: kvfuse (Triton), kvfuse's FlashInfer backend, FlashInfer, torch SDPA.
 
 Decode: batch 1/16/64/256 x context 1k/4k/16k, 32 query / 8 KV heads, head size 128, page 16,
-caches bf16 / FP8 e4m3 / NVFP4. Prefill: one sequence of 4k / 16k tokens (causal).
+caches bf16 / FP8 e4m3 / NVFP4 / per-token-head FP8. Prefill: one sequence of 4k / 16k tokens
+(causal). Append (issue 16): chunked prefill (batch 8, 512 new tokens on a 4096-token prefix) and
+4-token speculative decode (batch 64, context 4096), kvfuse against FlashInfer's paged prefill.
 Reports microseconds, GB/s of KV bytes read and the fraction of the device-to-device copy
 bandwidth measured in the same run (copy bandwidth = (read + write bytes) / time).
 
@@ -198,6 +200,56 @@ def run_prefill(tokens, mode_name, impls, rows, copy_bw):
                 q, k, v, is_causal=True, enable_gqa=True), True)
     for name, (fn, graph) in fns.items():
         row = dict(op="prefill", impl=name, cache=mode_name, batch=1, context=tokens, num_tokens=tokens,
+                   kv_bytes=nbytes)
+        try:
+            us, how = bench_us(fn, reps=10, graph=graph)
+            row.update(us=round(us, 2), tflops=round(flops / (us * 1e-6) / 1e12, 1), timing=how,
+                       gb_s=round(nbytes / (us * 1e-6) / 1e9, 1),
+                       frac_copy=round(nbytes / (us * 1e-6) / 1e9 / copy_bw, 3))
+        except Exception as e:
+            row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
+            traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del cache
+    torch.cuda.empty_cache()
+
+
+#: Issue 16's append cases: (name, batch, cached prefix, new tokens per sequence).
+EXTEND_CASES = (("chunked_prefill", 8, 4096, 512), ("spec_decode", 64, 4096, 4))
+
+
+def run_extend(case, mode_name, impls, rows, copy_bw):
+    """New tokens attending to a cached prefix plus themselves (causal among the new tokens):
+    chunked prefill / prefix caching, and speculative-decoding queries. The cache already holds
+    the new tokens' K/V (the write comes first in a layer), as both kvfuse and FlashInfer read it."""
+    name, batch, prefix, new = case
+    mode = MODES[mode_name]
+    context = prefix + new
+    cache, block_table = make_cache(mode, batch, context)
+    query = torch.randn(batch * new, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * new
+    scale = torch.tensor(0.5, device="cuda")
+    args = (query, cache, scale, scale, block_table, seq_lens, qsl, int(mode), 1 / math.sqrt(HEAD), None)
+    flops = 4 * HQ * HEAD * batch * new * (prefix + (new + 1) / 2)
+    nbytes = kv_bytes(mode, batch, context)
+    fns = {}
+    if "kvfuse" in impls:
+        fns["kvfuse"] = (_kvfuse(args), True)
+    if "flashinfer" in impls and mode in (KVQuantMode.NONE, KVQuantMode.FP8_E4M3):
+        import flashinfer
+
+        ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        pages = block_table.shape[1]
+        w.plan(qsl, torch.arange(batch + 1, dtype=torch.int32, device="cuda") * pages, block_table.reshape(-1),
+               (seq_lens - (pages - 1) * PAGE).to(torch.int32), HQ, HKV, HEAD, PAGE, causal=True,
+               q_data_type=query.dtype, kv_data_type=cache.dtype, sm_scale=1 / math.sqrt(HEAD))
+        scales = dict(k_scale=0.5, v_scale=0.5) if mode is not KVQuantMode.NONE else {}
+        fns["flashinfer"] = (lambda: w.run(query, cache, **scales), True)
+    for impl, (fn, graph) in fns.items():
+        row = dict(op=name, impl=impl, cache=mode_name, batch=batch, context=context, num_tokens=batch * new,
                    kv_bytes=nbytes)
         try:
             us, how = bench_us(fn, reps=10, graph=graph)
@@ -457,6 +509,10 @@ def main():
     for tokens in prefills:
         for mode_name in args.modes.split(","):
             run_prefill(tokens, mode_name, impls, rows, copy_bw)
+    write_results(rows, meta, args.out)
+    for case in EXTEND_CASES:
+        for mode_name in args.modes.split(","):
+            run_extend(case, mode_name, impls, rows, copy_bw)
     write_results(rows, meta, args.out)
 
 

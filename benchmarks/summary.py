@@ -43,7 +43,7 @@ def cache_write_lines(data) -> list[str]:
     lines = [f"cache write (copy {data['copy_gb_per_s']:.0f} GB/s); us (% of copy)",
              f"{'format':<10}{'tokens':>7} {'kvfuse':>14} {'unfused':>9} {'native':>14} {'flashinfer':>14} "
              f"{'compile':>14}"]
-    for fmt in ("bfloat16", "fp8_e4m3", "fp8_e5m2", "nvfp4"):
+    for fmt in ("bfloat16", "fp8_e4m3", "fp8_e5m2", "nvfp4", "fp8_per_token_head"):
         for tokens in (16, 256, 16384, 65536):
             cells = {impl: _pick(rows, kv_cache_dtype=fmt, num_tokens=tokens, impl=impl)
                      for impl in ("kvfuse", "kvfuse_unfused", "kvfuse_native", "flashinfer", "torch_compile")}
@@ -60,17 +60,20 @@ def cache_write_lines(data) -> list[str]:
 def attention_lines(data) -> list[str]:
     rows = data["rows"]
     lines = [f"attention (copy {data.get('copy_gb_per_s', 0):.0f} GB/s); us (% of copy)",
-             f"{'case':<26} {'kvfuse':>14} {'kvfuse_fi':>10} {'flashinfer':>10} {'fi_tc':>10} {'sdpa':>10}"]
+             f"{'case':<34} {'kvfuse':>14} {'kvfuse_fi':>10} {'flashinfer':>10} {'fi_tc':>10} {'sdpa':>10}"]
     cases = [("decode", fmt, 64, 4096) for fmt in ("bfloat16", "fp8_e4m3", "nvfp4")]
     cases += [("decode", fmt, 16, 16384) for fmt in ("bfloat16", "fp8_e4m3", "nvfp4")]
+    cases += [("decode", "fp8_per_token_head", 64, 4096), ("decode", "fp8_per_token_head", 16, 16384)]
     cases += [("prefill", "bfloat16", 1, n) for n in (4096, 16384)]
+    cases += [(op, fmt, batch, context) for op, batch, context in (("chunked_prefill", 8, 4608), ("spec_decode", 64, 4100))
+              for fmt in ("bfloat16", "fp8_e4m3")]
     for op, fmt, batch, context in cases:
         cells = {impl: _pick(rows, op=op, kv_cache_dtype=fmt, batch=batch, context=context, impl=impl)
                  for impl in ("kvfuse", "kvfuse_flashinfer", "flashinfer", "flashinfer_tc", "torch_sdpa")}
         if cells["kvfuse"] is None:
             continue
         lines.append(
-            f"{op + ' ' + fmt + f' {batch}x{context}':<26} {_us(cells['kvfuse']):>8} ({_frac(cells['kvfuse']):>4})"
+            f"{op + ' ' + fmt + f' {batch}x{context}':<34} {_us(cells['kvfuse']):>8} ({_frac(cells['kvfuse']):>4})"
             f" {_us(cells['kvfuse_flashinfer']):>10} {_us(cells['flashinfer']):>10} {_us(cells['flashinfer_tc']):>10}"
             f" {_us(cells['torch_sdpa']):>10}")
     return lines
