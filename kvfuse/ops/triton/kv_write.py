@@ -238,25 +238,29 @@ def _store_nvfp4(
     # per block, a safe divisor and a byte mask applied after packing.
     pos = s_val * gs > 0
     denom = tl.where(pos, s_val * gs, 1.0)
-    keep = tl.where(pos, 0xFF, 0).to(tl.uint8)
+    keep = tl.where(pos, 0xFF, 0).to(tl.uint32)
     # One correctly rounded reciprocal per block, then a product per element (the reference's
     # definition): a division per element was most of this kernel's ALU work.
     q = x * tl.math.div_rn(1.0, denom)[:, :, :, None]
     # E2M1 round-to-nearest-even, saturating at 6, as rint on the binade's grid: steps of 0.5
     # below 2 (codes 0..4), of 1 in [2, 4) (codes 4..6), of 2 from 4 (codes 6, 7); the grid
     # points' own ties (0.25, 1.25, 2.5, 5 down; 0.75, 1.75, 3.5 up) are rint's ties to even.
-    # rint is the 1.5 * 2**23 trick (a * m is exact, m a power of two). About half the ALU
-    # work of counting seven thresholds, which is what bounds this kernel.
-    a = tl.abs(q)
-    big = a >= 4.0
-    mid = a >= 2.0
-    m = tl.where(big, 0.5, tl.where(mid, 1.0, 2.0))
-    c = tl.where(big, 4.0, tl.where(mid, 2.0, 0.0))
-    mag = tl.minimum(((a * m + 12582912.0) - 12582912.0) + c, 7.0).to(tl.uint8)
-    code = mag | tl.where(q < 0, 8, 0).to(tl.uint8)
+    # The binade comes from the float's exponent bits, with no compare or select (this kernel is
+    # bound by instruction issue, benchmarks/sass_count.py): e = max(exponent field, that of 1.0)
+    # gives the scale m = 2**(1 - k) (k = 0, 1, 2 for |q| < 2, [2, 4), [4, 6]) as the bits
+    # 0x7F800000 - e, and (e >> 22) = 254 + 2k. rint(a * m) is the 1.5 * 2**23 trick (a * m is
+    # exact: m is a power of two); with 2 more in the constant, the sum's bits end in
+    # rint(a * m) + 2, and (sum + (e >> 22)) mod 16 is the code rint(a * m) + 2k (0x4B400000 and
+    # 256 vanish mod 16), so no subtraction is needed: the mask below keeps the low 4 bits.
+    a = tl.minimum(tl.abs(q), 6.0)
+    e = tl.maximum(a.to(tl.uint32, bitcast=True) & 0x7F800000, 0x3F800000)
+    m = (0x7F800000 - e).to(tl.float32, bitcast=True)
+    r = (a * m + 12582914.0).to(tl.uint32, bitcast=True)
+    # Codes stay 32-bit until the pairs are packed: one narrowing per byte, not one per element.
+    code = ((r + (e >> 22)) & 0xF) | tl.where(q < 0, 8, 0).to(tl.uint32)
     pairs = tl.reshape(code, (code.shape[0], BLOCK_H, BLOCK_NB, 8, 2))
     lo, hi = tl.split(pairs)
-    packed = (lo | (hi << 4)) & keep[:, :, :, None]
+    packed = ((lo | (hi << 4)) & keep[:, :, :, None]).to(tl.uint8)
     _put_nvfp4(packed, s_code, dst_ptr, dst_tok, dst_off, offs_h, row_ok, DST_STRIDE_H, H, D, BLOCK_NB,
                PAGED, PAGE, SWIZZLE)
 
