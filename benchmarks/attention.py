@@ -198,9 +198,17 @@ def run_prefill(tokens, mode_name, impls, rows, copy_bw):
             q = query.view(1, tokens, HQ, HEAD).transpose(1, 2)
             fns["torch_sdpa"] = (lambda: torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=True, enable_gqa=True), True)
-    for name, (fn, graph) in fns.items():
-        row = dict(op="prefill", impl=name, cache=mode_name, batch=1, context=tokens, num_tokens=tokens,
-                   kv_bytes=nbytes)
+    _time_flops(fns, dict(op="prefill", cache=mode_name, batch=1, context=tokens, num_tokens=tokens), flops, nbytes,
+                rows, copy_bw)
+    del cache
+    torch.cuda.empty_cache()
+
+
+def _time_flops(fns, case, flops, nbytes, rows, copy_bw):
+    """Time each ``fns[impl] = (fn, graph)`` and append its row: us, TFLOP/s, GB/s of KV read and
+    the fraction of copy bandwidth; a failing implementation records its error and the rest go on."""
+    for impl, (fn, graph) in fns.items():
+        row = dict(case, impl=impl, kv_bytes=nbytes)
         try:
             us, how = bench_us(fn, reps=10, graph=graph)
             row.update(us=round(us, 2), tflops=round(flops / (us * 1e-6) / 1e12, 1), timing=how,
@@ -211,8 +219,6 @@ def run_prefill(tokens, mode_name, impls, rows, copy_bw):
             traceback.print_exc()
         rows.append(row)
         print(json.dumps(row), flush=True)
-    del cache
-    torch.cuda.empty_cache()
 
 
 #: Issue 16's append cases: (name, batch, cached prefix, new tokens per sequence).
@@ -248,19 +254,8 @@ def run_extend(case, mode_name, impls, rows, copy_bw):
                q_data_type=query.dtype, kv_data_type=cache.dtype, sm_scale=1 / math.sqrt(HEAD))
         scales = dict(k_scale=0.5, v_scale=0.5) if mode is not KVQuantMode.NONE else {}
         fns["flashinfer"] = (lambda: w.run(query, cache, **scales), True)
-    for impl, (fn, graph) in fns.items():
-        row = dict(op=name, impl=impl, cache=mode_name, batch=batch, context=context, num_tokens=batch * new,
-                   kv_bytes=nbytes)
-        try:
-            us, how = bench_us(fn, reps=10, graph=graph)
-            row.update(us=round(us, 2), tflops=round(flops / (us * 1e-6) / 1e12, 1), timing=how,
-                       gb_s=round(nbytes / (us * 1e-6) / 1e9, 1),
-                       frac_copy=round(nbytes / (us * 1e-6) / 1e9 / copy_bw, 3))
-        except Exception as e:
-            row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
-            traceback.print_exc()
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    _time_flops(fns, dict(op=name, cache=mode_name, batch=batch, context=context, num_tokens=batch * new), flops,
+                nbytes, rows, copy_bw)
     del cache
     torch.cuda.empty_cache()
 
