@@ -149,7 +149,9 @@ def analyse(fmt: str, tokens: int, clock_ghz: float, copy_gb_s: float, dump_dir=
     bound_gb_s = elements_per_s * BYTES_PER_ELEMENT[fmt] / 1e9
     return dict(format=fmt, tokens=tokens, block_t=block_t, block_h=block_h, num_warps=num_warps,
                 sass_instructions=len(ops), fast_path_instructions=len(fast), fast_path_classes=dict(classes),
-                mufu_rcp=sum(op.startswith("MUFU.RCP") for op in fast), elements_per_thread=per_thread,
+                mufu_rcp=sum(op.startswith("MUFU.RCP") for op in fast),
+                # Barriers mark layout conversions through shared memory (and their latency).
+                barriers=sum(op.startswith("BAR") for op in fast), elements_per_thread=per_thread,
                 instructions_per_element=round(per_element, 2), issue_bound_gb_s=round(bound_gb_s, 1),
                 issue_bound_frac_copy=round(bound_gb_s / copy_gb_s, 3),
                 constexprs={k: str(v) for k, v in constexprs.items()})
@@ -173,12 +175,12 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "sass_count.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    print("| format | tile (tokens x heads, warps) | SASS (all / fast path) | MUFU.RCP | elements / thread "
+    print("| format | tile (tokens x heads, warps) | SASS (all / fast path) | MUFU.RCP | barriers | elements / thread "
           "| instructions / element | issue bound GB/s | of copy |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['format']} | {r['block_t']} x {r['block_h']}, {r['num_warps']} | {r['sass_instructions']} / "
-              f"{r['fast_path_instructions']} | {r['mufu_rcp']} | {r['elements_per_thread']:.0f} "
+              f"{r['fast_path_instructions']} | {r['mufu_rcp']} | {r['barriers']} | {r['elements_per_thread']:.0f} "
               f"| {r['instructions_per_element']} | {r['issue_bound_gb_s']:.0f} | {r['issue_bound_frac_copy']:.0%} |")
     return 0
 

@@ -235,10 +235,10 @@ def _store_nvfp4(
     s = tl.minimum(tl.math.div_rn(amax, gs * 6.0), 448.0, propagate_nan=tl.PropagateNan.ALL)
     s_code, s_val = _fp8_rne(s, 3, 7)
     # Blocks whose divisor s * gs is not > 0 encode all-zero codes (the reference's q = 0):
-    # per block, a safe divisor and a byte mask applied after packing.
+    # per block, a safe divisor and a code mask.
     pos = s_val * gs > 0
     denom = tl.where(pos, s_val * gs, 1.0)
-    keep = tl.where(pos, 0xFF, 0).to(tl.uint32)
+    keep = tl.where(pos, 0xF, 0).to(tl.uint32)
     # One correctly rounded reciprocal per block, then a product per element (the reference's
     # definition): a division per element was most of this kernel's ALU work.
     q = x * tl.math.div_rn(1.0, denom)[:, :, :, None]
@@ -251,16 +251,19 @@ def _store_nvfp4(
     # 0x7F800000 - e, and (e >> 22) = 254 + 2k. rint(a * m) is the 1.5 * 2**23 trick (a * m is
     # exact: m is a power of two); with 2 more in the constant, the sum's bits end in
     # rint(a * m) + 2, and (sum + (e >> 22)) mod 16 is the code rint(a * m) + 2k (0x4B400000 and
-    # 256 vanish mod 16), so no subtraction is needed: the mask below keeps the low 4 bits.
+    # 256 vanish mod 16), so no subtraction is needed: `keep` below masks the low 4 bits.
     a = tl.minimum(tl.abs(q), 6.0)
     e = tl.maximum(a.to(tl.uint32, bitcast=True) & 0x7F800000, 0x3F800000)
     m = (0x7F800000 - e).to(tl.float32, bitcast=True)
     r = (a * m + 12582914.0).to(tl.uint32, bitcast=True)
     # Codes stay 32-bit until the pairs are packed: one narrowing per byte, not one per element.
-    code = ((r + (e >> 22)) & 0xF) | tl.where(q < 0, 8, 0).to(tl.uint32)
+    # The block mask `keep` (0xF, or 0 for a block that encodes as zeros) both keeps the code's
+    # low 4 bits and zeroes dead blocks. It goes on the codes, in the layout they are computed in:
+    # on the packed bytes it needed a layout conversion of its own through shared memory.
+    code = ((r + (e >> 22)) | tl.where(q < 0, 8, 0).to(tl.uint32)) & keep[:, :, :, None]
     pairs = tl.reshape(code, (code.shape[0], BLOCK_H, BLOCK_NB, 8, 2))
     lo, hi = tl.split(pairs)
-    packed = ((lo | (hi << 4)) & keep[:, :, :, None]).to(tl.uint8)
+    packed = (lo | (hi << 4)).to(tl.uint8)
     _put_nvfp4(packed, s_code, dst_ptr, dst_tok, dst_off, offs_h, row_ok, DST_STRIDE_H, H, D, BLOCK_NB,
                PAGED, PAGE, SWIZZLE)
 
