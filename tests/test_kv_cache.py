@@ -496,8 +496,9 @@ def test_fp8_nan_byte_is_the_inputs_sign_whatever_the_arithmetic_returned(torch_
                          0xBF00 - 0x10000], dtype=torch.int16)
     x = bits.view(torch.bfloat16)
     assert torch.signbit(x[4]) and not torch.signbit(x[0]) and x[1].item() == 1.0 and x[7].item() == -0.5
-    canonical = torch.tensor([float("nan")] * 1 + [1.0, 2.0, 0.5] + [float("nan"), -1.0, -2.0, -0.5]).abs()
-    canonical[5:] = -canonical[5:]  # what CUDA hands over: both NaNs positive
+    # What CUDA hands over: x's values with both NaNs positive.
+    canonical = torch.tensor([float("nan"), 1.0, 2.0, 0.5] * 2).abs()
+    canonical[5:] = -canonical[5:]
     fixed = fp8_keep_nan_sign(canonical.to(torch_dtype), x).view(torch.uint8)
     assert fixed[0].item() == 0x7F and fixed[4].item() == 0xFF
     assert torch.equal(fixed[[1, 2, 3, 5, 6, 7]], canonical.to(torch_dtype).view(torch.uint8)[[1, 2, 3, 5, 6, 7]])
