@@ -112,6 +112,9 @@ def _compiled(case: Case, with_query: bool):
             return (q * cos) + (_rotate_half(q) * sin)
         return None
 
+    # Each case is a new closure over the same code object: without a reset, Dynamo counts every
+    # case's graph against one recompile limit (8), which fullgraph=True turns into an error.
+    torch._dynamo.reset()
     # fuse=False: Inductor's own rotation kernel before the (already fused) encode + write
     fn = torch.compile(layer, backend=kvfuse.make_backend(fuse=False), fullgraph=True, dynamic=False)
     return [lambda i=i: fn(*case.sets[i], case.cache, case.slots[i], case.cos, case.sin, case.k_scale, case.v_scale)

@@ -36,7 +36,7 @@ for phase in $phases; do
       esac
       # -v names every result as it happens (a summary printed at the end is lost when the phase
       # limit cuts the run); the whole log comes back in results.tgz, its failures are listed here.
-      timeout 480 python3 -m pytest -v --tb=short -m gpu -n 8 $dirs -p no:cacheprovider -rfE \
+      KVFUSE_FAILURE_LOG=$RES/failures_$phase.txt timeout 480 python3 -m pytest -v --tb=short -m gpu -n 8 $dirs -p no:cacheprovider -rfE \
         --ignore tests/models/test_memory.py > "$RES/gpu_$phase.log" 2>&1
       echo "pytest rc=$? (124: cut by the phase limit)"
       grep -E '^\[gw[0-9]+\].* (FAILED|ERROR) ' "$RES/gpu_$phase.log" | sed 's/^\[gw[0-9]*\] *//' | head -40

@@ -540,7 +540,9 @@ def fp8_per_token_head_quantize_reference(x: torch.Tensor) -> torch.Tensor:
     fp8_per_token_head_row_dim(head_size)
     xf = x.float()
     amax = torch.where(torch.isfinite(xf), xf.abs(), 0.0).amax(dim=-1, keepdim=True)
-    scale = torch.clamp(amax / 448.0, min=1e-6)
+    # The divisor is a tensor on x's device: PyTorch's CUDA division by a Python number multiplies
+    # by its reciprocal, which is one float32 rounding away from the IEEE quotient in some rows.
+    scale = torch.clamp(amax / amax.new_full((), 448.0), min=1e-6)
     q = fp8_keep_nan_sign(torch.clamp(xf * (1.0 / scale), -448.0, 448.0).to(torch.float8_e4m3fn), xf)
     return torch.cat([q.view(torch.uint8), scale.view(torch.uint8)], dim=-1)
 

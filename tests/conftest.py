@@ -13,6 +13,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+_TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
 
 # Inductor's on-disk caches are keyed on the graph, not on the custom ops' code behind it: a run
 # of another kvfuse checkout (or version) on the same machine could serve graphs compiled against
@@ -21,8 +22,26 @@ if not torch.cuda.is_available():
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="kvfuse-tests-inductor-"))
 
 
+def pytest_runtest_logreport(report):
+    """With KVFUSE_FAILURE_LOG set, each failure's traceback is appended to that file as it
+    happens: a GPU phase cut by its time limit never reaches pytest's end-of-run summary."""
+    path = os.environ.get("KVFUSE_FAILURE_LOG")
+    # Under xdist both the worker and the controller see each report: the controller writes.
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
+        # A test module that sets TRITON_INTERPRET while being collected turns every kernel
+        # defined after it into an interpreted one, for the whole session: on a GPU that is slow,
+        # and the interpreter's numerics are not the compiled kernels'. Only this file decides.
+        if os.environ.get("TRITON_INTERPRET") != _TRITON_INTERPRET_AT_START:
+            raise pytest.UsageError(
+                f"TRITON_INTERPRET changed from {_TRITON_INTERPRET_AT_START!r} to "
+                f"{os.environ.get('TRITON_INTERPRET')!r} while test modules were imported on a CUDA host; "
+                "set it only under `if not torch.cuda.is_available()`")
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:

@@ -275,11 +275,16 @@ def route_cuda_calls() -> bool:
     policy = tuning.cuda_cache_write_policy()
     max_tokens, python_when_captured = [], []
     for mode in KVQuantMode:
-        small = registry.choose(registry.Situation("encode_and_cache_write", "cuda", mode, "small", False)).name
+        if mode not in IMPLEMENTATION.modes:
+            # csrc/ cannot write it: the Python path runs it (and, with native forced, refuses it there).
+            max_tokens.append(0)
+            python_when_captured.append(1)
+            continue
         if forced == "native":
             max_tokens.append(2 ** 62)
             python_when_captured.append(0)
         else:
+            small = registry.choose(registry.Situation("encode_and_cache_write", "cuda", mode, "small", False)).name
             max_tokens.append(policy.native_max_tokens(mode) if small == "native" else 0)
             python_when_captured.append(int(mode in policy.triton_when_captured))
     library.release_python_cuda_body()

@@ -474,9 +474,13 @@ def test_cuda_default_backend_is_native():
     if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
         pytest.skip("no CUDA kernels")
     backends.clear_cache()
-    for mode in KVQuantMode:
+    for mode in native.IMPLEMENTATION.modes:
         assert backends.select("encode_and_cache_write", "cuda", mode)[0] == "native"
         assert backends.select("encode_and_cache_write", "cuda", mode, 1)[0] == "native"
+    # The one format csrc/ does not write goes to Triton, whatever the size.
+    for num_tokens in (None, 1, 1 << 16):
+        assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_PER_TOKEN_HEAD,
+                               num_tokens)[0] == "triton"
     assert storage_dtype(KVQuantMode.NVFP4) == torch.uint8
 
 
@@ -543,7 +547,7 @@ def test_cuda_backend_by_token_count(monkeypatch):
     monkeypatch.delenv("KVFUSE_BACKEND", raising=False)
     backends.clear_cache()
     try:
-        for mode in KVQuantMode:
+        for mode in native.IMPLEMENTATION.modes:
             assert backends.select("encode_and_cache_write", "cuda", mode, 64)[0] == "native"
             assert backends.select("encode_and_cache_write", "cuda", mode, 1 << 16)[0] == "triton"
         fp8 = (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2)
@@ -669,6 +673,37 @@ def test_cuda_routing_refusals_checked_mode_and_forced_backend(monkeypatch):
         op(key, value, cache, slots, scale, scale, 1, "layers.0")
         assert not native.cuda_routing_active()
         _assert_same(cache.cpu(), expected, "forced triton")
+    finally:
+        monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND")
+        backends.clear_cache()
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_routing_with_native_forced_leaves_the_format_it_lacks_to_a_loud_refusal(monkeypatch):
+    """Forced native: the router installs for every format csrc/ writes (bits equal to the
+    reference), and a per-token-head write, which csrc/ does not implement, is refused by the
+    registry with its reason instead of breaking the router's installation for all formats."""
+    if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
+        pytest.skip("no CUDA kernels")
+    monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
+    backends.clear_cache()
+    op = torch.ops.kvfuse.encode_and_cache_write
+    try:
+        for mode in native.IMPLEMENTATION.modes:
+            key, value, cache, slots, scale = _fused_case(533, mode, seed=4)
+            expected = cache.cpu().clone()
+            ref.encode_and_cache_write(key.cpu(), value.cpu(), expected, slots.cpu(), scale.cpu(), scale.cpu(), mode)
+            op(key, value, cache, slots, scale, scale, int(mode), "layers.0")
+            _assert_same(cache.cpu(), expected, f"forced native {mode.name}")
+            assert native.cuda_routing_active()
+        pth = KVQuantMode.FP8_PER_TOKEN_HEAD
+        key, value, cache, slots, scale = _fused_case(9, pth, seed=5)
+        before = cache.clone()
+        with pytest.raises(RuntimeError, match="native does not support FP8_PER_TOKEN_HEAD"):
+            op(key, value, cache, slots, scale, scale, int(pth), "layers.0")
+        torch.cuda.synchronize()
+        assert torch.equal(cache, before)
     finally:
         monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND")
         backends.clear_cache()

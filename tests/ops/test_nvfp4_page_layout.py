@@ -11,18 +11,13 @@ of v0.25.1 (752a3a504485790a2e8491cacbb35c137339ad34): K scales linear, V scales
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-import kvfuse  # noqa: E402
-from kvfuse.kv_cache import E2M1_VALUES, KVQuantMode, logical_cache_rows, nvfp4_v_scales_swizzled  # noqa: E402
-from kvfuse.ops import reference, registry  # noqa: E402
-from tests.ops._cache_formats import SENTINEL, sentinel_cache  # noqa: E402
+import kvfuse
+from kvfuse.kv_cache import E2M1_VALUES, KVQuantMode, logical_cache_rows, nvfp4_v_scales_swizzled
+from kvfuse.ops import reference, registry
+from tests.ops._cache_formats import SENTINEL, sentinel_cache
 
 NVFP4 = int(KVQuantMode.NVFP4)
 
