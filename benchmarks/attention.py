@@ -403,6 +403,20 @@ FOCUS_VARIANTS = [
                                                    MAXNREG=128)),
     ("split3 bcast n128 w4 s2", "nvfp4", {"num_splits": 3}, dict(BLOCK_N=128, num_warps=4, num_stages=2,
                                                                        SCALE_GATHER=False)),
+    # Block scales through 32-bit words: asynchronous copies in the key loop's pipeline instead of
+    # synchronous byte loads (benchmarks/sass_attention.py shows the difference in the SASS).
+    ("ptx bcast n128 w4 s2 r128 words", "nvfp4", {}, dict(BLOCK_N=128, num_warps=4, num_stages=2,
+                                                         SCALE_GATHER=False, MAXNREG=128, WORD_SCALES=True)),
+    ("ptx bcast n128 w4 s3 r128 words", "nvfp4", {}, dict(BLOCK_N=128, num_warps=4, num_stages=3,
+                                                         SCALE_GATHER=False, MAXNREG=128, WORD_SCALES=True)),
+    ("ptx gather n64 w4 s3 words", "nvfp4", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, SCALE_GATHER=True,
+                                                    WORD_SCALES=True)),
+    # Per-token-head FP8 runs on the per-tensor FP8 tile, whose 128-register cap makes its key loop
+    # spill (69 local-memory operations per iteration in the sm_90 SASS; 25 at 168, 0 uncapped).
+    ("pth default", "fp8_pth", {}, {}),
+    ("pth n64 w4 s3 r168", "fp8_pth", {}, dict(MAXNREG=168)),
+    ("pth n64 w4 s3 uncapped", "fp8_pth", {}, dict(MAXNREG=None)),
+    ("pth n128 w4 s2 uncapped", "fp8_pth", {}, dict(BLOCK_N=128, num_stages=2, MAXNREG=None)),
 ]
 
 
@@ -411,7 +425,7 @@ def focus(out_dir, copy_bw):
     with the best variant per cache. Rows go to ``attention_decode_focus.json``; a table is printed last."""
     from kvfuse.ops.triton import attention as ta
 
-    key_of = {"bf16": "small", "fp8": "small_fp8", "nvfp4": "small_nvfp4"}
+    key_of = {"bf16": "small", "fp8": "small_fp8", "nvfp4": "small_nvfp4", "fp8_pth": "small_fp8"}
     rows, best = [], {}
 
     def one(label, mode_name, batch, context, fn_of, num_q_heads=HQ):
@@ -443,7 +457,7 @@ def focus(out_dir, copy_bw):
         return make
 
     only = os.environ.get("BENCH_FOCUS_ONLY")  # comma-separated variant labels, for short runs
-    for mode_name in ("bf16", "fp8", "nvfp4"):
+    for mode_name in ("bf16", "fp8", "nvfp4", "fp8_pth"):
         for label, m, knobs, cfg in FOCUS_VARIANTS:
             if m != mode_name or (only and label not in only.split(",")):
                 continue

@@ -44,3 +44,56 @@ def test_fast_path_skips_division_slow_paths_and_subroutines_only():
 def test_classes():
     assert [classify(op) for op in ("FFMA", "IMAD.MOV.U32", "STG.E.U8", "BRA", "S2R")] == [
         "float", "integer", "memory", "control", "other"]
+
+
+LOOP_SNIPPET = """\
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+.L_x_5:
+        /*0010*/                   LDG.E.U8 R4, desc[UR4][R2.64] ;
+        /*0020*/                   LDGSTS.E.64 [R7], desc[UR4][R8.64] ;
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0040*/                   STL [R1+0x4], R4 ;
+        /*0050*/                   HMMA.16816.F32 R12, R16, R20, R12 ;
+        /*0060*/                   NOP ;
+        /*0070*/               @P0 BRA `(.L_x_5) ;
+        /*0080*/               @P1 BRA `(.L_x_6) ;
+        /*0090*/                   EXIT ;
+.L_x_6:
+        /*00a0*/                   EXIT ;
+"""
+
+
+def test_loop_bodies_are_backward_branches_only():
+    from benchmarks.sass_attention import loops
+
+    found = loops(LOOP_SNIPPET)
+    assert len(found) == 1  # the forward branch to .L_x_6 is no loop
+    body = found[0]
+    assert body["instructions"] == 6  # label to branch, NOP excluded
+    assert body["global_loads"] == {"LDG.E.U8": 1, "LDGSTS.E.64": 1}
+    assert (body["barriers"], body["spills"], body["tensor_core"]) == (1, 1, 1)
+
+
+def test_word_scales_take_the_nvfp4_scale_loads_off_the_synchronous_path(tmp_path):
+    """The mechanism WORD_SCALES exists for, in the sm_90 SASS of the decode kernel at the issue's
+    reference point: the default key loop issues byte loads of block scales (synchronous: a byte
+    cannot be an asynchronous copy); with words, the loop's global traffic is asynchronous copies
+    (plus the block-table read every tile has). Compiled in a subprocess: this session's kernels
+    are interpreted."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    pytest.importorskip("triton")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-m", "benchmarks.sass_attention", "--formats", "nvfp4", "--tile", "WORD_SCALES=1",
+                    "--out", str(tmp_path)], cwd=root, check=True, capture_output=True, timeout=600,
+                   env=dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=root))
+    rows = json.loads((tmp_path / "sass_attention.json").read_text())["rows"]
+    default, words = (r["main_loop"]["global_loads"] for r in rows)
+    assert default.get("LDG.E.U8", 0) > 0
+    assert not any(op.startswith("LDG.E.U8") for op in words)
+    assert words.get("LDGSTS.E", 0) > 0

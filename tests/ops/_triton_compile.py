@@ -169,6 +169,13 @@ def _attention_cases() -> list[Case]:
              dict(mode="FP8_E4M3", head=128, phase="decode", q_dtype="bfloat16", group=4, head_scales=True)),
         Case("attention-NVFP4-d128-prefill-bf16-head_scales", "attention",
              dict(mode="NVFP4", head=128, phase="prefill", q_dtype="bfloat16", group=4, head_scales=True)),
+        # Block scales through 32-bit words, broadcast (the decode tile) and gathered.
+        Case("attention-NVFP4-d128-decode-bf16-words", "attention",
+             dict(mode="NVFP4", head=128, phase="decode", q_dtype="bfloat16", group=4, scale_gather=False,
+                  word_scales=True)),
+        Case("attention-NVFP4-d80-prefill-bf16-words-gather", "attention",
+             dict(mode="NVFP4", head=80, phase="prefill", q_dtype="bfloat16", group=2, scale_gather=True,
+                  word_scales=True)),
     ]
     return cases
 
@@ -328,7 +335,8 @@ def _run_case(case: Case) -> list[Launch]:
                 logit_softcap=p.get("softcap", 0.0),
                 sinks=torch.empty((kv_heads * group,), dtype=torch.float32, device=meta) if p.get("sinks") else None)
             tiles = attention.DEFAULT_TILES
-            fields = {k: p[n] for n, k in (("keys_first", "KEYS_FIRST"), ("scale_gather", "SCALE_GATHER"))
+            fields = {k: p[n] for n, k in (("keys_first", "KEYS_FIRST"), ("scale_gather", "SCALE_GATHER"),
+                                           ("word_scales", "WORD_SCALES"))
                       if p.get(n) is not None}
             if fields:
                 tiles = tiles.replace(**fields)

@@ -157,15 +157,52 @@ def test_nvfp4_head_sizes_multiple_of_16(head_size):
     check(args)
 
 
+@pytest.mark.parametrize("word_scales", [False, True], ids=["bytes", "words"])
 @pytest.mark.parametrize("scale_gather", [True, False], ids=["gather", "broadcast"])
-def test_nvfp4_scale_paths(scale_gather):
-    # Both ways of applying block scales (per-byte gather, [N, NB, 1] broadcast + reshape).
+def test_nvfp4_scale_paths(scale_gather, word_scales):
+    # Both ways of applying block scales (per-byte gather, [N, NB, 1] broadcast + reshape), each
+    # with the scale bytes read one by one or through their aligned 32-bit words.
     from kvfuse.ops.triton import attention as ta
 
-    tiles = ta.DEFAULT_TILES.replace(SCALE_GATHER=scale_gather)
+    tiles = ta.DEFAULT_TILES.replace(SCALE_GATHER=scale_gather, WORD_SCALES=word_scales)
     args = make_case([40, 9], [1, 9], 8, 2, 64, KVQuantMode.NVFP4, page=8, pad_rows=1, seed=8)
     check(args, tiles=tiles)
     check(args, window=5, tiles=tiles)
+
+
+@pytest.mark.parametrize("page,head_size", [(5, 80), (4, 64), (8, 48)])
+def test_nvfp4_word_scales_at_odd_pages(page, head_size):
+    # Page sides whose scale regions start off 4-byte boundaries (page 5, D=80: 450-byte page
+    # sides), linear and interleaved V scales: every scale byte comes out of the right word.
+    from kvfuse.ops.triton import attention as ta
+
+    tiles = ta.DEFAULT_TILES.replace(WORD_SCALES=True)
+    args = make_case([1, 13, 9], [1, 2, 9], 4, 1, head_size, KVQuantMode.NVFP4, page=page, pad_rows=1, seed=31)
+    cache = args["kv_cache"]
+    # The same bytes in a storage with room for the word that holds the cache's last byte (the
+    # word path) and in one that ends with the cache (the byte path wherever that word straddles).
+    roomy = torch.empty(cache.numel() + 4, dtype=torch.uint8, device=cache.device)[:cache.numel()].view(cache.shape)
+    roomy.copy_(cache)
+    exact = torch.empty(cache.numel(), dtype=torch.uint8, device=cache.device).view(cache.shape)
+    exact.copy_(cache)
+    assert ta._words_inside_storage(roomy)
+    assert ta._words_inside_storage(exact) == (cache.numel() % 4 == 0)
+    for kv_cache in (roomy, exact):
+        check(dict(args, kv_cache=kv_cache), tiles=tiles)
+        check(dict(args, kv_cache=kv_cache), window=6, tiles=tiles)
+
+
+def test_words_inside_storage():
+    from kvfuse.ops.triton.attention import _words_inside_storage
+
+    whole = torch.zeros(2 * 2 * 5 * 45, dtype=torch.uint8)
+    assert _words_inside_storage(whole.view(2, 2, 5, 1, 45))  # 900 bytes: whole words
+    half = torch.zeros(2 * 5 * 45, dtype=torch.uint8)
+    assert not _words_inside_storage(half.view(1, 2, 5, 1, 45))  # 450 bytes: the last word straddles the end
+    padded = torch.zeros(2 * 5 * 45 + 2, dtype=torch.uint8)
+    assert _words_inside_storage(padded[:450].view(1, 2, 5, 1, 45))  # the storage holds the straddling word
+    shifted = torch.zeros(904, dtype=torch.uint8)
+    assert not _words_inside_storage(shifted[2:902].view(2, 2, 5, 1, 45))  # not 4-byte aligned
 
 
 @pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4,

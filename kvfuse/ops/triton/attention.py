@@ -64,7 +64,8 @@ class Tile:
     ``BLOCK_N``: keys per iteration; ``MAXNREG``: a register cap per thread (more resident
     programs per SM, at the risk of spills); ``KEYS_FIRST``: scores as ``(K @ q^T)^T``, the key
     tile as the dot's first operand; ``SCALE_GATHER``: NVFP4 block scales loaded per byte
-    instead of broadcast in registers (see :func:`_nvfp4_tile`)."""
+    instead of broadcast in registers (see :func:`_nvfp4_tile`); ``WORD_SCALES``: NVFP4 block
+    scales read through 32-bit words (see :func:`_scale_bytes`)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -73,6 +74,7 @@ class Tile:
     MAXNREG: Optional[int] = None
     KEYS_FIRST: bool = False
     SCALE_GATHER: bool = True
+    WORD_SCALES: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,16 @@ _MAX_SPLITS = 32
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _words_inside_storage(t: torch.Tensor) -> bool:
+    """Whether reading ``t``'s bytes through aligned 32-bit words stays inside its storage: the
+    data pointer is 4-byte aligned and the word holding its last byte ends within the storage."""
+    if t.data_ptr() % 4:
+        return False
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0) * t.element_size()
+    start = t.storage_offset() * t.element_size()
+    return start + -(-extent // 4) * 4 <= t.untyped_storage().nbytes()
 
 
 def _next_pow2(n: int) -> int:
@@ -296,12 +308,28 @@ def _nvfp4_scale_col(j, HS, SWIZZLED: tl.constexpr, GROUP_J: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_tile(data_ptr, scale_ptr, HS, kmask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, NB: tl.constexpr,
-                BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr, SCALE_GATHER: tl.constexpr,
-                USE_ASM: tl.constexpr, SWIZZLED: tl.constexpr):
+def _scale_bytes(cache_ptr, off, mask, WORD_SCALES: tl.constexpr):
+    """The uint8 block scales at byte offsets ``off`` from ``cache_ptr``.
+
+    WORD_SCALES: each through the aligned 32-bit word that holds it (the launcher checks that
+    ``cache_ptr`` is 4-byte aligned and that every such word lies inside the cache's storage).
+    A byte load cannot be an asynchronous copy (``cp.async`` moves 4, 8 or 16 bytes), so byte
+    scale loads stay synchronous inside the key loop; word loads can join its pipeline."""
+    if WORD_SCALES:
+        words = tl.load(cache_ptr.to(tl.pointer_type(tl.uint32)) + (off >> 2), mask=mask, other=0)
+        return ((words >> ((off & 3) * 8).to(tl.uint32)) & 0xFF).to(tl.uint8)
+    else:
+        return tl.load(cache_ptr + off, mask=mask, other=0)
+
+
+@triton.jit
+def _nvfp4_tile(data_ptr, cache_ptr, scale_off, HS, kmask, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                NB: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr, SCALE_GATHER: tl.constexpr,
+                USE_ASM: tl.constexpr, SWIZZLED: tl.constexpr, WORD_SCALES: tl.constexpr):
     """Decoded (low, high) nibble tiles of BLOCK_N NVFP4 rows: ``data_ptr`` [BLOCK_N] points at
-    each row's packed data, ``scale_ptr`` [BLOCK_N] at its block-scale base (block ``j`` at
-    :func:`_nvfp4_scale_col`); [BLOCK_N, HALF_PAD] each, or [HALF_PAD, BLOCK_N] when TRANSPOSED.
+    each row's packed data, ``scale_off`` [BLOCK_N] is the byte offset from ``cache_ptr`` of its
+    block-scale base (block ``j`` at :func:`_nvfp4_scale_col`); [BLOCK_N, HALF_PAD] each, or
+    [HALF_PAD, BLOCK_N] when TRANSPOSED.
 
     SCALE_GATHER: every packed byte loads its own block-scale byte (byte e uses block e // 8; the
     repeats hit L1), which works for any head size that is a multiple of 16. Otherwise the bytes
@@ -315,11 +343,11 @@ def _nvfp4_tile(data_ptr, scale_ptr, HS, kmask, HALF: tl.constexpr, HALF_PAD: tl
         if TRANSPOSED:
             m = kmask[None, :] & emask[:, None]
             b = tl.load(data_ptr[None, :] + offs_e[:, None], mask=m, other=0)
-            s = tl.load(scale_ptr[None, :] + col[:, None], mask=m, other=0)
+            s = _scale_bytes(cache_ptr, scale_off[None, :] + col[:, None], m, WORD_SCALES)
         else:
             m = kmask[:, None] & emask[None, :]
             b = tl.load(data_ptr[:, None] + offs_e[None, :], mask=m, other=0)
-            s = tl.load(scale_ptr[:, None] + col[None, :], mask=m, other=0)
+            s = _scale_bytes(cache_ptr, scale_off[:, None] + col[None, :], m, WORD_SCALES)
         lo, hi = _e2m1_decode(b, s, USE_ASM)
     else:
         offs_b = tl.arange(0, NB)
@@ -327,7 +355,7 @@ def _nvfp4_tile(data_ptr, scale_ptr, HS, kmask, HALF: tl.constexpr, HALF_PAD: tl
         m = kmask[:, None, None]
         b = tl.load(data_ptr[:, None, None] + offs_b[None, :, None] * 8 + offs_8[None, None, :], mask=m, other=0)
         col = _nvfp4_scale_col(offs_b, HS, SWIZZLED, GROUP_J)
-        s = tl.load(scale_ptr[:, None, None] + col[None, :, None], mask=m, other=0)
+        s = _scale_bytes(cache_ptr, scale_off[:, None, None] + col[None, :, None], m, WORD_SCALES)
         lo, hi = _e2m1_decode(b, tl.broadcast_to(s, (BLOCK_N, NB, 8)), USE_ASM)
         lo = tl.reshape(lo, (BLOCK_N, HALF_PAD))
         hi = tl.reshape(hi, (BLOCK_N, HALF_PAD))
@@ -344,7 +372,7 @@ def _attend_range_nvfp4(
     HEAD: tl.constexpr, HALF_PAD: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, SWIZZLE_V: tl.constexpr,
+    KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, SWIZZLE_V: tl.constexpr, WORD_SCALES: tl.constexpr,
 ):
     """Keys ``[lo, hi)`` of an NVFP4 cache. Even and odd head-dim elements (low and high nibbles)
     stay in separate tiles: ``q . k = q_even . k_lo + q_odd . k_hi`` and ``P @ V`` fills two
@@ -365,15 +393,15 @@ def _attend_range_nvfp4(
         t = kpos % PAGE
         row = (t * num_kv_heads + kvh).to(tl.int64)
         k_data = cache_ptr + tl.multiple_of(page + row * HALF, ROW_ALIGN)
-        k_scales = cache_ptr + page + scales_at + row * NB
+        k_scales = page + scales_at + row * NB
         if KEYS_FIRST:
-            k_lo, k_hi = _nvfp4_tile(k_data, k_scales, hs, kmask, HALF, HALF_PAD, NB, BLOCK_N, False, SCALE_GATHER,
-                                     USE_ASM, False)
+            k_lo, k_hi = _nvfp4_tile(k_data, cache_ptr, k_scales, hs, kmask, HALF, HALF_PAD, NB, BLOCK_N, False,
+                                     SCALE_GATHER, USE_ASM, False, WORD_SCALES)
             s_t = tl.dot(k_lo.to(DOT_DTYPE), q_e, input_precision=PRECISION)
             s = tl.trans(tl.dot(k_hi.to(DOT_DTYPE), q_o, s_t, input_precision=PRECISION)) * qk_scale
         else:
-            k_lo, k_hi = _nvfp4_tile(k_data, k_scales, hs, kmask, HALF, HALF_PAD, NB, BLOCK_N, True, SCALE_GATHER,
-                                     USE_ASM, False)
+            k_lo, k_hi = _nvfp4_tile(k_data, cache_ptr, k_scales, hs, kmask, HALF, HALF_PAD, NB, BLOCK_N, True,
+                                     SCALE_GATHER, USE_ASM, False, WORD_SCALES)
             s = tl.dot(q_e, k_lo.to(DOT_DTYPE), input_precision=PRECISION)
             s = tl.dot(q_o, k_hi.to(DOT_DTYPE), s, input_precision=PRECISION) * qk_scale
         s = _softcap(s, cap, SOFTCAP)
@@ -383,8 +411,8 @@ def _attend_range_nvfp4(
             v_row = ((t - t % 4) * num_kv_heads + kvh).to(tl.int64) * NB + t % 4
         else:
             v_row = row * NB
-        v_lo, v_hi = _nvfp4_tile(k_data + stride_ckv, cache_ptr + stride_ckv + page + scales_at + v_row, hs, kmask,
-                                 HALF, HALF_PAD, NB, BLOCK_N, False, SCALE_GATHER, USE_ASM, SWIZZLE_V)
+        v_lo, v_hi = _nvfp4_tile(k_data + stride_ckv, cache_ptr, stride_ckv + page + scales_at + v_row, hs, kmask,
+                                 HALF, HALF_PAD, NB, BLOCK_N, False, SCALE_GATHER, USE_ASM, SWIZZLE_V, WORD_SCALES)
         p = p.to(DOT_DTYPE)
         acc_e = acc_e * alpha[:, None] + tl.dot(p, v_lo.to(DOT_DTYPE), input_precision=PRECISION)
         acc_o = acc_o * alpha[:, None] + tl.dot(p, v_hi.to(DOT_DTYPE), input_precision=PRECISION)
@@ -417,6 +445,7 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     Q_RESCALE: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, SWIZZLE_V: tl.constexpr,
+    WORD_SCALES: tl.constexpr = False,
 ):
     """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
@@ -513,15 +542,18 @@ def _paged_attention_kernel(
             acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
                 acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh,
                 tl.num_programs(1), stride_cb, stride_ckv, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
-                HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V)
+                HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V,
+                WORD_SCALES)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
             acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh,
             tl.num_programs(1), stride_cb, stride_ckv, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, False,
-            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V)
+            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V,
+                WORD_SCALES)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
             acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh,
             tl.num_programs(1), stride_cb, stride_ckv, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
-            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V)
+            HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V,
+                WORD_SCALES)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o_e = acc_e * inv[:, None]
         o_o = acc_o * inv[:, None]
@@ -717,6 +749,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         while st % row_align:
             row_align //= 2
     swizzle_v = mode is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size)
+    word_scales = mode is KVQuantMode.NVFP4 and cfg.WORD_SCALES and _words_inside_storage(kv_cache)
     if num_splits > 1:
         out = torch.empty_like(query)
         pout = torch.empty((num_splits, num_tokens, num_q_heads, head_size), dtype=torch.float32,
@@ -745,6 +778,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         HAS_WINDOW=has_window, DOT_DTYPE=dot_dtype, PRECISION=precision,
         Q_RESCALE=q_rescale, SCALE_GATHER=scale_gather, USE_ASM=use_asm, ROW_ALIGN=row_align,
         KEYS_FIRST=cfg.KEYS_FIRST, SOFTCAP=softcap, HAS_SINKS=sinks is not None, SWIZZLE_V=swizzle_v,
+        WORD_SCALES=word_scales,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
     )
