@@ -27,7 +27,7 @@ import traceback
 import torch
 
 from benchmarks.common import bench_cold_l2 as bench_us
-from benchmarks.common import current_commit
+from benchmarks.common import current_commit, tile_value
 from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype
 from kvfuse.ops.registry import AttentionCall
 
@@ -493,7 +493,15 @@ def main():
     parser.add_argument("--tune", action="store_true", help="sweep Triton block configs first and use the best")
     parser.add_argument("--focus", action="store_true",
                         help="only decode at B=64/4k and B=16/16k: kernel variants and configs side by side")
+    parser.add_argument("--tile", action="append", default=[], metavar="FIELD=VALUE",
+                        help="set a Tile field in every kvfuse tile for this run (e.g. PREFETCH_PAGES=1, "
+                             "WORD_SCALES=1, MAXNREG=none); repeatable")
     args = parser.parse_args()
+    if args.tile:
+        global TILES
+        from kvfuse.ops.triton import attention as ta
+
+        TILES = ta.DEFAULT_TILES.replace(**{f.split("=")[0]: tile_value(f.split("=")[1]) for f in args.tile})
     impls = set(args.impls.split(","))
     try:
         import flashinfer  # noqa: F401
@@ -525,11 +533,13 @@ def main():
     write_results(rows, meta, args.out)
 
 
+
 def _meta(args, copy_bw, tuned):
     return dict(
         date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(),
         commit=current_commit(), command="python -m benchmarks.attention"
-        + (" --quick" if args.quick else "") + (" --tune" if args.tune else ""), copy_gb_s=round(copy_bw, 1),
+        + (" --quick" if args.quick else "") + (" --tune" if args.tune else "")
+        + "".join(f" --tile {f}" for f in args.tile), copy_gb_s=round(copy_bw, 1),
         torch=torch.__version__, tuned_configs=tuned,
     )
 

@@ -319,3 +319,9 @@ def bench_cold_l2(fn, reps=20, graph=True):
         except Exception:  # capture unsupported by this implementation: fall back to launches
             torch.cuda.synchronize()
     return _time_eager_cold_l2(fn, reps), "eager"
+
+
+def tile_value(text: str):
+    """A Tile field value given on a benchmark's command line (``--tile FIELD=VALUE``): an
+    integer (booleans as 0 / 1), or ``none``."""
+    return None if text.lower() == "none" else int(text)

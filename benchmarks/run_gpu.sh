@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
 #
-#   bash benchmarks/run_gpu.sh [tests-ops] [tests-native] [tests-models] [write] [attention] [decode] [focus] [hf] [rope] [native] [tp]
+#   bash benchmarks/run_gpu.sh [tests-ops] [tests-native] [tests-models] [write] [attention] [decode] [focus] [variants] [hf] [rope] [native] [tp]
 #
 # No argument: tests-ops tests-native tests-models write attention decode. The GPU suite is split
 # in three phases (Triton/reference/FlashInfer ops; the native kernels' tests and their
@@ -93,13 +93,22 @@ for phase in $phases; do
       export BENCH_FOCUS_ONLY=${BENCH_FOCUS_ONLY:-"ptx bcast n128 w4 s2 r128,ptx bcast n128 w4 s2 r128 words,ptx bcast n128 w4 s3 r128 words,ptx gather n64 w4 s3 words,pth default,pth n64 w4 s3 r168,pth n64 w4 s3 uncapped,pth n128 w4 s2 uncapped"}
       timeout 420 python3 -m benchmarks.attention --focus --out "$RES" 2>&1 | grep -v '^ ' | tail -24
       ;;
+    variants)
+      # The quick attention matrix (decode B=64 ctx 4096, 4k prefill, chunked prefill, spec decode)
+      # with the default tiles and with the tile fields not yet on by default, in one run.
+      for v in default PREFETCH_PAGES=1 "PREFETCH_PAGES=1 WORD_SCALES=1"; do
+        tiles=""; [ "$v" = default ] || for f in $v; do tiles="$tiles --tile $f"; done
+        timeout 170 python3 -m benchmarks.attention --quick --impls kvfuse $tiles --out "$RES/attention_${v// /_}" 2>&1 \
+          | grep -v '^ ' | tail -2
+      done
+      ;;
     native)
       python3 -c "from kvfuse.ops import native; print(native.build_info(build=True))" 2>&1 | tail -3
       timeout 240 python3 -m pytest -q -m gpu -n 8 tests/ops/test_native.py -p no:cacheprovider 2>&1 \
         | tail -8 | tee "$RES/native_tests.log"
       timeout 480 python3 -m benchmarks.native_sweep --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
       ;;
-    *) echo "unknown phase $phase (tests-ops | tests-native | tests-models | write | attention | decode | focus | hf | rope | native | tp)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests-ops | tests-native | tests-models | write | attention | decode | focus | variants | hf | rope | native | tp)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done

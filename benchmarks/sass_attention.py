@@ -34,6 +34,7 @@ import re
 import sys
 from pathlib import Path
 
+from benchmarks.common import tile_value
 from benchmarks.sass_count import SCHEDULERS, SM_COUNT, disassemble
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -125,10 +126,6 @@ def loops(text: str) -> list[dict]:
     return found
 
 
-def _tile_value(text: str):
-    """A Tile field value from the command line: an integer, or ``none``."""
-    return None if text.lower() == "none" else int(text)
-
 
 def analyse(fmt: str, batch: int, context: int, clock_ghz: float, dump_dir=None, tile_fields=None) -> dict:
     cubin, constexprs, options, splits = compile_decode(fmt, batch, context, tile_fields=tile_fields)
@@ -176,7 +173,7 @@ def main(argv=None) -> int:
             if (r.get("op") == "decode" and r.get("impl") == "kvfuse" and r.get("batch") == args.batch
                     and r.get("context") == args.context):
                 measured[r["kv_cache_dtype"]] = r["us"]
-    variants = [None] + [{f.split("=")[0]: _tile_value(f.split("=")[1])} for f in args.tile]
+    variants = [None] + [{f.split("=")[0]: tile_value(f.split("=")[1])} for f in args.tile]
     rows = [analyse(fmt, args.batch, args.context, args.clock_ghz, args.dump, fields)
             for fmt in args.formats.split(",") for fields in variants]
     for r in rows:

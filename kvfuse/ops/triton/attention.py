@@ -65,7 +65,8 @@ class Tile:
     programs per SM, at the risk of spills); ``KEYS_FIRST``: scores as ``(K @ q^T)^T``, the key
     tile as the dot's first operand; ``SCALE_GATHER``: NVFP4 block scales loaded per byte
     instead of broadcast in registers (see :func:`_nvfp4_tile`); ``WORD_SCALES``: NVFP4 block
-    scales read through 32-bit words (see :func:`_scale_bytes`)."""
+    scales read through 32-bit words (see :func:`_scale_bytes`); ``PREFETCH_PAGES``: the key loop
+    reads the next tile's block-table entries one iteration ahead (see :func:`_next_pages`)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -75,6 +76,7 @@ class Tile:
     KEYS_FIRST: bool = False
     SCALE_GATHER: bool = True
     WORD_SCALES: bool = False
+    PREFETCH_PAGES: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,9 +154,24 @@ def _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, P
     ROW_ALIGN (a power of two dividing every cache stride) is asserted to the compiler: Triton
     only infers 16-divisible strides, and rows of other widths would otherwise be read in the
     narrowest loads."""
-    blk = tl.load(bt_row_ptr + kpos // PAGE, mask=kmask, other=0).to(tl.int64)
-    off = blk * stride_cb + (kpos % PAGE).to(tl.int64) * stride_cs + kvh.to(tl.int64) * stride_ch
+    blk = tl.load(bt_row_ptr + kpos // PAGE, mask=kmask, other=0)
+    return _kv_row_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
+
+
+@triton.jit
+def _kv_row_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE: tl.constexpr, ROW_ALIGN: tl.constexpr):
+    """:func:`_kv_offsets` from block-table entries ``blk`` already read for positions ``kpos``."""
+    off = blk.to(tl.int64) * stride_cb + (kpos % PAGE).to(tl.int64) * stride_cs + kvh.to(tl.int64) * stride_ch
     return tl.multiple_of(off, ROW_ALIGN)
+
+
+@triton.jit
+def _next_pages(bt_row_ptr, start, hi, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """Block-table entries of the key tile at ``start`` (0 past ``hi``), read one iteration ahead of
+    their use: the read is a synchronous load whose latency the tile in flight then covers (the
+    loop pipeline copies K/V asynchronously, not the page lookup that addresses them)."""
+    kpos = start + tl.arange(0, BLOCK_N)
+    return tl.load(bt_row_ptr + kpos // PAGE, mask=kpos < hi, other=0)
 
 
 @triton.jit
@@ -198,6 +215,7 @@ def _attend_range(
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     ROW_ALIGN: tl.constexpr, KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SCALES: tl.constexpr = False,
+    PREFETCH_PAGES: tl.constexpr = False,
 ):
     """Keys ``[lo, hi)`` of a bf16/fp16/fp32 or FP8 cache (FP8 converts exactly to DOT_DTYPE).
 
@@ -208,13 +226,21 @@ def _attend_range(
     data keeps the FP8 path (exact conversion to DOT_DTYPE); key ``j``'s scale multiplies column
     ``j`` of the scores, and value ``j``'s scale column ``j`` of P before P @ V, divided by the
     tile's largest value scale (multiplied back into the fp32 product) so that P stays in [0, 1]
-    in a 16-bit dot whatever the scales' magnitude."""
+    in a 16-bit dot whatever the scales' magnitude.
+
+    PREFETCH_PAGES: each iteration reads the next tile's block-table entries (:func:`_next_pages`)."""
     offs_d = tl.arange(0, HEAD_PAD)
     dmask = offs_d < HEAD
+    if PREFETCH_PAGES:
+        blk = _next_pages(bt_row_ptr, lo, hi, BLOCK_N, PAGE)
     for start in range(lo, hi, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         kmask = kpos < hi
-        off = _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
+        if PREFETCH_PAGES:
+            off = _kv_row_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
+            blk = _next_pages(bt_row_ptr, start + BLOCK_N, hi, BLOCK_N, PAGE)
+        else:
+            off = _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
         if KEYS_FIRST:
             k = tl.load(cache_ptr + off[:, None] + offs_d[None, :], mask=kmask[:, None] & dmask[None, :],
                         other=0.0)
@@ -373,6 +399,7 @@ def _attend_range_nvfp4(
     PAGE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, SWIZZLE_V: tl.constexpr, WORD_SCALES: tl.constexpr,
+    PREFETCH_PAGES: tl.constexpr,
 ):
     """Keys ``[lo, hi)`` of an NVFP4 cache. Even and odd head-dim elements (low and high nibbles)
     stay in separate tiles: ``q . k = q_even . k_lo + q_odd . k_hi`` and ``P @ V`` fills two
@@ -386,10 +413,16 @@ def _attend_range_nvfp4(
     HALF: tl.constexpr = HEAD // 2
     scales_at = PAGE * HALF * num_kv_heads.to(tl.int64)
     hs = num_kv_heads * NB
+    if PREFETCH_PAGES:
+        blk = _next_pages(bt_row_ptr, lo, hi, BLOCK_N, PAGE)
     for start in range(lo, hi, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         kmask = kpos < hi
-        page = tl.load(bt_row_ptr + kpos // PAGE, mask=kmask, other=0).to(tl.int64) * stride_cb
+        if PREFETCH_PAGES:
+            page = blk.to(tl.int64) * stride_cb
+            blk = _next_pages(bt_row_ptr, start + BLOCK_N, hi, BLOCK_N, PAGE)
+        else:
+            page = tl.load(bt_row_ptr + kpos // PAGE, mask=kmask, other=0).to(tl.int64) * stride_cb
         t = kpos % PAGE
         row = (t * num_kv_heads + kvh).to(tl.int64)
         k_data = cache_ptr + tl.multiple_of(page + row * HALF, ROW_ALIGN)
@@ -445,7 +478,7 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     Q_RESCALE: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, SWIZZLE_V: tl.constexpr,
-    WORD_SCALES: tl.constexpr = False,
+    WORD_SCALES: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False,
 ):
     """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
@@ -543,17 +576,17 @@ def _paged_attention_kernel(
                 acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh,
                 tl.num_programs(1), stride_cb, stride_ckv, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
                 HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V,
-                WORD_SCALES)
+            WORD_SCALES, PREFETCH_PAGES)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
             acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh,
             tl.num_programs(1), stride_cb, stride_ckv, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, False,
             HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V,
-                WORD_SCALES)
+            WORD_SCALES, PREFETCH_PAGES)
         acc_e, acc_o, m_i, l_i = _attend_range_nvfp4(
             acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh,
             tl.num_programs(1), stride_cb, stride_ckv, HEAD, HALF_PAD, NB, BLOCK_N, PAGE, True,
             HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, ROW_ALIGN, KEYS_FIRST, SOFTCAP, SWIZZLE_V,
-                WORD_SCALES)
+            WORD_SCALES, PREFETCH_PAGES)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o_e = acc_e * inv[:, None]
         o_o = acc_o * inv[:, None]
@@ -581,15 +614,18 @@ def _paged_attention_kernel(
             acc, m_i, l_i = _attend_range(
                 acc, m_i, l_i, q, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
                 stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-                ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH)
+                ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH,
+                PREFETCH_PAGES)
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH)
+            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH,
+                PREFETCH_PAGES)
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH)
+            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH,
+                PREFETCH_PAGES)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o = acc * inv[:, None]
         if SPLIT:
@@ -778,7 +814,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         HAS_WINDOW=has_window, DOT_DTYPE=dot_dtype, PRECISION=precision,
         Q_RESCALE=q_rescale, SCALE_GATHER=scale_gather, USE_ASM=use_asm, ROW_ALIGN=row_align,
         KEYS_FIRST=cfg.KEYS_FIRST, SOFTCAP=softcap, HAS_SINKS=sinks is not None, SWIZZLE_V=swizzle_v,
-        WORD_SCALES=word_scales,
+        WORD_SCALES=word_scales, PREFETCH_PAGES=cfg.PREFETCH_PAGES,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
     )
