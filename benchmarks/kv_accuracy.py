@@ -313,14 +313,14 @@ def unsupported_reason(fmt: CacheFormat) -> Optional[str]:
 # ----------------------------------------------------------------------------- running
 
 
-def prompts(lengths: Sequence[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded random prompts (tokens 3..VOCAB-1, pad 0) and their attention mask."""
+def prompts(lengths: Sequence[int], seed: int, vocab: int = VOCAB) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded random prompts (tokens 3..vocab-1, pad 0) and their attention mask."""
     gen = torch.Generator().manual_seed(seed)
     width = max(lengths)
     ids = torch.zeros(len(lengths), width, dtype=torch.long)
     mask = torch.zeros(len(lengths), width, dtype=torch.long)
     for b, n in enumerate(lengths):
-        ids[b, width - n:] = torch.randint(3, VOCAB, (n,), generator=gen)
+        ids[b, width - n:] = torch.randint(3, vocab, (n,), generator=gen)
         mask[b, width - n:] = 1
     return ids, mask
 

@@ -48,15 +48,11 @@ def build(name: str, dtype=torch.float32, seed: int = 0):
 
 
 def left_padded_batch(lengths=(9, 4, 6), seed: int = 1):
-    """Three prompts of different lengths, left-padded with token 0, and their attention mask."""
-    gen = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    ids = torch.zeros(len(lengths), width, dtype=torch.long)
-    mask = torch.zeros(len(lengths), width, dtype=torch.long)
-    for b, n in enumerate(lengths):
-        ids[b, width - n:] = torch.randint(3, VOCAB, (n,), generator=gen)
-        mask[b, width - n:] = 1
-    return ids, mask
+    """Three prompts of different lengths, left-padded with token 0, and their attention mask
+    (the accuracy benchmark's prompt builder, on these models' vocabulary)."""
+    from benchmarks.kv_accuracy import prompts
+
+    return prompts(lengths, seed, vocab=VOCAB)
 
 
 def teacher_forced_logits(model, ids, mask, tokens):
