@@ -34,7 +34,7 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks.common import tile_value
+from benchmarks.common import markdown_table, tile_value
 from benchmarks.sass_count import SCHEDULERS, SM_COUNT, disassemble
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -183,16 +183,17 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "sass_attention.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    print("| format | tile fields | warps x BLOCK_N | loop SASS / iteration | instructions / key | global loads | shared ops "
-          "| barriers | spill ops | tensor core | issue bound us | measured us |")
-    print("|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    headers = ["format", "tile fields", "warps x BLOCK_N", "loop SASS / iteration", "instructions / key",
+               "global loads", "shared ops", "barriers", "spill ops", "tensor core", "issue bound us", "measured us"]
+    table = []
     for r in rows:
         m = r["main_loop"]
-        loads = ", ".join(f"{k} x{v}" for k, v in m["global_loads"].items())
-        fields = ", ".join(f"{k}={v}" for k, v in r["tile_fields"].items()) or "default"
-        print(f"| {r['format']} | {fields} | {r['num_warps']} x {r['block_n']} | {m['instructions']} | {r['instructions_per_key']} "
-              f"| {loads} | {m['shared']} | {m['barriers']} | {m['spills']} | {m['tensor_core']} | {r['issue_bound_us']} "
-              f"| {r['measured_us'] if r['measured_us'] is not None else '-'} |")
+        table.append([
+            r["format"], ", ".join(f"{k}={v}" for k, v in r["tile_fields"].items()) or "default",
+            f"{r['num_warps']} x {r['block_n']}", m["instructions"], r["instructions_per_key"],
+            ", ".join(f"{k} x{v}" for k, v in m["global_loads"].items()), m["shared"], m["barriers"], m["spills"],
+            m["tensor_core"], r["issue_bound_us"], "-" if r["measured_us"] is None else r["measured_us"]])
+    print(markdown_table(headers, table))
     return 0
 
 
