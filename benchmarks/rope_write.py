@@ -193,6 +193,10 @@ VARIANTS = {
 }
 
 
+# Read (as text) by `python -m kvfuse bench`, which refuses to start this on a host without CUDA.
+REQUIRES_CUDA = True
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))

@@ -2,8 +2,9 @@
 
     python -m benchmarks.summary DIR
 
-Reads whichever of cache_write.json, attention.json, decode_step.json, host_overhead.json and
-compile_pass.json are in DIR; a missing file leaves its lines out.
+Reads whichever of cache_write.json, attention.json, decode_step.json, host_overhead.json,
+compile_pass.json and attention_decode_focus.json are in DIR, and the attention.json of each
+``attention_<variant>`` folder (the ``variants`` phase); a missing file leaves its lines out.
 """
 
 from __future__ import annotations
@@ -109,10 +110,43 @@ def compile_pass_lines(data) -> list[str]:
     return lines
 
 
+def focus_lines(data) -> list[str]:
+    lines = [f"decode tile variants (copy {data.get('copy_gb_s', 0):.0f} GB/s); us (% of copy)"]
+    for r in data["rows"]:
+        where = f"{r['cache']:<8} B{r['batch']} ctx {r['context']} hq {r.get('num_q_heads', '-')}"
+        result = f"{r['us']:.1f} ({100 * r['frac_copy']:.0f}%)" if "us" in r else f"error: {r.get('error', '')[:60]}"
+        lines.append(f"  {where:<30} {r['variant']:<34} {result}")
+    return lines
+
+
+VARIANT_CASES = ([("decode", fmt, 64, 4096) for fmt in ("bfloat16", "fp8_e4m3", "nvfp4", "fp8_per_token_head")]
+                 + [("prefill", fmt, 1, 4096) for fmt in ("bfloat16", "fp8_e4m3", "nvfp4", "fp8_per_token_head")]
+                 + [("chunked_prefill", "bfloat16", 8, 4608), ("spec_decode", "bfloat16", 64, 4100)])
+
+
+def variant_lines(directory: str) -> list[str]:
+    """kvfuse's time per case in each ``attention_<variant>/attention.json`` under ``directory``."""
+    runs = {}
+    for name in sorted(os.listdir(directory)):
+        data = _load(os.path.join(directory, name), "attention") if name.startswith("attention_") else None
+        if data is not None:
+            runs[name[len("attention_"):]] = data["rows"]
+    if not runs:
+        return []
+    runs = {v: runs[v] for v in sorted(runs, key=lambda v: (v != "default", v))}  # the default first
+    lines = ["kvfuse attention by tile variant, us", f"{'case':<34} " + " ".join(f"{v[:24]:>24}" for v in runs)]
+    for op, fmt, batch, context in VARIANT_CASES:
+        cells = [_pick(rows, op=op, kv_cache_dtype=fmt, batch=batch, context=context, impl="kvfuse")
+                 for rows in runs.values()]
+        if any(c is not None for c in cells):
+            lines.append(f"{op + ' ' + fmt + f' {batch}x{context}':<34} " + " ".join(f"{_us(c):>24}" for c in cells))
+    return lines
+
+
 def main(directory: str) -> None:
     sections = (("cache_write", cache_write_lines), ("attention", attention_lines),
                 ("decode_step", decode_step_lines), ("host_overhead", host_overhead_lines),
-                ("compile_pass", compile_pass_lines))
+                ("compile_pass", compile_pass_lines), ("attention_decode_focus", focus_lines))
     for name, render in sections:
         data = _load(directory, name)
         if data is None:
@@ -122,6 +156,9 @@ def main(directory: str) -> None:
         except (KeyError, TypeError) as e:
             print(f"{name}: cannot summarise ({e!r})")
         print()
+    lines = variant_lines(directory)
+    if lines:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

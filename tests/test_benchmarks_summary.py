@@ -1,0 +1,39 @@
+"""benchmarks.summary: the variant tables a GPU run's focus and variants phases leave behind."""
+
+import json
+
+from benchmarks import summary
+
+
+def _attention(path, rows):
+    path.mkdir()
+    (path / "attention.json").write_text(json.dumps({"rows": rows}))
+
+
+def _row(op, fmt, batch, context, us):
+    return dict(op=op, kv_cache_dtype=fmt, batch=batch, context=context, impl="kvfuse", us=us)
+
+
+def test_variant_lines_put_each_variant_beside_the_default(tmp_path):
+    _attention(tmp_path / "attention_default", [_row("decode", "nvfp4", 64, 4096, 516.9),
+                                                 _row("prefill", "bfloat16", 1, 4096, 538.2)])
+    _attention(tmp_path / "attention_PREFETCH_PAGES=1", [_row("decode", "nvfp4", 64, 4096, 400.0)])
+    (tmp_path / "attention_empty").mkdir()  # a variant whose run was cut before writing
+    lines = summary.variant_lines(str(tmp_path))
+    assert "default" in lines[1] and "PREFETCH_PAGES=1" in lines[1]
+    decode = next(line for line in lines if line.startswith("decode nvfp4 64x4096"))
+    assert decode.split()[-2:] == ["516.9", "400.0"]  # the default's column first
+    prefill = next(line for line in lines if line.startswith("prefill bfloat16 1x4096"))
+    assert prefill.split()[-2:] == ["538.2", "-"]
+
+
+def test_no_variant_folders_no_lines(tmp_path):
+    assert summary.variant_lines(str(tmp_path)) == []
+
+
+def test_focus_lines_show_errors_and_fractions():
+    data = {"copy_gb_s": 3011.0, "rows": [
+        dict(variant="pth default", cache="fp8_pth", batch=64, context=4096, num_q_heads=32, us=731.1, frac_copy=0.25),
+        dict(variant="pth uncapped", cache="fp8_pth", batch=64, context=4096, num_q_heads=32, error="OutOfResources")]}
+    lines = summary.focus_lines(data)
+    assert lines[1].endswith("731.1 (25%)") and "error: OutOfResources" in lines[2]
