@@ -90,7 +90,7 @@ for phase in $phases; do
     focus)
       # Decode tile variants at B=64 ctx 4096 (benchmarks/attention.py FOCUS_VARIANTS), by default
       # the NVFP4 word-scale loads and the per-token-head register caps against their defaults.
-      export BENCH_FOCUS_ONLY=${BENCH_FOCUS_ONLY:-"ptx bcast n128 w4 s2 r128,ptx bcast n128 w4 s2 r128 words,ptx bcast n128 w4 s3 r128 words,ptx gather n64 w4 s3 words,pth default,pth n64 w4 s3 r168,pth n64 w4 s3 uncapped,pth n128 w4 s2 uncapped"}
+      export BENCH_FOCUS_ONLY=${BENCH_FOCUS_ONLY:-"fp16dot n64 w4 s3 r128,fp16dot n64 w4 s3 r168,ptx bcast n128 w4 s2 r128,ptx bcast n128 w4 s2 r128 words,ptx bcast n128 w4 s3 r128 words,ptx gather n64 w4 s3 words,pth default,pth n64 w4 s3 r168,pth n64 w4 s3 uncapped,pth n128 w4 s2 uncapped"}
       timeout 420 python3 -m benchmarks.attention --focus --out "$RES" 2>&1 | grep -v '^ ' | tail -24
       ;;
     variants)

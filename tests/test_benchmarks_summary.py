@@ -37,3 +37,19 @@ def test_focus_lines_show_errors_and_fractions():
         dict(variant="pth uncapped", cache="fp8_pth", batch=64, context=4096, num_q_heads=32, error="OutOfResources")]}
     lines = summary.focus_lines(data)
     assert lines[1].endswith("731.1 (25%)") and "error: OutOfResources" in lines[2]
+
+
+def test_run_gpu_focus_phase_names_existing_variants():
+    """run_gpu.sh's focus phase selects variants by label: a label that matches none would be
+    skipped silently on the GPU machine."""
+    import os
+    import re
+
+    from benchmarks.attention import FOCUS_VARIANTS
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "benchmarks", "run_gpu.sh")) as f:
+        selected = re.search(r'BENCH_FOCUS_ONLY:-"([^"]+)"', f.read()).group(1).split(",")
+    labels = {variant[0] for variant in FOCUS_VARIANTS}
+    assert selected and not [s for s in selected if s not in labels]
+    assert all(variant[1] in ("bf16", "fp8", "nvfp4", "fp8_pth") for variant in FOCUS_VARIANTS)
