@@ -27,7 +27,7 @@ import traceback
 import torch
 
 from benchmarks.common import bench_cold_l2 as bench_us
-from benchmarks.common import current_commit, tile_value
+from benchmarks.common import current_commit, tile_fields
 from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype
 from kvfuse.ops.registry import AttentionCall
 
@@ -503,7 +503,10 @@ def main():
         global TILES
         from kvfuse.ops.triton import attention as ta
 
-        TILES = ta.DEFAULT_TILES.replace(**{f.split("=")[0]: tile_value(f.split("=")[1]) for f in args.tile})
+        try:
+            TILES = ta.DEFAULT_TILES.replace(**tile_fields(args.tile))
+        except ValueError as e:
+            parser.error(str(e))
     impls = set(args.impls.split(","))
     try:
         import flashinfer  # noqa: F401

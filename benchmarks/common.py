@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -321,7 +322,24 @@ def bench_cold_l2(fn, reps=20, graph=True):
     return _time_eager_cold_l2(fn, reps), "eager"
 
 
-def tile_value(text: str):
-    """A Tile field value given on a benchmark's command line (``--tile FIELD=VALUE``): an
-    integer (booleans as 0 / 1), or ``none``."""
-    return None if text.lower() == "none" else int(text)
+def tile_fields(specs: Sequence[str]) -> dict:
+    """Tile fields given on a benchmark's command line (``--tile FIELD=VALUE``, repeatable): VALUE
+    an integer (booleans as 0 / 1) or ``none``; FIELD one of
+    :class:`kvfuse.ops.triton.attention.Tile`'s."""
+    import dataclasses
+
+    from kvfuse.ops.triton.attention import Tile
+
+    allowed = sorted(f.name for f in dataclasses.fields(Tile))
+    fields = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or name not in allowed:
+            raise ValueError(f"--tile {spec!r}: expected FIELD=VALUE with FIELD one of {', '.join(allowed)}")
+        if value.lower() == "none":
+            fields[name] = None
+        elif re.fullmatch(r"-?\d+", value):
+            fields[name] = int(value)
+        else:
+            raise ValueError(f"--tile {spec!r}: VALUE must be an integer (0 / 1 for switches) or none")
+    return fields

@@ -34,7 +34,7 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks.common import markdown_table, tile_value
+from benchmarks.common import markdown_table, tile_fields
 from benchmarks.sass_count import SCHEDULERS, SM_COUNT, disassemble
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +173,10 @@ def main(argv=None) -> int:
             if (r.get("op") == "decode" and r.get("impl") == "kvfuse" and r.get("batch") == args.batch
                     and r.get("context") == args.context):
                 measured[r["kv_cache_dtype"]] = r["us"]
-    variants = [None] + [{f.split("=")[0]: tile_value(f.split("=")[1])} for f in args.tile]
+    try:
+        variants = [None] + [tile_fields([spec]) for spec in args.tile]
+    except ValueError as e:
+        parser.error(str(e))
     rows = [analyse(fmt, args.batch, args.context, args.clock_ghz, args.dump, fields)
             for fmt in args.formats.split(",") for fields in variants]
     for r in rows:

@@ -53,3 +53,18 @@ def test_run_gpu_focus_phase_names_existing_variants():
     labels = {variant[0] for variant in FOCUS_VARIANTS}
     assert selected and not [s for s in selected if s not in labels]
     assert all(variant[1] in ("bf16", "fp8", "nvfp4", "fp8_pth") for variant in FOCUS_VARIANTS)
+
+
+def test_tile_fields_from_the_command_line():
+    import pytest
+
+    from benchmarks.common import tile_fields
+
+    assert tile_fields(["WORD_SCALES=1", "MAXNREG=none", "BLOCK_N=128"]) == dict(
+        WORD_SCALES=1, MAXNREG=None, BLOCK_N=128)
+    with pytest.raises(ValueError, match=r"--tile 'WORDS=1': expected FIELD=VALUE with FIELD one of .*WORD_SCALES"):
+        tile_fields(["WORDS=1"])
+    with pytest.raises(ValueError, match=r"--tile 'PREFETCH_PAGES': expected FIELD=VALUE"):
+        tile_fields(["PREFETCH_PAGES"])
+    with pytest.raises(ValueError, match=r"--tile 'MAXNREG=lots': VALUE must be an integer"):
+        tile_fields(["MAXNREG=lots"])
