@@ -96,9 +96,9 @@ for phase in $phases; do
     variants)
       # The quick attention matrix (decode B=64 ctx 4096, 4k prefill, chunked prefill, spec decode)
       # with the default tiles and with the tile fields not yet on by default, in one run.
-      for v in default PREFETCH_PAGES=1 "PREFETCH_PAGES=1 WORD_SCALES=1"; do
+      for v in default PREFETCH_PAGES=1 "PREFETCH_PAGES=1 WORD_SCALES=1" "PREFETCH_PAGES=1 LONGEST_FIRST=1"; do
         tiles=""; [ "$v" = default ] || for f in $v; do tiles="$tiles --tile $f"; done
-        timeout 170 python3 -m benchmarks.attention --quick --impls kvfuse $tiles --out "$RES/attention_${v// /_}" 2>&1 \
+        timeout 140 python3 -m benchmarks.attention --quick --impls kvfuse $tiles --out "$RES/attention_${v// /_}" 2>&1 \
           | grep -v '^ ' | tail -2
       done
       ;;

@@ -178,7 +178,8 @@ def _attention_cases() -> list[Case]:
                   word_scales=True)),
         # Block-table entries read one iteration ahead of their use.
         Case("attention-NONE-d128-prefill-bf16-prefetch", "attention",
-             dict(mode="NONE", head=128, phase="prefill", q_dtype="bfloat16", group=4, prefetch_pages=True)),
+             dict(mode="NONE", head=128, phase="prefill", q_dtype="bfloat16", group=4, prefetch_pages=True,
+                  longest_first=True)),
         Case("attention-FP8_PER_TOKEN_HEAD-d64-decode-bf16-prefetch", "attention",
              dict(mode="FP8_PER_TOKEN_HEAD", head=64, phase="decode", q_dtype="bfloat16", group=4, window=64,
                   prefetch_pages=True)),
@@ -345,7 +346,8 @@ def _run_case(case: Case) -> list[Launch]:
                 sinks=torch.empty((kv_heads * group,), dtype=torch.float32, device=meta) if p.get("sinks") else None)
             tiles = attention.DEFAULT_TILES
             fields = {k: p[n] for n, k in (("keys_first", "KEYS_FIRST"), ("scale_gather", "SCALE_GATHER"),
-                                           ("word_scales", "WORD_SCALES"), ("prefetch_pages", "PREFETCH_PAGES"))
+                                           ("word_scales", "WORD_SCALES"), ("prefetch_pages", "PREFETCH_PAGES"),
+                                           ("longest_first", "LONGEST_FIRST"))
                       if p.get(n) is not None}
             if fields:
                 tiles = tiles.replace(**fields)

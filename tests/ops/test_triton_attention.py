@@ -217,12 +217,14 @@ def test_quantized_cache_with_query_beyond_fp16_range(mode):
     check(args)
 
 
-@pytest.mark.parametrize("fields", [{"KEYS_FIRST": True}, {"PREFETCH_PAGES": True}], ids=lambda f: next(iter(f)))
+@pytest.mark.parametrize("fields", [{"KEYS_FIRST": True}, {"PREFETCH_PAGES": True}, {"LONGEST_FIRST": True}],
+                         ids=lambda f: next(iter(f)))
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_key_loop_variants(mode, fields):
     # KEYS_FIRST computes the scores as (K @ q^T)^T; PREFETCH_PAGES reads the next tile's
-    # block-table entries one iteration ahead. Several iterations per range (interpreter tiles
-    # of 16 keys): decode, split-KV, prefill, windows.
+    # block-table entries one iteration ahead; LONGEST_FIRST runs the query tiles in reverse.
+    # Several iterations per range (interpreter tiles of 16 keys): decode, split-KV, prefill,
+    # windows.
     from kvfuse.ops.triton import attention as ta
 
     tiles = ta.DEFAULT_TILES.replace(**fields)

@@ -10,7 +10,7 @@ recorded, specialised as ``JITFunction`` would specialise them on a GPU, and com
 The matrix is a representative subset, not the full product (thousands of kernels at seconds
 each): every cache MODE meets every head size (64/80/128/256) for each kernel family, and the
 remaining switches (split-KV, window, softcap, sinks, dot dtype fp16/bf16/fp32, inline PTX,
-SCALE_GATHER, WORD_SCALES, PREFETCH_PAGES, KEYS_FIRST, decode/prefill tiles incl. MAXNREG; RoPE style, partial rotary, half
+SCALE_GATHER, WORD_SCALES, PREFETCH_PAGES, LONGEST_FIRST, KEYS_FIRST, decode/prefill tiles incl. MAXNREG; RoPE style, partial rotary, half
 tables, positions, query or none; kv_write COPY, dense outputs, soft rounding) are spread over
 those rows. :func:`test_matrix_covers_every_branch` and :func:`test_matrix_covers_default_tiles`
 check, from the constexprs the launchers actually produced, that each branch value and each
@@ -153,6 +153,7 @@ def test_matrix_covers_every_branch(report):
         expect("attention", f"{name}[nvfp4]", both, _seen(at, name, is_fp4))
     expect("attention", "PREFETCH_PAGES[dense]", both, _seen(at, "PREFETCH_PAGES", dense))
     expect("attention", "PREFETCH_PAGES[nvfp4]", both, _seen(at, "PREFETCH_PAGES", is_fp4))
+    expect("attention", "LONGEST_FIRST", both, _seen(at, "LONGEST_FIRST"))
     expect("attention", "DOT_DTYPE[dense]", {"fp16", "bf16", "fp32"}, _seen(at, "DOT_DTYPE", dense))
     expect("attention", "DOT_DTYPE[nvfp4]", {"fp16", "bf16", "fp32"}, _seen(at, "DOT_DTYPE", is_fp4))
     per_row = lambda c: c["MODE"] == pth  # noqa: E731

@@ -66,7 +66,8 @@ class Tile:
     tile as the dot's first operand; ``SCALE_GATHER``: NVFP4 block scales loaded per byte
     instead of broadcast in registers (see :func:`_nvfp4_tile`); ``WORD_SCALES``: NVFP4 block
     scales read through 32-bit words (see :func:`_scale_bytes`); ``PREFETCH_PAGES``: the key loop
-    reads the next tile's block-table entries one iteration ahead (see :func:`_next_pages`)."""
+    reads the next tile's block-table entries one iteration ahead (see :func:`_next_pages`);
+    ``LONGEST_FIRST``: query tiles run in reverse order, the causally longest first."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -77,6 +78,7 @@ class Tile:
     SCALE_GATHER: bool = True
     WORD_SCALES: bool = False
     PREFETCH_PAGES: bool = False
+    LONGEST_FIRST: bool = False
 
 
 @dataclass(frozen=True)
@@ -478,11 +480,15 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     Q_RESCALE: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, SWIZZLE_V: tl.constexpr,
-    WORD_SCALES: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False,
+    WORD_SCALES: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False, LONGEST_FIRST: tl.constexpr = False,
 ):
     """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
+    if LONGEST_FIRST:
+        # Causal work grows with a tile's position: the grid's last tiles start first, so that
+        # the longest programs do not form the launch's tail.
+        tile = tl.num_programs(0) - 1 - tile
     kvh = tl.program_id(1)
     split = tl.program_id(2)
 
@@ -814,7 +820,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         HAS_WINDOW=has_window, DOT_DTYPE=dot_dtype, PRECISION=precision,
         Q_RESCALE=q_rescale, SCALE_GATHER=scale_gather, USE_ASM=use_asm, ROW_ALIGN=row_align,
         KEYS_FIRST=cfg.KEYS_FIRST, SOFTCAP=softcap, HAS_SINKS=sinks is not None, SWIZZLE_V=swizzle_v,
-        WORD_SCALES=word_scales, PREFETCH_PAGES=cfg.PREFETCH_PAGES,
+        WORD_SCALES=word_scales, PREFETCH_PAGES=cfg.PREFETCH_PAGES, LONGEST_FIRST=cfg.LONGEST_FIRST,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
     )
