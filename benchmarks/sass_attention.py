@@ -32,12 +32,10 @@ import json
 import os
 import re
 import sys
-from pathlib import Path
 
 from benchmarks.common import markdown_table, tile_fields
-from benchmarks.sass_count import SCHEDULERS, SM_COUNT, disassemble
+from benchmarks.sass_count import SCHEDULERS, SM_COUNT, compile_launch, compile_tools, disassemble
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = {"bfloat16": "NONE", "fp8_e4m3": "FP8_E4M3", "nvfp4": "NVFP4", "fp8_per_token_head": "FP8_PER_TOKEN_HEAD"}
 
 _LINE = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)")
@@ -49,13 +47,6 @@ def compile_decode(fmt: str, batch: int, context: int, q_heads: int = 32, kv_hea
                    page: int = 16, tile_fields: dict | None = None):
     """(cubin, constexprs, options) of the decode kernel as the launcher configures it on an H100."""
     import torch
-
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "ops"))
-    import _triton_compile as tc  # noqa: E402 - the compile tests' recorder and specialisation
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype
     from kvfuse.ops.registry import AttentionCall
@@ -78,14 +69,11 @@ def compile_decode(fmt: str, batch: int, context: int, q_heads: int = 32, kv_hea
     target = attention._PROGRAMS_PER_SM * SM_COUNT
     splits = min(attention._MAX_SPLITS, -(-target // programs)) if programs < target // 2 else 1
     sink: list = []
-    with tc._recording(sink):
+    with compile_tools()._recording(sink):
         tiles = attention.DEFAULT_TILES.replace(**tile_fields) if tile_fields else attention.DEFAULT_TILES
         attention.paged_attention(call, num_splits=splits, tiles=tiles)
-    launch = next(x for x in sink if x.name == "attention")
-    signature, constexprs, attrs, options = tc._specialise(launch)
-    kernel = triton.compile(ASTSource(launch.fn, signature, constexprs, attrs), target=GPUTarget(*tc.TARGET),
-                            options=options)
-    return kernel.asm["cubin"], constexprs, options, splits
+    cubin, constexprs, options = compile_launch(next(x for x in sink if x.name == "attention"))
+    return cubin, constexprs, options, splits
 
 
 def loops(text: str) -> list[dict]:

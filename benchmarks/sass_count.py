@@ -62,25 +62,38 @@ def _nvdisasm() -> str:
     return str(path)
 
 
+def compile_tools():
+    """The compile tests' launch recorder and specialisation (``tests/ops/_triton_compile.py``)."""
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "ops"))
+    import _triton_compile as tc  # noqa: E402
+
+    return tc
+
+
+def compile_launch(launch):
+    """(cubin bytes, constexprs, options) of one recorded launch, compiled for sm_90 as the GPU
+    would specialise it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    tc = compile_tools()
+    signature, constexprs, attrs, options = tc._specialise(launch)
+    kernel = triton.compile(ASTSource(launch.fn, signature, constexprs, attrs), target=GPUTarget(*tc.TARGET),
+                            options=options)
+    return kernel.asm["cubin"], constexprs, options
+
+
 def compile_write(fmt: str, tokens: int, heads: int = 8, head: int = 128):
     """(cubin bytes, constexprs, options) of the fused write kernel as the launcher configures it."""
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "ops"))
-    import _triton_compile as tc  # noqa: E402 - the compile tests' recorder and specialisation
-
+    tc = compile_tools()
     case = tc.Case(f"sass-{fmt}", "kv_write", {"op": "encode_and_cache_write", "tokens": tokens, "heads": heads,
                                                 "head": head, "mode": MODES[fmt], "in_dtype": "bfloat16",
                                                 "cache_dtype": CACHE_DTYPES[fmt], "soft_rounding": False})
     launches = tc._run_case(case)
     if len(launches) != 1:
         raise RuntimeError(f"{fmt}: expected one kernel launch, recorded {len(launches)}")
-    signature, constexprs, attrs, options = tc._specialise(launches[0])
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kernel = triton.compile(ASTSource(launches[0].fn, signature, constexprs, attrs), target=GPUTarget(*tc.TARGET),
-                            options=options)
-    return kernel.asm["cubin"], constexprs, options
+    return compile_launch(launches[0])
 
 
 def disassemble(cubin: bytes) -> str:
