@@ -66,7 +66,7 @@ class Tile:
     tile as the dot's first operand; ``SCALE_GATHER``: NVFP4 block scales loaded per byte
     instead of broadcast in registers (see :func:`_nvfp4_tile`); ``WORD_SCALES``: NVFP4 block
     scales read through 32-bit words (see :func:`_scale_bytes`); ``PREFETCH_PAGES``: the key loop
-    reads the next tile's block-table entries one iteration ahead (see :func:`_next_pages`);
+    reads the next tile's block-table entries one iteration ahead (see :func:`_tile_pages`);
     ``LONGEST_FIRST``: query tiles run in reverse order, the causally longest first."""
 
     BLOCK_M: int
@@ -149,31 +149,23 @@ def _next_pow2(n: int) -> int:
 
 
 @triton.jit
-def _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE: tl.constexpr,
-                ROW_ALIGN: tl.constexpr):
-    """int64 element offsets of K rows for positions ``kpos`` (page lookup in the block table).
+def _tile_pages(bt_row_ptr, start, hi, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """Block-table entries of the key tile at ``start`` (0 from ``hi`` on). A synchronous load: the
+    loop pipeline copies K/V asynchronously, not the page lookup that addresses them, which is why
+    PREFETCH_PAGES reads them one iteration ahead of their use (the tile in flight covers them)."""
+    kpos = start + tl.arange(0, BLOCK_N)
+    return tl.load(bt_row_ptr + kpos // PAGE, mask=kpos < hi, other=0)
+
+
+@triton.jit
+def _kv_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE: tl.constexpr, ROW_ALIGN: tl.constexpr):
+    """int64 element offsets of K rows for positions ``kpos`` in pages ``blk`` (:func:`_tile_pages`).
 
     ROW_ALIGN (a power of two dividing every cache stride) is asserted to the compiler: Triton
     only infers 16-divisible strides, and rows of other widths would otherwise be read in the
     narrowest loads."""
-    blk = tl.load(bt_row_ptr + kpos // PAGE, mask=kmask, other=0)
-    return _kv_row_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
-
-
-@triton.jit
-def _kv_row_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE: tl.constexpr, ROW_ALIGN: tl.constexpr):
-    """:func:`_kv_offsets` from block-table entries ``blk`` already read for positions ``kpos``."""
     off = blk.to(tl.int64) * stride_cb + (kpos % PAGE).to(tl.int64) * stride_cs + kvh.to(tl.int64) * stride_ch
     return tl.multiple_of(off, ROW_ALIGN)
-
-
-@triton.jit
-def _next_pages(bt_row_ptr, start, hi, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
-    """Block-table entries of the key tile at ``start`` (0 past ``hi``), read one iteration ahead of
-    their use: the read is a synchronous load whose latency the tile in flight then covers (the
-    loop pipeline copies K/V asynchronously, not the page lookup that addresses them)."""
-    kpos = start + tl.arange(0, BLOCK_N)
-    return tl.load(bt_row_ptr + kpos // PAGE, mask=kpos < hi, other=0)
 
 
 @triton.jit
@@ -230,19 +222,20 @@ def _attend_range(
     tile's largest value scale (multiplied back into the fp32 product) so that P stays in [0, 1]
     in a 16-bit dot whatever the scales' magnitude.
 
-    PREFETCH_PAGES: each iteration reads the next tile's block-table entries (:func:`_next_pages`)."""
+    PREFETCH_PAGES: each iteration reads the next tile's block-table entries (:func:`_tile_pages`)."""
     offs_d = tl.arange(0, HEAD_PAD)
     dmask = offs_d < HEAD
     if PREFETCH_PAGES:
-        blk = _next_pages(bt_row_ptr, lo, hi, BLOCK_N, PAGE)
+        ahead = _tile_pages(bt_row_ptr, lo, hi, BLOCK_N, PAGE)
     for start in range(lo, hi, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         kmask = kpos < hi
         if PREFETCH_PAGES:
-            off = _kv_row_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
-            blk = _next_pages(bt_row_ptr, start + BLOCK_N, hi, BLOCK_N, PAGE)
+            blk = ahead
+            ahead = _tile_pages(bt_row_ptr, start + BLOCK_N, hi, BLOCK_N, PAGE)
         else:
-            off = _kv_offsets(bt_row_ptr, kpos, kmask, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
+            blk = _tile_pages(bt_row_ptr, start, hi, BLOCK_N, PAGE)
+        off = _kv_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
         if KEYS_FIRST:
             k = tl.load(cache_ptr + off[:, None] + offs_d[None, :], mask=kmask[:, None] & dmask[None, :],
                         other=0.0)
@@ -416,15 +409,16 @@ def _attend_range_nvfp4(
     scales_at = PAGE * HALF * num_kv_heads.to(tl.int64)
     hs = num_kv_heads * NB
     if PREFETCH_PAGES:
-        blk = _next_pages(bt_row_ptr, lo, hi, BLOCK_N, PAGE)
+        ahead = _tile_pages(bt_row_ptr, lo, hi, BLOCK_N, PAGE)
     for start in range(lo, hi, BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         kmask = kpos < hi
         if PREFETCH_PAGES:
-            page = blk.to(tl.int64) * stride_cb
-            blk = _next_pages(bt_row_ptr, start + BLOCK_N, hi, BLOCK_N, PAGE)
+            blk = ahead
+            ahead = _tile_pages(bt_row_ptr, start + BLOCK_N, hi, BLOCK_N, PAGE)
         else:
-            page = tl.load(bt_row_ptr + kpos // PAGE, mask=kmask, other=0).to(tl.int64) * stride_cb
+            blk = _tile_pages(bt_row_ptr, start, hi, BLOCK_N, PAGE)
+        page = blk.to(tl.int64) * stride_cb
         t = kpos % PAGE
         row = (t * num_kv_heads + kvh).to(tl.int64)
         k_data = cache_ptr + tl.multiple_of(page + row * HALF, ROW_ALIGN)
@@ -620,18 +614,15 @@ def _paged_attention_kernel(
             acc, m_i, l_i = _attend_range(
                 acc, m_i, l_i, q, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
                 stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-                ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH,
-                PREFETCH_PAGES)
+                ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH, PREFETCH_PAGES)
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH,
-                PREFETCH_PAGES)
+            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH, PREFETCH_PAGES)
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION,
-            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH,
-                PREFETCH_PAGES)
+            ROW_ALIGN, KEYS_FIRST, SOFTCAP, MODE == _MODE_FP8_PTH, PREFETCH_PAGES)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o = acc * inv[:, None]
         if SPLIT:
