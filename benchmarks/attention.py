@@ -413,12 +413,19 @@ FOCUS_VARIANTS = [
                                                          SCALE_GATHER=False, MAXNREG=128, WORD_SCALES=True)),
     ("ptx gather n64 w4 s3 words", "nvfp4", {}, dict(BLOCK_N=64, num_warps=4, num_stages=3, SCALE_GATHER=True,
                                                     WORD_SCALES=True)),
-    # Per-token-head FP8 runs on the per-tensor FP8 tile, whose 128-register cap makes its key loop
-    # spill (69 local-memory operations per iteration in the sm_90 SASS; 25 at 168, 0 uncapped).
+    # Per-token-head FP8 has its own tile: uncapped (at the per-tensor FP8 tile's 128-register cap
+    # its key loop spilled 69 local-memory operations per iteration) and reading pages ahead.
     ("pth default", "fp8_pth", {}, {}),
-    ("pth n64 w4 s3 r168", "fp8_pth", {}, dict(MAXNREG=168)),
-    ("pth n64 w4 s3 uncapped", "fp8_pth", {}, dict(MAXNREG=None)),
-    ("pth n128 w4 s2 uncapped", "fp8_pth", {}, dict(BLOCK_N=128, num_stages=2, MAXNREG=None)),
+    ("pth r128 inplace pages", "fp8_pth", {}, dict(MAXNREG=128, PREFETCH_PAGES=False)),
+    ("pth uncapped inplace pages", "fp8_pth", {}, dict(PREFETCH_PAGES=False)),
+    ("pth n128 w4 s2", "fp8_pth", {}, dict(BLOCK_N=128, num_stages=2)),
+    ("pth n32 w4 s4", "fp8_pth", {}, dict(BLOCK_N=32, num_stages=4)),
+    ("pth n64 w8 s3", "fp8_pth", {}, dict(num_warps=8)),
+    # Block-table entries read one iteration ahead (on in the FP8 and NVFP4 defaults) against in place.
+    ("fp8 default", "fp8", {}, {}),
+    ("fp8 inplace pages", "fp8", {}, dict(PREFETCH_PAGES=False)),
+    ("nvfp4 default", "nvfp4", {}, {}),
+    ("nvfp4 inplace pages", "nvfp4", {}, dict(PREFETCH_PAGES=False)),
 ]
 
 
@@ -427,7 +434,7 @@ def focus(out_dir, copy_bw):
     with the best variant per cache. Rows go to ``attention_decode_focus.json``; a table is printed last."""
     from kvfuse.ops.triton import attention as ta
 
-    key_of = {"bf16": "small", "fp8": "small_fp8", "nvfp4": "small_nvfp4", "fp8_pth": "small_fp8"}
+    key_of = {"bf16": "small", "fp8": "small_fp8", "nvfp4": "small_nvfp4", "fp8_pth": "small_fp8_pth"}
     rows, best = [], {}
 
     def one(label, mode_name, batch, context, fn_of, num_q_heads=HQ):

@@ -89,14 +89,14 @@ for phase in $phases; do
       ;;
     focus)
       # Decode tile variants at B=64 ctx 4096 (benchmarks/attention.py FOCUS_VARIANTS), by default
-      # the NVFP4 word-scale loads and the per-token-head register caps against their defaults.
-      export BENCH_FOCUS_ONLY=${BENCH_FOCUS_ONLY:-"fp16dot n64 w4 s3 r128,fp16dot n64 w4 s3 r168,ptx bcast n128 w4 s2 r128,ptx bcast n128 w4 s2 r128 words,ptx bcast n128 w4 s3 r128 words,ptx gather n64 w4 s3 words,pth default,pth n64 w4 s3 r168,pth n64 w4 s3 uncapped,pth n128 w4 s2 uncapped"}
+      # the per-token-head tile and the page prefetch of the FP8 and NVFP4 tiles against in-place reads.
+      export BENCH_FOCUS_ONLY=${BENCH_FOCUS_ONLY:-"pth default,pth r128 inplace pages,pth uncapped inplace pages,pth n128 w4 s2,pth n32 w4 s4,pth n64 w8 s3,fp8 default,fp8 inplace pages,nvfp4 default,nvfp4 inplace pages"}
       timeout 420 python3 -m benchmarks.attention --focus --out "$RES" 2>&1 | grep -v '^ ' | tail -24
       ;;
     variants)
       # The quick attention matrix (decode B=64 ctx 4096, 4k prefill, chunked prefill, spec decode)
       # with the default tiles and with the tile fields not yet on by default, in one run.
-      for v in default PREFETCH_PAGES=1 "PREFETCH_PAGES=1 WORD_SCALES=1" "PREFETCH_PAGES=1 LONGEST_FIRST=1"; do
+      for v in ${BENCH_VARIANTS:-default "PREFETCH_PAGES=0 LONGEST_FIRST=0"}; do
         tiles=""; [ "$v" = default ] || for f in $v; do tiles="$tiles --tile $f"; done
         timeout 140 python3 -m benchmarks.attention --quick --impls kvfuse $tiles --out "$RES/attention_${v// /_}" 2>&1 \
           | grep -v '^ ' | tail -2

@@ -381,12 +381,15 @@ def test_decode_configs_per_format_and_split():
 
     decode_tiles, prefill_tiles = ta.DEFAULT_TILES.decode, ta.DEFAULT_TILES.prefill
     for mode, key in ((KVQuantMode.NONE, "small"), (KVQuantMode.FP8_E4M3, "small_fp8"),
-                      (KVQuantMode.FP8_E5M2, "small_fp8"), (KVQuantMode.NVFP4, "small_nvfp4")):
+                      (KVQuantMode.FP8_E5M2, "small_fp8"), (KVQuantMode.NVFP4, "small_nvfp4"),
+                      (KVQuantMode.FP8_PER_TOKEN_HEAD, "small_fp8_pth")):
         cfg, decode = ta._pick_config(64, 64, 128, 4, mode)
         assert decode and cfg == decode_tiles[key]
         cfg, _ = ta._pick_config(64, 64, 128, 4, mode, split=True)
         assert cfg == decode_tiles.get(key + "_split", decode_tiles[key])
     cfg, decode = ta._pick_config(4096, 2, 128, 4, KVQuantMode.FP8_E4M3, split=True)
     assert not decode and cfg == prefill_tiles["small"]
+    cfg, decode = ta._pick_config(4096, 2, 128, 4, KVQuantMode.FP8_PER_TOKEN_HEAD)
+    assert not decode and cfg == prefill_tiles["small_fp8_pth"]
     with pytest.raises(TypeError):  # tuned data is frozen
         decode_tiles["small"] = decode_tiles["large"]

@@ -113,14 +113,17 @@ class TileTable:
 DEFAULT_TILES = TileTable(
     decode={
         "small": Tile(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
-        "small_fp8": Tile(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3, MAXNREG=128),
+        "small_fp8": Tile(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3, MAXNREG=128, PREFETCH_PAGES=True),
         "small_fp8_split": Tile(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2),
-        "small_nvfp4": Tile(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False, MAXNREG=128),
+        "small_fp8_pth": Tile(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3, PREFETCH_PAGES=True),
+        "small_nvfp4": Tile(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2, SCALE_GATHER=False, MAXNREG=128,
+                            PREFETCH_PAGES=True),
         "large": Tile(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=3),
     },
     prefill={
-        "small": Tile(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-        "large": Tile(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2),
+        "small": Tile(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, PREFETCH_PAGES=True, LONGEST_FIRST=True),
+        "small_fp8_pth": Tile(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, LONGEST_FIRST=True),
+        "large": Tile(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, LONGEST_FIRST=True),
     },
     interpret=Tile(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1),
 )
@@ -686,11 +689,14 @@ def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
         return tiles.interpret, decode
     size = "small" if head_size <= 128 else "large"
     key = size
+    table = tiles.decode if decode else tiles.prefill
     if decode and size == "small" and mode is not KVQuantMode.NONE:
         key = "small_nvfp4" if mode is KVQuantMode.NVFP4 else "small_fp8"
-    if decode and split and key + "_split" in tiles.decode:
+    if size == "small" and mode is KVQuantMode.FP8_PER_TOKEN_HEAD and "small_fp8_pth" in table:
+        key = "small_fp8_pth"
+    if decode and split and key + "_split" in table:
         key += "_split"
-    tile = (tiles.decode if decode else tiles.prefill)[key]
+    tile = table[key]
     if decode:
         avg_q = _next_pow2(max(1, -(-num_tokens // max(num_seqs, 1))))
         tile = dataclasses.replace(tile, BLOCK_M=max(tile.BLOCK_M, min(avg_q * group_pad, 64)))
