@@ -33,6 +33,8 @@ from kvfuse.ops.registry import AttentionCall
 
 # Launch tiles of kvfuse's Triton kernel for this run: the defaults, or what --tune found.
 TILES = None
+# --sweep-new-tokens: time NEW_TOKEN_SWEEP's tiles at bf16 prefill.
+SWEEP_NEW_TOKENS = False
 
 HQ, HKV, HEAD, PAGE = 32, 8, 128, 16
 MODES = {"bf16": KVQuantMode.NONE, "fp8": KVQuantMode.FP8_E4M3, "nvfp4": KVQuantMode.NVFP4,
@@ -40,13 +42,48 @@ MODES = {"bf16": KVQuantMode.NONE, "fp8": KVQuantMode.FP8_E4M3, "nvfp4": KVQuant
 ANCHORS = {("decode", "bf16", 64, 4096): ("flashinfer", 375.0, 0.95),
            ("decode", "fp8", 64, 4096): ("flashinfer_tc", 258.0, 0.69)}
 
-def _kvfuse(args, **options):
-    """kvfuse's Triton attention on ``args`` (the op's argument tuple), with this run's tiles."""
+def _kvfuse(args, key=None, value=None, **options):
+    """kvfuse's Triton attention on ``args`` (the op's argument tuple), with this run's tiles;
+    ``key`` / ``value``: the step's K/V, as a layer with a bf16 cache passes them."""
     from kvfuse.ops.triton import attention as ta
 
-    call = AttentionCall(*args)
+    call = AttentionCall(*args, key=key, value=value)
     tiles = TILES or ta.DEFAULT_TILES
     return lambda: ta.paged_attention(call, tiles=tiles, **options)
+
+
+def _step_kv(cache, block_table, seq_lens, new):
+    """The K/V rows a step wrote for its ``new`` newest tokens per sequence (what a layer passes to
+    kvfuse's attention as ``key`` / ``value``), gathered from a bf16 cache."""
+    batch = block_table.shape[0]
+    pos = seq_lens.long()[:, None] - new + torch.arange(new, device=cache.device)[None, :]
+    blocks = block_table.long().gather(1, pos // PAGE)
+    key = cache[blocks, 0, pos % PAGE].reshape(batch * new, HKV, HEAD).contiguous()
+    value = cache[blocks, 1, pos % PAGE].reshape(batch * new, HKV, HEAD).contiguous()
+    return key, value
+
+
+#: New-token prefill tiles timed by --sweep-new-tokens: (BLOCK_M, BLOCK_N, num_warps, num_stages).
+NEW_TOKEN_SWEEP = ((128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 8, 4),
+                   (64, 64, 4, 3), (64, 32, 4, 4), (128, 64, 8, 4))
+
+
+def _new_token_variants(args, key, value):
+    """kvfuse's new-token prefill at every NEW_TOKEN_SWEEP tile: {label: (fn, graph)}."""
+    import dataclasses
+
+    from kvfuse.ops.triton import attention as ta
+
+    base = TILES or ta.DEFAULT_TILES
+    fns = {}
+    for bm, bn, warps, stages in NEW_TOKEN_SWEEP:
+        tile = dataclasses.replace(base.new_tokens["small"], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                   num_stages=stages)
+        tiles = dataclasses.replace(base, new_tokens={**base.new_tokens, "small": tile})
+        call = AttentionCall(*args, key=key, value=value)
+        fns[f"kvfuse m{bm} n{bn} w{warps} s{stages}"] = (
+            (lambda call=call, tiles=tiles: ta.paged_attention(call, tiles=tiles)), True)
+    return fns
 
 
 def copy_bandwidth():
@@ -176,7 +213,15 @@ def run_prefill(tokens, mode_name, impls, rows, copy_bw):
     nbytes = kv_bytes(mode, 1, tokens)
     fns = {}
     if "kvfuse" in impls:
-        fns["kvfuse"] = (_kvfuse(args), True)
+        if mode is KVQuantMode.NONE:
+            # A layer with a bf16 cache hands attention its step's K/V: the new-token kernel.
+            key, value = _step_kv(cache, block_table, seq_lens, tokens)
+            fns["kvfuse"] = (_kvfuse(args, key=key, value=value), True)
+            fns["kvfuse_pages"] = (_kvfuse(args), True)
+            if SWEEP_NEW_TOKENS:
+                fns.update(_new_token_variants(args, key, value))
+        else:
+            fns["kvfuse"] = (_kvfuse(args), True)
     if mode is KVQuantMode.NONE:
         if "kvfuse_flashinfer" in impls:
             from kvfuse.ops import flashinfer as fib
@@ -242,7 +287,12 @@ def run_extend(case, mode_name, impls, rows, copy_bw):
     nbytes = kv_bytes(mode, batch, context)
     fns = {}
     if "kvfuse" in impls:
-        fns["kvfuse"] = (_kvfuse(args), True)
+        if mode is KVQuantMode.NONE:
+            key, value = _step_kv(cache, block_table, seq_lens, new)
+            fns["kvfuse"] = (_kvfuse(args, key=key, value=value), True)
+            fns["kvfuse_pages"] = (_kvfuse(args), True)
+        else:
+            fns["kvfuse"] = (_kvfuse(args), True)
     if "flashinfer" in impls and mode in (KVQuantMode.NONE, KVQuantMode.FP8_E4M3):
         import flashinfer
 
@@ -505,7 +555,15 @@ def main():
     parser.add_argument("--tile", action="append", default=[], metavar="FIELD=VALUE",
                         help="set a Tile field in every kvfuse tile for this run (e.g. PREFETCH_PAGES=1, "
                              "WORD_SCALES=1, MAXNREG=none); repeatable")
+    parser.add_argument("--only", default="decode,prefill,extend",
+                        help="which parts of the matrix to run (comma-separated: decode, prefill, extend)")
+    parser.add_argument("--prefills", default=None,
+                        help="prefill token counts (comma-separated; default 4096 with --quick, else 4096,16384)")
+    parser.add_argument("--sweep-new-tokens", action="store_true",
+                        help="also time the new-token prefill kernel at every NEW_TOKEN_SWEEP tile (bf16 prefill)")
     args = parser.parse_args()
+    global SWEEP_NEW_TOKENS
+    SWEEP_NEW_TOKENS = args.sweep_new_tokens
     if args.tile:
         global TILES
         from kvfuse.ops.triton import attention as ta
@@ -528,18 +586,23 @@ def main():
     batches, contexts, prefills = ([64], [4096], [4096]) if args.quick else ([1, 16, 64, 256], [1024, 4096, 16384],
                                                                            [4096, 16384])
     tuned = tune([]) if args.tune else None
+    if args.prefills:
+        prefills = [int(t) for t in args.prefills.split(",")]
+    parts = set(args.only.split(","))
+    if parts - {"decode", "prefill", "extend"}:
+        parser.error(f"--only {args.only!r}: allowed parts are decode, prefill, extend")
     rows = []
     meta = _meta(args, copy_bw, tuned)
-    for mode_name in args.modes.split(","):
+    for mode_name in args.modes.split(",") if "decode" in parts else ():
         for batch in batches:
             for context in contexts:
                 run_decode(batch, context, mode_name, impls, rows, copy_bw)
         write_results(rows, meta, args.out)  # partial results survive a timeout
-    for tokens in prefills:
+    for tokens in prefills if "prefill" in parts else ():
         for mode_name in args.modes.split(","):
             run_prefill(tokens, mode_name, impls, rows, copy_bw)
-    write_results(rows, meta, args.out)
-    for case in EXTEND_CASES:
+        write_results(rows, meta, args.out)
+    for case in EXTEND_CASES if "extend" in parts else ():
         for mode_name in args.modes.split(","):
             run_extend(case, mode_name, impls, rows, copy_bw)
     write_results(rows, meta, args.out)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
 #
-#   bash benchmarks/run_gpu.sh [tests-ops] [tests-native] [tests-models] [write] [attention] [decode] [focus] [variants] [hf] [rope] [native] [tp]
+#   bash benchmarks/run_gpu.sh [tests-ops] [tests-native] [tests-models] [write] [attention] [decode] [focus] [variants] [prefill] [hf] [rope] [native] [tp]
 #
 # No argument: tests-ops tests-native tests-models write attention decode. The GPU suite is split
 # in three phases (Triton/reference/FlashInfer ops; the native kernels' tests and their
@@ -84,6 +84,12 @@ for phase in $phases; do
         | grep -v '^ ' | tail -4
       timeout 240 python3 -m benchmarks.attention --quick --out "$RES" 2>&1 | grep -v '^ ' | tail -4
       ;;
+    prefill)
+      # Issue 16's prefill matrix with its anchors (FlashInfer paged prefill, SDPA): 4k and 16k
+      # fresh prompts, chunked prefill and 4-token speculative decode, plus the new-token tile sweep.
+      timeout 420 python3 -m benchmarks.attention --only prefill,extend --prefills 4096,16384 --modes bf16,fp8 \
+        --impls kvfuse,flashinfer,torch_sdpa --sweep-new-tokens --out "$RES/prefill" 2>&1 | grep -v '^ ' | tail -4
+      ;;
     decode)
       timeout 200 python3 -m benchmarks.decode_step --out "$RES" 2>&1 | tail -6
       ;;
@@ -108,7 +114,7 @@ for phase in $phases; do
         | tail -8 | tee "$RES/native_tests.log"
       timeout 480 python3 -m benchmarks.native_sweep --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
       ;;
-    *) echo "unknown phase $phase (tests-ops | tests-native | tests-models | write | attention | decode | focus | variants | hf | rope | native | tp)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests-ops | tests-native | tests-models | write | attention | decode | focus | variants | prefill | hf | rope | native | tp)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done

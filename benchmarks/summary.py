@@ -143,6 +143,16 @@ def variant_lines(directory: str) -> list[str]:
     return lines
 
 
+def prefill_lines(data) -> list[str]:
+    """Every row of the ``prefill`` phase (its own folder): case, implementation, us, TFLOP/s."""
+    lines = ["prefill matrix (us, TFLOP/s)"]
+    for row in data["rows"]:
+        case = f"{row['op']} {row.get('kv_cache_dtype', row.get('cache'))} {row['batch']}x{row['context']}"
+        timing = _us(row) if "us" in row else str(row.get("error", "-"))[:60]
+        lines.append(f"  {case:<34} {row['impl']:<28} {timing:>9} {row.get('tflops', float('nan')):>7.1f}")
+    return lines
+
+
 def main(directory: str) -> None:
     sections = (("cache_write", cache_write_lines), ("attention", attention_lines),
                 ("decode_step", decode_step_lines), ("host_overhead", host_overhead_lines),
@@ -159,6 +169,9 @@ def main(directory: str) -> None:
     lines = variant_lines(directory)
     if lines:
         print("\n".join(lines))
+    data = _load(os.path.join(directory, "prefill"), "attention")
+    if data is not None:
+        print("\n".join(prefill_lines(data)))
 
 
 if __name__ == "__main__":

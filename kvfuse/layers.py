@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from . import ops
-from .kv_cache import KVCacheConfig, KVCacheSpec
+from .kv_cache import KVCacheConfig, KVCacheSpec, KVQuantMode
 
 logger = logging.getLogger(__name__)
 
@@ -219,10 +219,14 @@ class PagedAttention(nn.Module):
         else:
             torch.ops.kvfuse.encode_and_cache_write(key, value, kv_cache, metadata.slot_mapping, self.k_scale,
                                                     self.v_scale, mode, self.layer_name)
+        # A cache that stores the model dtype holds exactly this step's key/value at the query
+        # positions: prefill may read the new keys from them (kvfuse.ops.triton.prefill).
+        step_kv = (spec.kv_quant_mode is KVQuantMode.NONE and spec.kv_cache_torch_dtype == key.dtype
+                   and key.stride(-1) == 1 and value.stride(-1) == 1)
         return torch.ops.kvfuse.paged_attention(
             query, kv_cache, self.k_scale, self.v_scale, metadata.block_table, metadata.seq_lens,
             metadata.query_start_loc, mode, self.sm_scale, self.sliding_window, self.layer_name,
-            self.logit_softcap, sinks,
+            self.logit_softcap, sinks, key if step_kv else None, value if step_kv else None,
         )
 
 

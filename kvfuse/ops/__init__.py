@@ -69,15 +69,21 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, k_scale: torch.
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                     kv_quant_mode: int, sm_scale: Optional[float] = None, sliding_window: Optional[int] = None,
                     layer_name: str = "", logit_softcap: float = 0.0,
-                    sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    sinks: Optional[torch.Tensor] = None, key: Optional[torch.Tensor] = None,
+                    value: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Varlen causal GQA attention of ``query [T, Hq, D]`` over a paged cache in its own format.
 
     ``logit_softcap`` > 0 caps every score as ``cap * tanh(s / cap)`` after ``sm_scale`` (Gemma 2);
     ``sinks`` (float32 ``[Hq]``) adds one learned logit per query head to the softmax denominator
     only (gpt-oss). See :func:`kvfuse.ops.reference.paged_attention` for the exact semantics.
+
+    ``key`` / ``value`` (optional, ``[T, Hkv, D]`` in the query's dtype): the K/V rows this step
+    wrote for the query tokens. They do not change the result (they must equal the cache's rows
+    there; checked mode compares them); with a bf16/fp16 cache, prefill reads the new keys from
+    them instead of the pages (:mod:`kvfuse.ops.triton.prefill`).
     """
     if sm_scale is None:
         sm_scale = query.shape[-1] ** -0.5
     return torch.ops.kvfuse.paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens,
                                             query_start_loc, int(kv_quant_mode), float(sm_scale),
-                                            sliding_window, layer_name, float(logit_softcap), sinks)
+                                            sliding_window, layer_name, float(logit_softcap), sinks, key, value)

@@ -100,6 +100,32 @@ def check_positions(op: str, layer_name: str, positions: torch.Tensor, num_rows:
               f"0 <= position < {num_rows} (the rows of cos/sin)")
 
 
+def check_step_kv(op: str, layer_name: str, kv_cache: torch.Tensor, mode, block_table: torch.Tensor,
+                  seq_lens: torch.Tensor, query_start_loc: torch.Tensor, key: torch.Tensor,
+                  value: torch.Tensor) -> None:
+    """The step's ``key`` / ``value`` equal the cache's rows at the query positions, where a kernel
+    may read them instead of the pages (caches that store the model dtype)."""
+    from ..kv_cache import KVQuantMode
+
+    if KVQuantMode(mode) is not KVQuantMode.NONE:
+        return  # only the pages are read
+    page = kv_cache.shape[2]
+    qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for b, seq_len in enumerate(lens):
+        q_start, q_end = qsl[b], qsl[b + 1]
+        if q_end <= q_start:
+            continue
+        positions = torch.arange(seq_len - (q_end - q_start), seq_len, device=kv_cache.device)
+        blocks = block_table[b, positions // page].long()
+        for side, name, x in ((0, "key", key), (1, "value", value)):
+            cached = kv_cache[blocks, side, positions % page]
+            differs = (cached != x[q_start:q_end]).flatten(1).any(1)
+            if bool(differs.any()):
+                i = int(differs.nonzero()[0, 0])
+                _fail(op, layer_name, f"{name}[{q_start + i}] differs from the cache row it was written to "
+                      f"(sequence {b}, position {int(positions[i])}); {name} must be the rows this step wrote")
+
+
 def check_attention_metadata(op: str, layer_name: str, num_tokens: int, kv_cache: torch.Tensor,
                              block_table: torch.Tensor, seq_lens: torch.Tensor,
                              query_start_loc: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ Ops (namespace ``kvfuse``)::
     paged_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale,
                     Tensor block_table, Tensor seq_lens, Tensor query_start_loc, int kv_quant_mode,
                     float sm_scale, int? sliding_window, str layer_name, float logit_softcap=0.0,
-                    Tensor? sinks=None) -> Tensor
+                    Tensor? sinks=None, Tensor? key=None, Tensor? value=None) -> Tensor
 
 Every op carries the layer's ``kv_quant_mode`` (a :class:`kvfuse.KVQuantMode` value) and
 ``layer_name``; nothing here reads a global cache dtype. ``k_scale`` / ``v_scale`` (and
@@ -413,13 +413,13 @@ KVFUSE_LIB.define(
     "paged_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale, Tensor block_table, "
     "Tensor seq_lens, Tensor query_start_loc, int kv_quant_mode, float sm_scale, int? sliding_window, "
     # Appended with defaults so that callers written before soft-capping and sinks keep working.
-    "str layer_name, float logit_softcap=0.0, Tensor? sinks=None) -> Tensor"
+    "str layer_name, float logit_softcap=0.0, Tensor? sinks=None, Tensor? key=None, Tensor? value=None) -> Tensor"
 )
 
 
 def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
                               kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0,
-                              sinks=None) -> KVQuantMode:
+                              sinks=None, key=None, value=None) -> KVQuantMode:
     op = "paged_attention"
     mode = _mode(op, layer_name, kv_quant_mode)
     _check_kv_input(op, layer_name, "query", query)
@@ -459,6 +459,18 @@ def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, se
             _fail(op, layer_name, f"sinks must be a float32 tensor of shape [num_q_heads]=[{num_q_heads}] "
                   f"(one logit per query head), got dtype {sinks.dtype} shape {tuple(sinks.shape)}")
         extra["sinks"] = sinks
+    if (key is None) != (value is None):
+        _fail(op, layer_name, f"key and value are given together or not at all (got key "
+              f"{'None' if key is None else 'a tensor'}, value {'None' if value is None else 'a tensor'})")
+    if key is not None:
+        num_kv_heads = kv_cache.shape[3]
+        for name, x in (("key", key), ("value", value)):
+            if x.dim() != 3 or tuple(x.shape[1:]) != (num_kv_heads, head_size) or x.shape[0] != query.shape[0] \
+                    or x.dtype != query.dtype or x.stride(-1) != 1:
+                _fail(op, layer_name, f"{name} must be the step's {name}s, [num_tokens, num_kv_heads, head_size]="
+                      f"[{query.shape[0]}, {num_kv_heads}, {head_size}] {query.dtype} with unit stride in the "
+                      f"last dimension, got {x.dtype} shape {tuple(x.shape)} stride {tuple(x.stride())}")
+            extra[name] = x
     _check_devices(op, layer_name, query=query, kv_cache=kv_cache, k_scale=k_scale, v_scale=v_scale,
                    block_table=block_table, seq_lens=seq_lens, query_start_loc=query_start_loc, **extra)
     return mode
@@ -466,23 +478,29 @@ def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, se
 
 @torch.library.register_fake("kvfuse::paged_attention", lib=KVFUSE_LIB)
 def _paged_attention_fake(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                          kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0, sinks=None):
+                          kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0, sinks=None,
+                          key=None, value=None):
     _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                              kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap, sinks)
+                              kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap, sinks, key, value)
     return query.new_empty(query.shape)
 
 
 def _paged_attention_impl(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                          kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0, sinks=None):
+                          kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0, sinks=None,
+                          key=None, value=None):
     mode = _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                                     kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap, sinks)
+                                     kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap, sinks,
+                                     key, value)
     if checks.enabled():
         checks.check_attention_metadata("paged_attention", layer_name, query.shape[0], kv_cache, block_table,
                                         seq_lens, query_start_loc)
         if mode.has_static_scales:
             checks.check_scales("paged_attention", layer_name, k_scale=k_scale, v_scale=v_scale)
+    if key is not None and checks.enabled():
+        checks.check_step_kv("paged_attention", layer_name, kv_cache, mode, block_table, seq_lens,
+                             query_start_loc, key, value)
     call = registry.AttentionCall(query, kv_cache, k_scale, v_scale, block_table, seq_lens, query_start_loc,
-                                  mode, sm_scale, sliding_window, float(logit_softcap), sinks)
+                                  mode, sm_scale, sliding_window, float(logit_softcap), sinks, key, value)
     return registry.kernel("paged_attention", query.device.type, mode, None, per_head_scales(k_scale, v_scale))(call)
 
 

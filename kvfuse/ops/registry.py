@@ -99,6 +99,10 @@ class AttentionCall:
     logit_softcap: float = 0.0
     #: float32 ``[num_q_heads]``: one extra logit per head in the softmax denominator (gpt-oss).
     sinks: Optional[torch.Tensor] = None
+    #: The step's own K/V (``[num_tokens, Hkv, D]``, row ``i`` belongs to query row ``i``), equal to
+    #: the cache's rows at the query positions; kernels may read the newest keys from them.
+    key: Optional[torch.Tensor] = None
+    value: Optional[torch.Tensor] = None
 
 
 class EncodeKV(Protocol):

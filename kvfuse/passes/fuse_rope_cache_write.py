@@ -320,9 +320,10 @@ def match_rotation(target: Any) -> Union[Rotation, Rejection]:
     # Everything from the rotation's result to the input must feed only the next step: otherwise
     # the rotated values are needed anyway and fusing would rotate twice.
     for step in chain + steps:
-        if len(step.users) > 1:
+        users = [u for u in step.users if not (step is target and _reads_as_step_kv(u, step))]
+        if len(users) > 1:
             return Rejection(f"the rotated values {describe(step)} have other users "
-                             f"({', '.join(describe(u) for u in step.users)})")
+                             f"({', '.join(describe(u) for u in users)})")
     labels = _layout_labels(x, chain)
     if labels is None or len(labels) != 3 or labels[2] != len(_shape(x)) - 1:
         return Rejection(f"the layout operations between the rotation and the [T, H, D] input "
@@ -429,8 +430,34 @@ def _unrounded_source(table: fx.Node) -> Optional[fx.Node]:
 
 
 def _find_attention(graph: fx.Graph, layer_name: str) -> Optional[fx.Node]:
-    found = [n for n in graph.nodes if _call(n, ATTENTION) and str(n.args[-1]) == layer_name]
+    found = [n for n in graph.nodes if _call(n, ATTENTION) and str(_attention_arg(n, "layer_name")) == layer_name]
     return found[0] if len(found) == 1 else None
+
+
+# Positions in kvfuse::paged_attention's schema.
+_ATTENTION_ARGS = {"layer_name": 10, "key": 13, "value": 14}
+
+
+def _attention_arg(node: fx.Node, name: str) -> Any:
+    i = _ATTENTION_ARGS[name]
+    return node.args[i] if i < len(node.args) else node.kwargs.get(name)
+
+
+def _reads_as_step_kv(user: fx.Node, node: fx.Node) -> bool:
+    """``user`` is a paged_attention that takes ``node`` only as the step's key/value: an optional
+    copy of the rows the write stores, which the attention can read from the cache instead."""
+    if not _call(user, ATTENTION):
+        return False
+    step_kv = (_attention_arg(user, "key"), _attention_arg(user, "value"))
+    rest = [a for i, a in enumerate(user.args) if i not in (13, 14)]
+    rest += [v for k, v in user.kwargs.items() if k not in ("key", "value")]
+    return node in step_kv and all(a is not node for a in rest)
+
+
+def _drop_step_kv(user: fx.Node) -> None:
+    """Remove the step's key/value from a paged_attention (both go: the op takes them together)."""
+    user.args = tuple(None if i in (13, 14) else a for i, a in enumerate(user.args))
+    user.kwargs = {k: v for k, v in user.kwargs.items() if k not in ("key", "value")}
 
 
 def _refusal(rot: Rotation, device_type: Optional[str]) -> Optional[str]:
@@ -605,6 +632,9 @@ def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None) -> l
         old_query = attention.args[0] if q_rot is not None else None
         needs_sort |= any(_defined_after(n, site.node) for n in
                           ([q_rot.x, q_rot.cos, q_rot.sin] if q_rot is not None else []))
+        readers = [u for u in old_key.users if _reads_as_step_kv(u, old_key)]
+        for user in readers:
+            _drop_step_kv(user)
         new = _replace(graph, site, key_rot, q_rot, attention)
         dead = _rotation_nodes(old_key, {key_rot.x, key_rot.cos, key_rot.sin})
         if old_query is not None:
@@ -612,7 +642,9 @@ def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None) -> l
         order = {n: j for j, n in enumerate(graph.nodes)}
         erase_if_dead(graph, sorted(set(dead), key=lambda n: -order.get(n, -1)))
         logger.debug("%s: %s -> %s", NAME, site.layer_name, new.name)
-        note(f"fused into rope_encode_and_cache_write ({_describe(key_rot, q_rot is not None)}){q_note}")
+        kv_note = ("; the attention reads this step's keys from the cache (the rotated key is no longer "
+                   "materialised)") if readers else ""
+        note(f"fused into rope_encode_and_cache_write ({_describe(key_rot, q_rot is not None)}){q_note}{kv_note}")
     if needs_sort:
         from torch._inductor.pattern_matcher import stable_topological_sort
 

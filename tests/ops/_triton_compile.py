@@ -186,6 +186,11 @@ def _attention_cases() -> list[Case]:
         Case("attention-NVFP4-d128-prefill-bf16-prefetch-words", "attention",
              dict(mode="NVFP4", head=128, phase="prefill", q_dtype="bfloat16", group=4, prefetch_pages=True,
                   word_scales=True)),
+        # New-token prefill (the step's K/V, bf16/fp16 caches): every head size, softcap, sinks, fp16.
+        *(Case(f"attention-new-d{head}-{q_dtype}", "attention",
+               dict(mode="NONE", head=head, phase="prefill", q_dtype=q_dtype, group=group, step_kv=True, **extra))
+          for head, q_dtype, group, extra in ((64, "bfloat16", 4, {}), (80, "float16", 2, dict(sinks=True)),
+                                              (128, "bfloat16", 4, {}), (256, "bfloat16", 1, dict(softcap=30.0)))),
     ]
     return cases
 
@@ -261,10 +266,11 @@ class _Recorder:
 
 @contextlib.contextmanager
 def _recording(sink: list):
-    from kvfuse.ops.triton import attention, kv_write, rope_kv_write
+    from kvfuse.ops.triton import attention, kv_write, prefill, rope_kv_write
 
     targets = [(kv_write, "_encode_and_cache_write_kernel", "kv_write"),
                (attention, "_paged_attention_kernel", "attention"),
+               (prefill, "_new_token_prefill_kernel", "attention_new"),
                (attention, "_paged_attention_reduce_kernel", "attention_reduce"),
                (rope_kv_write, "_rope_encode_and_cache_write_kernel", "rope")]
     saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in targets]
@@ -343,7 +349,11 @@ def _run_case(case: Case) -> list[Launch]:
                 query_start_loc=torch.empty((seqs + 1,), dtype=torch.int32, device=meta),
                 kv_quant_mode=mode, sm_scale=d ** -0.5, sliding_window=p.get("window"),
                 logit_softcap=p.get("softcap", 0.0),
-                sinks=torch.empty((kv_heads * group,), dtype=torch.float32, device=meta) if p.get("sinks") else None)
+                sinks=torch.empty((kv_heads * group,), dtype=torch.float32, device=meta) if p.get("sinks") else None,
+                # The step's K/V as views of one QKV projection output (prefill.new_token_prefill).
+                **(dict(zip(("key", "value"), torch.empty((tokens, 2 * kv_heads, d), dtype=_dtype(p["q_dtype"]),
+                                                          device=meta).split(kv_heads, 1)))
+                   if p.get("step_kv") else {}))
             tiles = attention.DEFAULT_TILES
             fields = {k: p[n] for n, k in (("keys_first", "KEYS_FIRST"), ("scale_gather", "SCALE_GATHER"),
                                            ("word_scales", "WORD_SCALES"), ("prefetch_pages", "PREFETCH_PAGES"),

@@ -204,9 +204,15 @@ def test_matrix_covers_default_tiles(report):
                  launch["options"].get("num_stages"), launch["options"].get("maxnreg"))
                 for launch in _launches(report, "attention")}
     missing = []
+    compiled_new = {(launch["constexprs"]["BLOCK_M"], launch["constexprs"]["BLOCK_N"],
+                     launch["options"].get("num_warps"), launch["options"].get("num_stages"),
+                     launch["options"].get("maxnreg")) for launch in _launches(report, "attention_new")}
     for use, table in (("decode", ta.DEFAULT_TILES.decode), ("prefill", ta.DEFAULT_TILES.prefill)):
         for key, tile in table.items():
             want = (tile.BLOCK_N, tile.num_warps, tile.num_stages, tile.MAXNREG)
             if want not in compiled:
                 missing.append(f"{use}[{key!r}] = {tile}")
+    for key, tile in ta.DEFAULT_TILES.new_tokens.items():
+        if (tile.BLOCK_M, tile.BLOCK_N, tile.num_warps, tile.num_stages, tile.MAXNREG) not in compiled_new:
+            missing.append(f"new_tokens[{key!r}] = {tile}")
     assert not missing, f"DEFAULT_TILES entries never compiled: {missing}; compiled {sorted(compiled, key=str)}"

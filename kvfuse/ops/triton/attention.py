@@ -90,9 +90,11 @@ class TileTable:
     decode: Mapping[str, Tile]
     prefill: Mapping[str, Tile]
     interpret: Tile
+    #: :mod:`.prefill`'s kernel (new keys from the step's K/V), ``small`` / ``large`` as above.
+    new_tokens: Mapping[str, Tile] = dataclasses.field(default_factory=lambda: dict(_NEW_TOKEN_TILES))
 
     def __post_init__(self) -> None:
-        for use, table in (("decode", self.decode), ("prefill", self.prefill)):
+        for use, table in (("decode", self.decode), ("prefill", self.prefill), ("new_tokens", self.new_tokens)):
             missing = {"small", "large"} - set(table)
             if missing:
                 raise ValueError(f"{use} tiles lack {sorted(missing)}")
@@ -102,7 +104,15 @@ class TileTable:
         """The same table with ``fields`` set in every tile (tests and benchmarks)."""
         return TileTable({k: dataclasses.replace(t, **fields) for k, t in self.decode.items()},
                          {k: dataclasses.replace(t, **fields) for k, t in self.prefill.items()},
-                         dataclasses.replace(self.interpret, **fields))
+                         dataclasses.replace(self.interpret, **fields),
+                         {k: dataclasses.replace(t, **fields) for k, t in self.new_tokens.items()})
+
+
+# The new-token prefill kernel's tiles (BLOCK_M a multiple of BLOCK_N); not yet tuned on a GPU.
+_NEW_TOKEN_TILES = {
+    "small": Tile(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, PREFETCH_PAGES=True, LONGEST_FIRST=True),
+    "large": Tile(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, PREFETCH_PAGES=True, LONGEST_FIRST=True),
+}
 
 
 # Picked by `benchmarks/attention.py --tune` / `--focus` on an H100 (batch 64, context 4096); the
@@ -740,6 +750,8 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
 
     cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode, query.element_size(),
                                tiles=tiles, interpret=interpret)
+    if num_splits is None and prefill.takes(call, decode):
+        return prefill.new_token_prefill(call, tiles)
     block_m = max(cfg.BLOCK_M, group_pad, 16)
     block_q = block_m // group_pad
     num_tiles = num_tokens // block_q + num_seqs
@@ -830,3 +842,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
             num_warps=4 if head_size >= 128 else 2,
         )
     return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+# Imported last: the new-token kernel builds on this module's tiles and key loop.
+from . import prefill  # noqa: E402

@@ -1,0 +1,204 @@
+"""Prefill attention that reads the new tokens' keys and values from the step's own K/V tensors.
+
+A prompt (or a prompt chunk) writes its K/V into the cache and then attends to them. For a cache
+that stores the model dtype (bf16 / fp16, ``KVQuantMode.NONE``) the rows just written are equal
+to the ``key`` / ``value`` tensors the write consumed, so those newest ``q_len`` keys of every
+sequence can be read from the contiguous tensors (no block-table lookup, no page gather), and
+only the cached prefix from the pages.
+
+A program owns ``BLOCK_M`` consecutive query tokens of one sequence and one query head (head
+``h`` reads KV head ``h // GROUP``; the group's programs share K/V through L2). With ``P =
+seq_len - q_len`` cached positions before the new tokens, query token ``i`` sits at position
+``P + i`` and attends to
+
+    prefix keys    0 <= j < P        from the pages (every row sees all of them)
+    new keys       0 <= i' <= i      from ``key[q_start + i']`` (causal)
+
+in one base-2 online softmax with fp32 accumulators (the math of
+:mod:`kvfuse.ops.triton.attention`). New keys below the tile's first token are visible to every
+row and run unmasked; only the diagonal block ``[m0, m0 + BLOCK_M)`` is masked, which is why
+``BLOCK_M`` is a multiple of ``BLOCK_N``.
+
+What it does not take (the launcher in :mod:`.attention` routes those calls to the paged
+kernel): quantized caches (their cached bytes differ from the model-dtype K/V), sliding windows,
+float32 queries and decode-sized batches.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import envs
+from ..registry import AttentionCall
+from .attention import (
+    _LOG2E,
+    Tile,
+    TileTable,
+    _attend_range,
+    _next_pow2,
+    _softcap,
+    _softmax_update,
+)
+
+__all__ = ["new_token_prefill", "takes"]
+
+
+@triton.jit
+def _attend_new_keys(
+    acc, m_i, l_i, q, tok, lo, hi, qk_scale, cap, k_rows, v_rows, stride_kt, stride_vt,
+    HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, SOFTCAP: tl.constexpr,
+):
+    """New keys ``[lo, hi)`` (indices into the sequence's new tokens) for query tokens ``tok``.
+
+    MASKED: the diagonal block (causality, and ``hi`` inside the last tile); unmasked ranges are
+    whole tiles that every row sees, loaded without masks."""
+    offs_d = tl.arange(0, HEAD_PAD)
+    dmask = offs_d < HEAD
+    for start in range(lo, hi, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
+        kmask = j < hi
+        if MASKED or HEAD != HEAD_PAD:
+            lmask = dmask[:, None]
+            if MASKED:
+                lmask = lmask & kmask[None, :]
+            k = tl.load(k_rows + j[None, :].to(tl.int64) * stride_kt + offs_d[:, None], mask=lmask, other=0.0)
+            v = tl.load(v_rows + j[:, None].to(tl.int64) * stride_vt + offs_d[None, :], mask=tl.trans(lmask),
+                        other=0.0)
+        else:
+            k = tl.load(k_rows + j[None, :].to(tl.int64) * stride_kt + offs_d[:, None])
+            v = tl.load(v_rows + j[:, None].to(tl.int64) * stride_vt + offs_d[None, :])
+        s = tl.dot(q, k.to(DOT_DTYPE)) * qk_scale
+        s = _softcap(s, cap, SOFTCAP)
+        allowed = kmask[None, :] & (j[None, :] <= tok[:, None])
+        p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE))
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _new_token_prefill_kernel(
+    q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr, out_ptr,
+    qk_scale, cap, num_seqs,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
+    HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_DTYPE: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, PREFETCH_PAGES: tl.constexpr, LONGEST_FIRST: tl.constexpr,
+):
+    """One (query tile, query head): BLOCK_M new tokens of one sequence over its prefix and itself."""
+    tile = tl.program_id(0)
+    if LONGEST_FIRST:
+        tile = tl.num_programs(0) - 1 - tile
+    h = tl.program_id(1)
+    kvh = h // GROUP
+
+    # Sequence b owns tiles [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1): binary search.
+    lo_b = tile * 0
+    hi_b = tile * 0 + num_seqs - 1
+    while lo_b < hi_b:
+        mid = (lo_b + hi_b + 1) // 2
+        first = tl.load(qsl_ptr + mid) // BLOCK_M + mid
+        lo_b = tl.where(first <= tile, mid, lo_b)
+        hi_b = tl.where(first <= tile, hi_b, mid - 1)
+    b = lo_b
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    local = tile - (q_start // BLOCK_M + b)
+    prefix = tl.load(seq_lens_ptr + b) - q_len
+    # Metadata with fewer cached positions than new tokens (refused by the op's checks) keeps
+    # the zeros the launcher filled in.
+    if (local < 0) | (local * BLOCK_M >= q_len) | (prefix < 0):
+        return
+
+    m0 = local * BLOCK_M
+    tok = m0 + tl.arange(0, BLOCK_M)
+    row_ok = tok < q_len
+    rows = (q_start + tok).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_PAD)
+    qmask = row_ok[:, None] & (offs_d[None, :] < HEAD)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=qmask, other=0.0)
+    q = q.to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:
+        # The sink: a virtual key of value zero that seeds the running max and denominator.
+        sink = tl.load(sinks_ptr + h + tok * 0) * 1.4426950408889634
+        m_i = sink
+        l_i = tl.where(sink == float("-inf"), 0.0, 1.0)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
+
+    # The cached prefix, from the pages: whole tiles unmasked, then the partial one masked.
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    qpos = prefix + tok
+    whole = prefix // BLOCK_N * BLOCK_N
+    acc, m_i, l_i = _attend_range(
+        acc, m_i, l_i, q, qpos, 0, whole, 0, qk_scale, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+        stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, False, DOT_DTYPE, "tf32", ROW_ALIGN,
+        False, SOFTCAP, False, PREFETCH_PAGES)
+    acc, m_i, l_i = _attend_range(
+        acc, m_i, l_i, q, qpos, whole, prefix, 0, qk_scale, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+        stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, False, DOT_DTYPE, "tf32", ROW_ALIGN,
+        False, SOFTCAP, False, False)
+
+    # The new tokens, from the step's K/V: every row sees [0, m0); the diagonal block is masked.
+    k_rows = k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh
+    v_rows = v_ptr + q_start.to(tl.int64) * stride_vt + kvh * stride_vh
+    acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, tok, 0, m0, qk_scale, cap, k_rows, v_rows,
+                                     stride_kt, stride_vt, HEAD, HEAD_PAD, BLOCK_N, False, DOT_DTYPE, SOFTCAP)
+    acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, tok, m0, tl.minimum(m0 + BLOCK_M, q_len), qk_scale, cap,
+                                     k_rows, v_rows, stride_kt, stride_vt, HEAD, HEAD_PAD, BLOCK_N, True,
+                                     DOT_DTYPE, SOFTCAP)
+
+    inv = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
+    o = acc * inv[:, None]
+    tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+def takes(call: AttentionCall, decode: bool) -> bool:
+    """Whether :func:`new_token_prefill` serves ``call`` (see the module docstring)."""
+    from ...kv_cache import KVQuantMode
+
+    return (call.key is not None and call.value is not None and not decode
+            and KVQuantMode(call.kv_quant_mode) is KVQuantMode.NONE and call.sliding_window is None
+            and call.query.dtype in (torch.bfloat16, torch.float16) and call.kv_cache.dtype == call.query.dtype)
+
+
+def new_token_prefill(call: AttentionCall, tiles: TileTable) -> torch.Tensor:
+    """Launch :func:`_new_token_prefill_kernel` for ``call`` (:func:`takes` must hold)."""
+    query, kv_cache, key, value = call.query, call.kv_cache, call.key, call.value
+    interpret = envs.settings().triton_interpret
+    num_tokens, num_q_heads, head_size = query.shape
+    num_seqs = call.block_table.shape[0]
+    page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    head_pad = max(16, _next_pow2(head_size))
+    cfg: Tile = tiles.interpret if interpret else tiles.new_tokens["small" if head_size <= 128 else "large"]
+    if cfg.BLOCK_M % cfg.BLOCK_N:
+        raise ValueError(f"new-token prefill tile {cfg}: BLOCK_M must be a multiple of BLOCK_N")
+    row_align = 16
+    for st in kv_cache.stride()[:4]:
+        while st % row_align:
+            row_align //= 2
+    out = torch.zeros_like(query)  # rows outside query_start_loc (padding) read as zeros
+    softcap = float(call.logit_softcap) > 0
+    cap = float(call.logit_softcap) * _LOG2E if softcap else 1.0
+    grid = (num_tokens // cfg.BLOCK_M + num_seqs, num_q_heads)
+    _new_token_prefill_kernel[grid](
+        query, key, value, kv_cache, call.block_table, call.seq_lens, call.query_start_loc,
+        call.sinks if call.sinks is not None else call.k_scale,  # never read without HAS_SINKS
+        out, float(call.sm_scale) * _LOG2E, cap, num_seqs,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        call.block_table.stride(0), out.stride(0), out.stride(1),
+        HEAD=head_size, HEAD_PAD=head_pad, GROUP=num_q_heads // num_kv_heads, BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N, PAGE=page, DOT_DTYPE=tl.float32 if interpret else tl.float16 if query.dtype ==
+        torch.float16 else tl.bfloat16, ROW_ALIGN=row_align, SOFTCAP=softcap, HAS_SINKS=call.sinks is not None,
+        PREFETCH_PAGES=cfg.PREFETCH_PAGES, LONGEST_FIRST=cfg.LONGEST_FIRST,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
+    )
+    return out

@@ -1,0 +1,181 @@
+"""Prefill that reads the new keys from the step's K/V (kvfuse.ops.triton.prefill) vs the reference."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before the kernels are decorated; CPU-only hosts can only interpret them.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from kvfuse.kv_cache import KVQuantMode  # noqa: E402
+from kvfuse.ops.registry import AttentionCall  # noqa: E402
+
+from test_triton_attention import DEVICE, TOL, gpu, make_case, poison_allocator, reference_out  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+
+def step_kv(args):
+    """The cache's rows at every query position: the K/V a prefill step wrote (padding rows random)."""
+    cache, table = args["kv_cache"], args["block_table"]
+    page = cache.shape[2]
+    qsl, lens = args["query_start_loc"].tolist(), args["seq_lens"].tolist()
+    num_tokens = args["query"].shape[0]
+    shape = (num_tokens, cache.shape[3], cache.shape[4])
+    key = torch.randn(shape, device=cache.device).to(cache.dtype)
+    value = torch.randn(shape, device=cache.device).to(cache.dtype)
+    for b, seq_len in enumerate(lens):
+        q_start, q_end = qsl[b], qsl[b + 1]
+        pos = torch.arange(seq_len - (q_end - q_start), seq_len, device=cache.device)
+        blocks = table[b, pos // page].long()
+        key[q_start:q_end] = cache[blocks, 0, pos % page]
+        value[q_start:q_end] = cache[blocks, 1, pos % page]
+    return key, value
+
+
+def run(args, key, value, **options):
+    from kvfuse.ops.triton.attention import paged_attention
+
+    poison_allocator(8 * args["query"].numel() * 4 * 32)
+    call = AttentionCall(**args, key=key, value=value)
+    return paged_attention(call, **options)
+
+
+def check(args, **call_fields):
+    args = dict(args, **call_fields)
+    key, value = step_kv(args)
+    expected = reference_out(args)
+    out = run(args, key, value)
+    atol, rtol = TOL[args["query"].dtype]
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=atol, rtol=rtol)
+    covered = int(args["query_start_loc"][-1])
+    assert torch.all(out[covered:] == 0), "padding rows must be zeros"
+    return args, key, value
+
+
+CPU_CASES = {
+    # seq_lens, q_lens: fresh prompts, a chunk on a cached prefix that ends mid-page, a 1-token row.
+    "fresh": ([7, 33], [7, 33]),
+    "chunked": ([40, 19, 5], [17, 19, 1]),
+}
+
+
+@pytest.mark.parametrize("case", CPU_CASES)
+@pytest.mark.parametrize("heads,head_size", [((4, 2), 64), ((2, 2), 80), ((6, 2), 32)], ids=str)
+def test_matches_reference(case, heads, head_size):
+    seq_lens, q_lens = CPU_CASES[case]
+    args = make_case(seq_lens, q_lens, heads[0], heads[1], head_size, KVQuantMode.NONE, pad_rows=3, seed=31)
+    check(args)
+
+
+def test_reads_new_keys_from_the_step_and_the_prefix_from_pages():
+    """Rows of the step's K/V changed after the write: the kernel's output is the reference over a
+    cache holding the changed rows, so the new keys come from the step and only the prefix from pages
+    (the op's contract keeps them equal; this shows which one each part reads)."""
+    args = make_case([40, 21], [17, 21], 4, 2, 64, KVQuantMode.NONE, seed=32)
+    key, value = step_kv(args)
+    key, value = key * 1.5, value - 0.25
+    out = run(args, key, value)
+    changed = dict(args, kv_cache=args["kv_cache"].clone())
+    cache, table, page = changed["kv_cache"], args["block_table"], args["kv_cache"].shape[2]
+    for b, (seq_len, q_start, q_end) in enumerate(zip([40, 21], [0, 17], [17, 38])):
+        pos = torch.arange(seq_len - (q_end - q_start), seq_len, device=cache.device)
+        blocks = table[b, pos // page].long()
+        cache[blocks, 0, pos % page] = key[q_start:q_end]
+        cache[blocks, 1, pos % page] = value[q_start:q_end]
+    expected = reference_out(changed)
+    assert not torch.allclose(expected.float(), reference_out(args).float(), atol=0.1)
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_softcap_and_sinks():
+    args = make_case([29, 40], [29, 9], 4, 2, 64, KVQuantMode.NONE, seed=33)
+    sinks = torch.tensor([0.5, -1.0, 2.0, float("-inf")], device=DEVICE)
+    check(args, logit_softcap=5.0, sinks=sinks)
+
+
+def test_fp16_queries():
+    args = make_case([23], [23], 2, 1, 64, KVQuantMode.NONE, q_dtype=torch.float16, seed=34)
+    check(args)
+
+
+@pytest.mark.parametrize("fields", [dict(sliding_window=8), dict(kv_quant_mode=int(KVQuantMode.FP8_E4M3))],
+                         ids=["window", "fp8"])
+def test_other_calls_keep_the_paged_kernel(fields):
+    """Sliding windows and quantized caches are not taken (takes() says so), and decode-sized
+    batches neither: the paged kernel serves them and the step's K/V are not read."""
+    from kvfuse.ops.triton import prefill
+
+    mode = KVQuantMode(fields.get("kv_quant_mode", int(KVQuantMode.NONE)))
+    args = make_case([30, 12], [30, 12], 4, 2, 64, mode, seed=35)
+    args.update(fields)
+    key = torch.full((42, 2, 64), float("nan"), device=DEVICE).to(torch.bfloat16)  # poison: must not be read
+    call = AttentionCall(**args, key=key, value=key)
+    assert not prefill.takes(call, decode=False)
+    out = run(args, key, key)
+    torch.testing.assert_close(out.cpu().float(), reference_out(args).float(), atol=3e-2, rtol=3e-2)
+    decode = make_case([30, 12], [1, 1], 4, 2, 64, KVQuantMode.NONE, seed=36)
+    nan = torch.full((2, 2, 64), float("nan"), device=DEVICE).to(torch.bfloat16)
+    out = run(decode, nan, nan)
+    assert not torch.isnan(out).any()
+
+
+def test_op_validates_and_checks_the_step_kv():
+    import kvfuse.ops  # noqa: F401  (registers the ops)
+    from kvfuse.ops.checks import checked
+
+    args = make_case([20, 9], [20, 9], 4, 2, 64, KVQuantMode.NONE, seed=37)
+    key, value = step_kv(args)
+    op_args = [args[k] for k in ("query", "kv_cache", "k_scale", "v_scale", "block_table", "seq_lens",
+                                 "query_start_loc", "kv_quant_mode", "sm_scale", "sliding_window")]
+    op = torch.ops.kvfuse.paged_attention
+    with pytest.raises(ValueError, match="key and value are given together"):
+        op(*op_args, "layers.0", 0.0, None, key, None)
+    with pytest.raises(ValueError, match=r"key must be the step's keys, \[num_tokens, num_kv_heads, head_size\]"):
+        op(*op_args, "layers.0", 0.0, None, key[:, :1], value)
+    with pytest.raises(ValueError, match="value must be .* got torch.float32"):
+        op(*op_args, "layers.0", 0.0, None, key, value.float())
+    wrong = value.clone()
+    wrong[21, 1, 3] += 1
+    with checked(), pytest.raises(ValueError, match=r"value\[21\] differs from the cache row it was written to "
+                                                    r"\(sequence 1, position 1\)"):
+        op(*op_args, "layers.0", 0.0, None, key, wrong)
+    with checked():
+        out = op(*op_args, "layers.0", 0.0, None, key, value)
+    torch.testing.assert_close(out.cpu().float(), reference_out(args).float(), atol=3e-2, rtol=3e-2)
+
+
+def test_opcheck_with_step_kv():
+    import kvfuse.ops  # noqa: F401
+
+    args = make_case([20, 9], [12, 9], 4, 2, 64, KVQuantMode.NONE, seed=38)
+    key, value = step_kv(args)
+    op_args = (args["query"], args["kv_cache"], args["k_scale"], args["v_scale"], args["block_table"],
+               args["seq_lens"], args["query_start_loc"], args["kv_quant_mode"], args["sm_scale"], None, "layers.0",
+               0.0, None, key, value)
+    torch.library.opcheck(torch.ops.kvfuse.paged_attention.default, op_args)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_size", [64, 80, 128, 256])
+def test_gpu_fresh_and_chunked(head_size):
+    args = make_case([4099, 533, 7, 1100], [4099, 533, 7, 512], 32, 8, head_size, KVQuantMode.NONE, pad_rows=5,
+                     seed=40)
+    check(args)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_softcap_sinks_fp16():
+    args = make_case([700, 1300], [700, 300], 16, 4, 128, KVQuantMode.NONE, q_dtype=torch.float16, seed=41)
+    sinks = torch.linspace(-2, 2, 16, device=DEVICE)
+    check(args, logit_softcap=30.0, sinks=sinks)
