@@ -108,9 +108,10 @@ class TileTable:
                          {k: dataclasses.replace(t, **fields) for k, t in self.new_tokens.items()})
 
 
-# The new-token prefill kernel's tiles (BLOCK_M a multiple of BLOCK_N); not yet tuned on a GPU.
+# The new-token prefill kernel's tiles (BLOCK_M a multiple of BLOCK_N): `small` picked by
+# `benchmarks/attention.py --sweep-new-tokens` on an H100 (BENCHMARKS.md, prefill); `large` untuned.
 _NEW_TOKEN_TILES = {
-    "small": Tile(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, PREFETCH_PAGES=True, LONGEST_FIRST=True),
+    "small": Tile(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4, PREFETCH_PAGES=True, LONGEST_FIRST=True),
     "large": Tile(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, PREFETCH_PAGES=True, LONGEST_FIRST=True),
 }
 
