@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
 #
-#   bash benchmarks/run_gpu.sh [tests-ops] [tests-native] [tests-models] [write] [attention] [decode] [focus] [variants] [prefill] [hf] [rope] [native] [tp]
+#   bash benchmarks/run_gpu.sh [tests-ops | tests-ops-attention tests-ops-rest] [tests-native] [tests-models] [write] [attention] [decode] [focus] [variants] [prefill] [hf] [rope] [native] [tp]
 #
 # No argument: tests-ops tests-native tests-models write attention decode. The GPU suite is split
 # in three phases (Triton/reference/FlashInfer ops; the native kernels' tests and their
@@ -26,11 +26,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 SECONDS=0
 for phase in $phases; do
   case $phase in
-    tests-ops|tests-native|tests-models)
+    tests-ops|tests-ops-attention|tests-ops-rest|tests-native|tests-models)
       # Native build first, so its time is not charged to a test's timeout.
       python3 -c "from kvfuse.ops import native; print(native.build_info(build=True))" 2>&1 | tail -3
       case $phase in
         tests-ops) dirs="tests/ops tests/test_*.py --ignore tests/ops/test_native.py" ;;
+        # The op phase in two halves, each inside one call's 10 minutes (the whole took longer).
+        tests-ops-attention) dirs="tests/ops/test_triton_attention.py tests/ops/test_attention_features.py
+          tests/ops/test_new_token_prefill.py tests/ops/test_per_token_head.py tests/ops/test_head_scales.py" ;;
+        tests-ops-rest) dirs="tests/ops tests/test_*.py --ignore tests/ops/test_native.py
+          --ignore tests/ops/test_triton_attention.py --ignore tests/ops/test_attention_features.py
+          --ignore tests/ops/test_new_token_prefill.py --ignore tests/ops/test_per_token_head.py
+          --ignore tests/ops/test_head_scales.py" ;;
         tests-native) dirs="tests/ops/test_native.py" ;;
         *) dirs="tests/compile tests/models tests/integrations tests/distributed" ;;
       esac
@@ -114,7 +121,7 @@ for phase in $phases; do
         | tail -8 | tee "$RES/native_tests.log"
       timeout 480 python3 -m benchmarks.native_sweep --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
       ;;
-    *) echo "unknown phase $phase (tests-ops | tests-native | tests-models | write | attention | decode | focus | variants | prefill | hf | rope | native | tp)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests-ops | tests-ops-attention | tests-ops-rest | tests-native | tests-models | write | attention | decode | focus | variants | prefill | hf | rope | native | tp)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done

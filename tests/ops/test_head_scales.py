@@ -317,6 +317,25 @@ def attention_case(mode, seq_lens, q_lens, num_q_heads=6, num_kv_heads=3, head_s
     return AttentionCall(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(call).items()})
 
 
+def bf16_probability_atol(call) -> torch.Tensor:
+    """Per query head: the absolute error that rounding P to bf16 (8 significant bits, as the
+    kernels' bf16 P @ V dots do) can leave in an output, ``2^-8 * max |v|`` of the head's KV head,
+    and at least ATTN_TOL's bf16 atol. The heads here span 4^3 in magnitude, so one atol for all
+    would be either loose for the small heads or wrong for the large ones."""
+    from kvfuse.ops.reference import decode_rows, read_cache_rows
+
+    cache, mode = call.kv_cache.cpu(), KVQuantMode(call.kv_quant_mode)
+    page, num_kv_heads = cache.shape[2], cache.shape[3]
+    vmax = torch.zeros(num_kv_heads, dtype=torch.float64)
+    for b, seq_len in enumerate(call.seq_lens.tolist()):
+        pos = torch.arange(seq_len)
+        blocks = call.block_table.cpu()[b, pos // page].long()
+        v = decode_rows(read_cache_rows(cache, blocks, pos % page, 1, mode), call.v_scale.cpu(), mode)
+        vmax = torch.maximum(vmax, v.double().abs().amax(dim=(0, 2)))
+    group = call.query.shape[1] // num_kv_heads
+    return torch.clamp(vmax.repeat_interleave(group) * 2.0 ** -8, min=ATTN_TOL[torch.bfloat16][0])
+
+
 def _relative_error(out, expected):
     return float((out.double().cpu() - expected).abs().max() / expected.abs().max())
 
@@ -562,7 +581,12 @@ def test_gpu_attention_against_float64(mode, head_size):
     for seq_lens, q_lens in [([533, 7, 90], [1, 1, 1]), ([533, 64], [533, 64])]:
         call = attention_case(mode, seq_lens, q_lens, num_q_heads=16, num_kv_heads=4, head_size=head_size, page=16,
                               device="cuda")
-        atol, rtol = ATTN_TOL[call.query.dtype]
-        torch.testing.assert_close(paged_attention(call).double().cpu(), attention_float64(call), atol=atol,
-                                   rtol=rtol)
+        # FP8 prefill and split decode round P to bf16: with |v| up to ~200 here (E5M2 keeps
+        # it), that alone moves an output by up to ~0.2, so the bound follows each head's |v|.
+        out, expected = paged_attention(call).double().cpu(), attention_float64(call)
+        atol = bf16_probability_atol(call).view(1, -1, 1)
+        excess = (out - expected).abs() - (atol + ATTN_TOL[torch.bfloat16][1] * expected.abs())
+        assert float(excess.max()) <= 0, (
+            f"{mode.name} D={head_size} q_lens={q_lens}: {int((excess > 0).sum())} outputs beyond the bound, the "
+            f"worst by {float(excess.max()):.4f} at {tuple(int(i) for i in (excess == excess.max()).nonzero()[0])}")
 
