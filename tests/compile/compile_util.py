@@ -79,17 +79,22 @@ class SnapshotManager(KVFusePassManager):
 
     def __init__(self, fuse=True):
         super().__init__(fuse=fuse)
-        self.before, self.after, self.graphs_after = [], [], []
+        self.before, self.after, self.graphs_before, self.graphs_after = [], [], [], []
 
     def __call__(self, graph):
         self.before.append(graph_op_counts(graph))
+        self.graphs_before.append(_copy(graph))
         super().__call__(graph)
         self.after.append(graph_op_counts(graph))
-        # Inductor keeps mutating the graph (reinplacing, decompositions): keep a copy.
-        copy = torch.fx.Graph()
-        out = copy.graph_copy(graph, {})
-        copy.output(out)
-        self.graphs_after.append(copy)
+        self.graphs_after.append(_copy(graph))
+
+
+def _copy(graph):
+    """A copy of ``graph``: Inductor keeps mutating the original (reinplacing, decompositions)."""
+    copy = torch.fx.Graph()
+    out = copy.graph_copy(graph, {})
+    copy.output(out)
+    return copy
 
 
 def snapshot_backend(fuse=True, **options) -> KVFuseBackend:

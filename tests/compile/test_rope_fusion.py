@@ -121,6 +121,18 @@ def test_skip_layer_beside_fp8_and_nvfp4_layers(v2):
         (hop, int(KVQuantMode.NONE)), (hop, int(KVQuantMode.FP8_E4M3)), (hop, int(KVQuantMode.NVFP4))]
     assert [r.kv_quant_mode for r in be.report] == [KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4]
     assert all("rotary: fused" in r.reason for r in be.report)
+    # The bf16 layer hands its rotated key/value to attention (new-token prefill); fusing the
+    # rotation drops them there, and attention reads the new keys from the cache.
+    from kvfuse.passes.fuse_rope_cache_write import _attention_arg
+
+    def step_kv(graph):
+        return [_attention_arg(n, "key") is not None
+                for n in graph.nodes if n.target is torch.ops.kvfuse.paged_attention.default]
+
+    assert step_kv(snap.graphs_before[0]) == [True, False, False]
+    assert step_kv(snap.graphs_after[0]) == [False, False, False]
+    assert "the attention reads this step's keys from the cache" in be.report[0].reason
+    assert not any("reads this step's keys" in r.reason for r in be.report[1:])
 
 
 def test_dynamic_token_count():
