@@ -172,6 +172,23 @@ def _tile_pages(bt_row_ptr, start, hi, BLOCK_N: tl.constexpr, PAGE: tl.constexpr
 
 
 @triton.jit
+def _tile_sequence(qsl_ptr, tile, num_seqs, BLOCK: tl.constexpr):
+    """(sequence, its first query row, its query count, the tile's index within it) of grid tile
+    ``tile``: sequence b owns tiles ``[qsl[b] // BLOCK + b, qsl[b+1] // BLOCK + b + 1)`` (an upper
+    bound from shapes only), found by binary search over ``query_start_loc``."""
+    lo_b = tile * 0
+    hi_b = tile * 0 + num_seqs - 1
+    while lo_b < hi_b:
+        mid = (lo_b + hi_b + 1) // 2
+        first = tl.load(qsl_ptr + mid) // BLOCK + mid
+        lo_b = tl.where(first <= tile, mid, lo_b)
+        hi_b = tl.where(first <= tile, hi_b, mid - 1)
+    q_start = tl.load(qsl_ptr + lo_b)
+    q_len = tl.load(qsl_ptr + lo_b + 1) - q_start
+    return lo_b, q_start, q_len, tile - (q_start // BLOCK + lo_b)
+
+
+@triton.jit
 def _kv_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE: tl.constexpr, ROW_ALIGN: tl.constexpr):
     """int64 element offsets of K rows for positions ``kpos`` in pages ``blk`` (:func:`_tile_pages`).
 
@@ -500,18 +517,7 @@ def _paged_attention_kernel(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
 
-    # Sequence b owns tiles [qsl[b] // BLOCK_Q + b, qsl[b+1] // BLOCK_Q + b + 1): binary search.
-    lo_b = tile * 0
-    hi_b = tile * 0 + num_seqs - 1
-    while lo_b < hi_b:
-        mid = (lo_b + hi_b + 1) // 2
-        first = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
-        lo_b = tl.where(first <= tile, mid, lo_b)
-        hi_b = tl.where(first <= tile, hi_b, mid - 1)
-    b = lo_b
-    q_start = tl.load(qsl_ptr + b)
-    q_len = tl.load(qsl_ptr + b + 1) - q_start
-    local = tile - (q_start // BLOCK_Q + b)
+    b, q_start, q_len, local = _tile_sequence(qsl_ptr, tile, num_seqs, BLOCK_Q)
     if (local < 0) | (local * BLOCK_Q >= q_len):
         return
     seq_len = tl.load(seq_lens_ptr + b)

@@ -40,6 +40,7 @@ from .attention import (
     _next_pow2,
     _softcap,
     _softmax_update,
+    _tile_sequence,
 )
 
 __all__ = ["new_token_prefill", "takes"]
@@ -95,18 +96,7 @@ def _new_token_prefill_kernel(
     h = tl.program_id(1)
     kvh = h // GROUP
 
-    # Sequence b owns tiles [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1): binary search.
-    lo_b = tile * 0
-    hi_b = tile * 0 + num_seqs - 1
-    while lo_b < hi_b:
-        mid = (lo_b + hi_b + 1) // 2
-        first = tl.load(qsl_ptr + mid) // BLOCK_M + mid
-        lo_b = tl.where(first <= tile, mid, lo_b)
-        hi_b = tl.where(first <= tile, hi_b, mid - 1)
-    b = lo_b
-    q_start = tl.load(qsl_ptr + b)
-    q_len = tl.load(qsl_ptr + b + 1) - q_start
-    local = tile - (q_start // BLOCK_M + b)
+    b, q_start, q_len, local = _tile_sequence(qsl_ptr, tile, num_seqs, BLOCK_M)
     prefix = tl.load(seq_lens_ptr + b) - q_len
     # Metadata with fewer cached positions than new tokens (refused by the op's checks) keeps
     # the zeros the launcher filled in.
