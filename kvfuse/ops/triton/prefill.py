@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ... import envs
+from ...kv_cache import KVQuantMode
 from ..registry import AttentionCall
 from .attention import (
     _LOG2E,
@@ -151,8 +152,6 @@ def _new_token_prefill_kernel(
 
 def takes(call: AttentionCall, decode: bool) -> bool:
     """Whether :func:`new_token_prefill` serves ``call`` (see the module docstring)."""
-    from ...kv_cache import KVQuantMode
-
     return (call.key is not None and call.value is not None and not decode
             and KVQuantMode(call.kv_quant_mode) is KVQuantMode.NONE and call.sliding_window is None
             and call.query.dtype in (torch.bfloat16, torch.float16) and call.kv_cache.dtype == call.query.dtype)
