@@ -11,7 +11,7 @@ from kvfuse import KVQuantMode
 from kvfuse.passes import fuse_plain_cache_write
 from kvfuse.passes.manager import graph_op_counts
 
-from compile_util import SENTINEL, SnapshotManager, assert_bytes_equal, snapshot_backend
+from compile_util import SENTINEL, assert_bytes_equal, snapshot_backend
 
 E4M3 = torch.float8_e4m3fn
 H, D, BS, NB = 2, 16, 4, 5
@@ -183,19 +183,9 @@ def test_encode_kv_rows_written_by_hand_keep_the_layer_name():
     assert_bytes_equal(cache, expected, "encode_kv + index_put")
 
 
-class _BeforeManager(SnapshotManager):
-    """Keeps a copy of each graph as Inductor hands it to kvfuse's passes."""
-
-    def __call__(self, graph):
-        copy = torch.fx.Graph()
-        copy.output(copy.graph_copy(graph, {}))
-        self.graphs_before = getattr(self, "graphs_before", []) + [copy]
-        super().__call__(graph)
-
-
 def _graph_of(fn, *args):
+    """The graph as Inductor hands it to kvfuse's passes."""
     be = snapshot_backend()
-    be._manager = _BeforeManager()
     torch._dynamo.reset()
     with torch.no_grad():
         torch.compile(fn, backend=be, fullgraph=True)(*args)
