@@ -63,6 +63,22 @@ def _step_kv(cache, block_table, seq_lens, new):
     return key, value
 
 
+def _kvfuse_rows(args, impls, new, sweep=False):
+    """kvfuse's timed functions for a call with ``new`` tokens per sequence: {impl: (fn, graph)}.
+
+    A layer with a bf16 cache hands attention its step's K/V (``kvfuse``, the new-token kernel);
+    ``kvfuse_pages`` is the same call without them; ``sweep`` adds NEW_TOKEN_SWEEP's tiles."""
+    if "kvfuse" not in impls:
+        return {}
+    if KVQuantMode(args[7]) is not KVQuantMode.NONE:
+        return {"kvfuse": (_kvfuse(args), True)}
+    key, value = _step_kv(args[1], args[4], args[5], new)
+    fns = {"kvfuse": (_kvfuse(args, key=key, value=value), True), "kvfuse_pages": (_kvfuse(args), True)}
+    if sweep:
+        fns.update(_new_token_variants(args, key, value))
+    return fns
+
+
 #: New-token prefill tiles timed by --sweep-new-tokens: (BLOCK_M, BLOCK_N, num_warps, num_stages).
 NEW_TOKEN_SWEEP = ((128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 8, 4),
                    (64, 64, 4, 3), (64, 32, 4, 4), (128, 64, 8, 4))
@@ -211,17 +227,7 @@ def run_prefill(tokens, mode_name, impls, rows, copy_bw):
     args = (query, cache, ks, vs, block_table, seq_lens, qsl, int(mode), 1 / math.sqrt(HEAD), None)
     flops = 4 * HQ * HEAD * tokens * (tokens + 1) / 2
     nbytes = kv_bytes(mode, 1, tokens)
-    fns = {}
-    if "kvfuse" in impls:
-        if mode is KVQuantMode.NONE:
-            # A layer with a bf16 cache hands attention its step's K/V: the new-token kernel.
-            key, value = _step_kv(cache, block_table, seq_lens, tokens)
-            fns["kvfuse"] = (_kvfuse(args, key=key, value=value), True)
-            fns["kvfuse_pages"] = (_kvfuse(args), True)
-            if SWEEP_NEW_TOKENS:
-                fns.update(_new_token_variants(args, key, value))
-        else:
-            fns["kvfuse"] = (_kvfuse(args), True)
+    fns = _kvfuse_rows(args, impls, tokens, sweep=SWEEP_NEW_TOKENS)
     if mode is KVQuantMode.NONE:
         if "kvfuse_flashinfer" in impls:
             from kvfuse.ops import flashinfer as fib
@@ -285,14 +291,7 @@ def run_extend(case, mode_name, impls, rows, copy_bw):
     args = (query, cache, scale, scale, block_table, seq_lens, qsl, int(mode), 1 / math.sqrt(HEAD), None)
     flops = 4 * HQ * HEAD * batch * new * (prefix + (new + 1) / 2)
     nbytes = kv_bytes(mode, batch, context)
-    fns = {}
-    if "kvfuse" in impls:
-        if mode is KVQuantMode.NONE:
-            key, value = _step_kv(cache, block_table, seq_lens, new)
-            fns["kvfuse"] = (_kvfuse(args, key=key, value=value), True)
-            fns["kvfuse_pages"] = (_kvfuse(args), True)
-        else:
-            fns["kvfuse"] = (_kvfuse(args), True)
+    fns = _kvfuse_rows(args, impls, new)
     if "flashinfer" in impls and mode in (KVQuantMode.NONE, KVQuantMode.FP8_E4M3):
         import flashinfer
 

@@ -158,6 +158,15 @@ def _words_inside_storage(t: torch.Tensor) -> bool:
     return start + -(-extent // 4) * 4 <= t.untyped_storage().nbytes()
 
 
+def _row_align(offsets) -> int:
+    """Largest power of two (<= 16) dividing every one of ``offsets`` (the kernels' ROW_ALIGN)."""
+    align = 16
+    for st in offsets:
+        while st % align:
+            align //= 2
+    return align
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -800,12 +809,9 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     has_window = sliding_window is not None
     # FP8_PER_TOKEN_HEAD caches are uint8 (as vLLM stores them); the kernel reads their data as e4m3.
     cache = kv_cache.view(torch.float8_e4m3fn) if mode is KVQuantMode.FP8_PER_TOKEN_HEAD else kv_cache
-    # Largest power of two (<= 16) dividing every row offset: the strides, and for NVFP4 the
-    # packed-data row width (its page sides hold data rows of head_size / 2 bytes).
-    row_align = 16
-    for st in (*cache.stride()[:4], *((head_size // 2,) if mode is KVQuantMode.NVFP4 else ())):
-        while st % row_align:
-            row_align //= 2
+    # Row offsets: the strides, and for NVFP4 the packed-data row width (its page sides hold data
+    # rows of head_size / 2 bytes).
+    row_align = _row_align((*cache.stride()[:4], *((head_size // 2,) if mode is KVQuantMode.NVFP4 else ())))
     swizzle_v = mode is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size)
     word_scales = mode is KVQuantMode.NVFP4 and cfg.WORD_SCALES and _words_inside_storage(kv_cache)
     if num_splits > 1:

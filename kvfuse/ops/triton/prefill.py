@@ -39,6 +39,7 @@ from .attention import (
     TileTable,
     _attend_range,
     _next_pow2,
+    _row_align,
     _softcap,
     _softmax_update,
     _tile_sequence,
@@ -168,10 +169,7 @@ def new_token_prefill(call: AttentionCall, tiles: TileTable) -> torch.Tensor:
     cfg: Tile = tiles.interpret if interpret else tiles.new_tokens["small" if head_size <= 128 else "large"]
     if cfg.BLOCK_M % cfg.BLOCK_N:
         raise ValueError(f"new-token prefill tile {cfg}: BLOCK_M must be a multiple of BLOCK_N")
-    row_align = 16
-    for st in kv_cache.stride()[:4]:
-        while st % row_align:
-            row_align //= 2
+    row_align = _row_align(kv_cache.stride()[:4])
     out = torch.zeros_like(query)  # rows outside query_start_loc (padding) read as zeros
     softcap = float(call.logit_softcap) > 0
     cap = float(call.logit_softcap) * _LOG2E if softcap else 1.0
