@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "KVQuantMode",
+    "KVFormat",
     "KVScaleGranularity",
     "parse_kv_cache_dtype",
     "parse_kv_scale_granularity",
@@ -35,6 +36,12 @@ __all__ = [
     "read_cache_rows",
     "write_cache_rows",
     "logical_cache_rows",
+    "logical_cache_sides",
+    "cache_layout",
+    "side_row_bytes",
+    "head_size_of_row_dim",
+    "MixedPageLayout",
+    "mixed_page_layout",
     "check_page_contiguous",
     "nvfp4_quantize_reference",
     "nvfp4_dequantize_reference",
@@ -82,6 +89,85 @@ class KVQuantMode(enum.IntEnum):
     def has_static_scales(self) -> bool:
         """Whether the layer's k_scale / v_scale (a checkpoint's or calibrated) take part in the math."""
         return self.is_quantized and not self.is_per_token_head
+
+
+#: ``KVFormat.code`` of a layer whose K and V sides differ: ``MIXED_FORMAT_BASE + 8 * key + value``,
+#: i.e. ``0o1KV`` in octal (K FP8_E4M3 with V NVFP4 is 0o113 = 75).
+MIXED_FORMAT_BASE = 0o100
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    """What a layer's cache stores on its K side and on its V side: one :class:`KVQuantMode` each.
+
+    Most layers store both sides alike; ``key != value`` (e.g. FP8 keys with NVFP4 values) is a
+    *mixed* format, whose pages are bytes laid out by :func:`mixed_page_layout`. Ops carry the
+    format as one int, :attr:`code`: the mode itself when the sides agree (so every uniform
+    format keeps its :class:`KVQuantMode` value, the ABI of ops and ``csrc/``), else
+    ``0o1KV`` (:data:`MIXED_FORMAT_BASE`); :meth:`from_code` is the one decoder.
+    """
+
+    key: KVQuantMode
+    value: KVQuantMode
+
+    def __post_init__(self) -> None:
+        for name in ("key", "value"):
+            object.__setattr__(self, name, KVQuantMode(getattr(self, name)))
+
+    @property
+    def is_mixed(self) -> bool:
+        return self.key is not self.value
+
+    def side(self, side: int) -> KVQuantMode:
+        """The mode of side 0 (K) or 1 (V)."""
+        return self.key if side == 0 else self.value
+
+    @property
+    def sides(self) -> tuple[KVQuantMode, KVQuantMode]:
+        return (self.key, self.value)
+
+    @property
+    def code(self) -> int:
+        if not self.is_mixed:
+            return int(self.key)
+        return MIXED_FORMAT_BASE + 8 * int(self.key) + int(self.value)
+
+    @property
+    def name(self) -> str:
+        """The mode's name, or ``"<K mode>/<V mode>"`` for a mixed format."""
+        return self.key.name if not self.is_mixed else f"{self.key.name}/{self.value.name}"
+
+    @property
+    def has_static_scales(self) -> bool:
+        """Whether either side's k_scale / v_scale takes part in the math."""
+        return self.key.has_static_scales or self.value.has_static_scales
+
+    @classmethod
+    def of(cls, value: Union["KVFormat", KVQuantMode, int]) -> "KVFormat":
+        """``value`` as a format: a :class:`KVFormat`, a :class:`KVQuantMode` (both sides), or a code."""
+        if isinstance(value, KVFormat):
+            return value
+        if isinstance(value, KVQuantMode):
+            return cls(value, value)
+        return cls.from_code(value)
+
+    @classmethod
+    def from_code(cls, code: object) -> "KVFormat":
+        """Decode :attr:`code`; ValueError naming the value and what codes mean otherwise."""
+        if type(code) is int or isinstance(code, KVQuantMode):
+            code = int(code)
+            if code in _MODE_VALUES:
+                return cls(KVQuantMode(code), KVQuantMode(code))
+            k, v = divmod(code - MIXED_FORMAT_BASE, 8)
+            if 0 <= k < 8 and k in _MODE_VALUES and v in _MODE_VALUES and k != v:
+                return cls(KVQuantMode(k), KVQuantMode(v))
+        raise ValueError(
+            f"kv_quant_mode={code!r} is not one of {[f'{m.value} ({m.name})' for m in KVQuantMode]} (K and V "
+            f"alike) nor a mixed format code {MIXED_FORMAT_BASE} + 8 * <K mode> + <V mode> with K != V (octal 0o1KV)"
+        )
+
+
+_MODE_VALUES = frozenset(int(m) for m in KVQuantMode)
 
 
 class KVScaleGranularity(enum.Enum):
@@ -272,6 +358,17 @@ def row_dim_for(mode: KVQuantMode, head_size: int) -> int:
     return head_size
 
 
+def head_size_of_row_dim(mode: KVQuantMode, row_dim: int) -> int:
+    """The head size whose encoded ``mode`` rows are ``row_dim`` wide (the inverse of :func:`row_dim_for`
+    where one exists; callers check ``row_dim_for(mode, result) == row_dim``)."""
+    mode = KVQuantMode(mode)
+    if mode is KVQuantMode.NVFP4:
+        return row_dim * 16 // 9
+    if mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+        return row_dim - PER_TOKEN_HEAD_SCALE_BYTES
+    return row_dim
+
+
 def nvfp4_split(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Split encoded NVFP4 rows (uint8, last dim = row_dim) into views ``(data uint8, scales float8_e4m3fn)``.
 
@@ -320,25 +417,104 @@ def nvfp4_page_index(block_size: int, num_kv_heads: int, head_size: int,
     block-major, token-minor. V scales are linear, like K's, where
     :func:`nvfp4_v_scales_swizzled` is False. The map is a bijection onto the page.
     """
-    nvfp4_row_dim(head_size)
-    T, H, D = block_size, num_kv_heads, head_size
-    half, S = D // 2, D // NVFP4_BLOCK
-    side_bytes = T * H * (half + S)
+    row_dim = nvfp4_row_dim(head_size)
+    side_bytes = block_size * num_kv_heads * row_dim
+    return torch.stack([
+        _side_byte_index(KVQuantMode.NVFP4, side, side * side_bytes, block_size, num_kv_heads, head_size, row_dim,
+                         device)
+        for side in (0, 1)
+    ])
+
+
+def _side_byte_index(mode: KVQuantMode, side: int, base: int, T: int, H: int, D: int, row_bytes: int,
+                     device) -> torch.Tensor:
+    """``[T, H, row_bytes]`` byte offsets, from the page's start, of the encoded rows of one page
+    side that starts at byte ``base``: NVFP4 splits the side into data and block-scale regions
+    (:func:`nvfp4_page_index`; V scales interleaved where :func:`nvfp4_v_scales_swizzled`), every
+    other mode keeps each row whole, ``(t * H + h) * row_bytes`` into the side."""
     t = torch.arange(T, device=device).view(T, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1)
-    data = (t * H + h) * half + torch.arange(half, device=device).view(1, 1, half)
+    if mode is not KVQuantMode.NVFP4:
+        return base + (t * H + h) * row_bytes + torch.arange(row_bytes, device=device).view(1, 1, row_bytes)
+    half, S = D // 2, D // NVFP4_BLOCK
+    data = base + (t * H + h) * half + torch.arange(half, device=device).view(1, 1, half)
     j = torch.arange(S, device=device).view(1, 1, S)
-    k_scales = T * H * half + (t * H + h) * S + j
-    if nvfp4_v_scales_swizzled(T, D):
+    if side == 1 and nvfp4_v_scales_swizzled(T, D):
         group = S // 4
         t_row = 4 * (t // 4) + j // group
         s_col = 4 * (j % group) + t % 4
-        v_scales = T * H * half + (t_row * H + h) * S + s_col
+        scales = base + T * H * half + (t_row * H + h) * S + s_col
     else:
-        v_scales = k_scales
-    k_side = torch.cat([data, k_scales.expand(T, H, S)], dim=-1)
-    v_side = torch.cat([data, v_scales.expand(T, H, S)], dim=-1) + side_bytes
-    return torch.stack([k_side, v_side])
+        scales = base + T * H * half + (t * H + h) * S + j
+    return torch.cat([data, scales.expand(T, H, S)], dim=-1)
+
+
+def side_row_bytes(mode: KVQuantMode, head_size: int, native_dtype: Optional[torch.dtype] = None) -> int:
+    """Bytes of one encoded (token, head) row of ``mode`` (``native_dtype``: a NONE side's dtype)."""
+    mode = KVQuantMode(mode)
+    return row_dim_for(mode, head_size) * storage_dtype(mode, native_dtype).itemsize
+
+
+#: Where a mixed-format page's V side starts: K side's bytes rounded up to this, so that every V
+#: row format (16-byte NVFP4 data chunks, 4-byte per-token-head scales, 2-byte bf16) is aligned.
+MIXED_SIDE_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class MixedPageLayout:
+    """The byte geometry of one page of a mixed-format cache (K and V sides in different formats).
+
+    The cache is uint8 ``(num_blocks, 2, block_size, num_kv_heads, row_dim)``, page-contiguous; dims
+    1-4 only size the page (``2 * block_size * num_kv_heads * row_dim`` bytes, the last few of
+    which may be padding). Side ``s`` starts at byte ``side_offsets[s]`` of its page (K at 0, V
+    at K's bytes rounded up to :data:`MIXED_SIDE_ALIGN`) and is laid out as a uniform page side of
+    its own mode: whole rows ``(t * H + h) * row_bytes[s]`` into the side, or for NVFP4 the data
+    region then the block scales, V's interleaved as in a uniform NVFP4 page
+    (:func:`nvfp4_page_index`). An unquantized side stores ``native_dtype`` (the model dtype).
+    """
+
+    kv_format: KVFormat
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    native_dtype: Optional[torch.dtype]
+    row_bytes: tuple[int, int]
+    side_offsets: tuple[int, int]
+    row_dim: int
+
+    def storage_dtype(self, side: int) -> torch.dtype:
+        """The dtype a side's encoded rows have (what ``encode_kv`` returns for its mode)."""
+        return storage_dtype(self.kv_format.side(side), self.native_dtype)
+
+    def side_index(self, side: int, device=None) -> torch.Tensor:
+        """``[block_size, num_kv_heads, row_bytes[side]]`` byte offsets from the page's start."""
+        key = (self, side, torch.device(device) if device is not None else torch.device("cpu"))
+        index = _PAGE_INDEX_CACHE.get(key)
+        if index is None:
+            index = _PAGE_INDEX_CACHE[key] = _side_byte_index(
+                self.kv_format.side(side), side, self.side_offsets[side], self.block_size, self.num_kv_heads,
+                self.head_size, self.row_bytes[side], device)
+        return index
+
+
+def mixed_page_layout(kv_format: Union[KVFormat, int], block_size: int, num_kv_heads: int, head_size: int,
+                      native_dtype: Optional[torch.dtype] = None) -> MixedPageLayout:
+    """The :class:`MixedPageLayout` of a mixed format; ValueError for a uniform format, a head size
+    a side's mode cannot store, or an unquantized side without a native ``native_dtype``."""
+    fmt = KVFormat.of(kv_format)
+    if not fmt.is_mixed:
+        raise ValueError(f"kv_format={fmt.name} stores K and V alike; mixed_page_layout describes formats whose "
+                         f"sides differ")
+    if KVQuantMode.NONE in fmt.sides and native_dtype not in NATIVE_CACHE_DTYPES:
+        raise ValueError(f"kv_format={fmt.name} keeps one side unquantized: native_dtype={native_dtype} must be one "
+                         f"of {list(NATIVE_CACHE_DTYPES)} (the model dtype)")
+    row_bytes = tuple(side_row_bytes(m, head_size, native_dtype) for m in fmt.sides)
+    rows = block_size * num_kv_heads
+    v_offset = -(-rows * row_bytes[0] // MIXED_SIDE_ALIGN) * MIXED_SIDE_ALIGN
+    page_bytes = v_offset + rows * row_bytes[1]
+    return MixedPageLayout(fmt, block_size, num_kv_heads, head_size,
+                           native_dtype if KVQuantMode.NONE in fmt.sides else None, row_bytes, (0, v_offset),
+                           -(-page_bytes // (2 * rows)))
 
 
 def check_page_contiguous(kv_cache: torch.Tensor) -> Optional[str]:
@@ -369,9 +545,34 @@ def _flat_pages(kv_cache: torch.Tensor) -> torch.Tensor:
     """``[num_blocks, page_bytes]`` view of a page-contiguous cache (pages keep their stride)."""
     problem = check_page_contiguous(kv_cache)
     if problem is not None:
-        raise ValueError(f"NVFP4 kv_cache {tuple(kv_cache.shape)}: {problem}")
+        raise ValueError(f"kv_cache {tuple(kv_cache.shape)} of a page-addressed format: {problem}")
     n, _, T, H, F = kv_cache.shape
     return kv_cache.as_strided((n, 2 * T * H * F), (kv_cache.stride(0), 1))
+
+
+#: What the row helpers below take as ``mode``: a layer's KVQuantMode (or its int), a
+#: :class:`KVFormat` or format code whose sides agree, or a mixed cache's :class:`MixedPageLayout`.
+CacheLayout = Union[KVQuantMode, KVFormat, MixedPageLayout, int, None]
+
+
+def cache_layout(kv_format: Union[KVFormat, KVQuantMode, int], kv_cache: torch.Tensor, head_size: int,
+                 native_dtype: Optional[torch.dtype] = None) -> Union[KVFormat, MixedPageLayout]:
+    """What the row helpers need to address ``kv_cache``: the format itself when its sides agree,
+    else the :class:`MixedPageLayout` of the cache's page (``head_size`` and, with an unquantized
+    side, ``native_dtype`` are needed for that)."""
+    fmt = KVFormat.of(kv_format)
+    if not fmt.is_mixed:
+        return fmt
+    return mixed_page_layout(fmt, kv_cache.shape[2], kv_cache.shape[3], head_size, native_dtype)
+
+
+def _uniform_mode(kv_cache: torch.Tensor, mode: CacheLayout) -> Optional[KVQuantMode]:
+    """The mode of a uniform layout (None: unknown, a uint8 cache is then NVFP4 pages)."""
+    if mode is None:
+        return None
+    if isinstance(mode, MixedPageLayout):
+        raise AssertionError("a mixed layout has no single mode")
+    return KVFormat.of(mode).key
 
 
 def _is_nvfp4_cache(kv_cache: torch.Tensor, mode: Optional[KVQuantMode] = None) -> bool:
@@ -383,12 +584,18 @@ def _is_nvfp4_cache(kv_cache: torch.Tensor, mode: Optional[KVQuantMode] = None) 
 
 
 def read_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor,
-                    side: int, mode: Optional[KVQuantMode] = None) -> torch.Tensor:
+                    side: int, mode: CacheLayout = None) -> torch.Tensor:
     """The encoded rows ``[L, H, row_dim]`` of slots ``(blocks[l], offsets[l])`` of one side
     (0: K, 1: V), in the format ``encode_kv`` returns whatever the page layout (a copy).
 
-    ``mode``: the layer's :class:`KVQuantMode`; without it a uint8 cache is read as NVFP4 pages
-    (pass ``KVQuantMode.FP8_PER_TOKEN_HEAD`` for those caches, whose rows are stored whole)."""
+    ``mode``: the layer's :class:`KVQuantMode`, format or, for a mixed-format cache, its
+    :class:`MixedPageLayout` (:func:`cache_layout`); without it a uint8 cache is read as NVFP4
+    pages (pass ``KVQuantMode.FP8_PER_TOKEN_HEAD`` for those caches, whose rows are stored whole)."""
+    if isinstance(mode, MixedPageLayout):
+        index = mode.side_index(side, kv_cache.device)
+        raw = _flat_pages(kv_cache)[blocks.long()[:, None, None], index[offsets.long()]]
+        return raw.view(mode.storage_dtype(side))
+    mode = _uniform_mode(kv_cache, mode)
     if not _is_nvfp4_cache(kv_cache, mode):
         return kv_cache[blocks.long(), side, offsets.long()]
     index = _page_index_for(kv_cache)[side]
@@ -396,9 +603,15 @@ def read_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch
 
 
 def write_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor,
-                     side: int, rows: torch.Tensor, mode: Optional[KVQuantMode] = None) -> None:
+                     side: int, rows: torch.Tensor, mode: CacheLayout = None) -> None:
     """Store encoded rows ``[L, H, row_dim]`` into slots ``(blocks[l], offsets[l])`` of one side
     (``mode`` as for :func:`read_cache_rows`)."""
+    if isinstance(mode, MixedPageLayout):
+        index = mode.side_index(side, kv_cache.device)
+        _flat_pages(kv_cache)[blocks.long()[:, None, None], index[offsets.long()]] = \
+            rows.contiguous().view(torch.uint8)
+        return
+    mode = _uniform_mode(kv_cache, mode)
     if not _is_nvfp4_cache(kv_cache, mode):
         kv_cache[blocks.long(), side, offsets.long()] = rows
         return
@@ -407,15 +620,31 @@ def write_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torc
     flat[blocks.long()[:, None, None], index[offsets.long()]] = rows
 
 
-def logical_cache_rows(kv_cache: torch.Tensor, mode: Optional[KVQuantMode] = None) -> torch.Tensor:
+def logical_cache_rows(kv_cache: torch.Tensor, mode: CacheLayout = None) -> torch.Tensor:
     """A tensor shaped like ``kv_cache`` whose ``[block, side, t, h]`` is that slot's encoded row
     (a copy for NVFP4 pages, ``kv_cache`` itself otherwise; ``mode`` as for :func:`read_cache_rows`):
-    for tests and inspection."""
+    for tests and inspection. Mixed-format caches have rows of two widths: see
+    :func:`logical_cache_sides`."""
+    if isinstance(mode, MixedPageLayout):
+        raise ValueError(f"a {mode.kv_format.name} cache keeps K and V rows of different widths; read it with "
+                         f"logical_cache_sides")
+    mode = _uniform_mode(kv_cache, mode)
     if not _is_nvfp4_cache(kv_cache, mode):
         return kv_cache
     index = _page_index_for(kv_cache)
     flat = _flat_pages(kv_cache)
     return flat[:, index]
+
+
+def logical_cache_sides(kv_cache: torch.Tensor, mode: CacheLayout = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(K rows, V rows)``, each ``[num_blocks, block_size, num_kv_heads, row_dim]`` in its side's
+    encoded form (``mode`` as for :func:`read_cache_rows`; any format): for tests and inspection."""
+    if isinstance(mode, MixedPageLayout):
+        flat = _flat_pages(kv_cache)
+        return tuple(flat[:, mode.side_index(side, kv_cache.device)].view(mode.storage_dtype(side))
+                     for side in (0, 1))
+    rows = logical_cache_rows(kv_cache, mode)
+    return rows[:, 0], rows[:, 1]
 
 
 # E2M1 magnitudes by code; the thresholds below implement round-to-nearest-even between them
@@ -620,6 +849,32 @@ class KVCacheSpec:
     #: Always TENSOR for unquantized (NONE) layers, which have no scales to speak of; TOKEN_HEAD for
     #: FP8_PER_TOKEN_HEAD layers, whose scales are in the cache.
     scale_granularity: KVScaleGranularity = KVScaleGranularity.TENSOR
+    #: The V side's mode where it differs from the K side's ``kv_quant_mode`` (a mixed format,
+    #: stored as uint8 pages: :func:`mixed_page_layout`); None when both sides are ``kv_quant_mode``.
+    v_quant_mode: Optional[KVQuantMode] = None
+
+    def __post_init__(self) -> None:
+        if self.v_quant_mode is not None and KVQuantMode(self.v_quant_mode) is KVQuantMode(self.kv_quant_mode):
+            object.__setattr__(self, "v_quant_mode", None)
+
+    @property
+    def kv_format(self) -> KVFormat:
+        """Both sides' modes; ``kv_format.code`` is the int this layer's ops carry as ``kv_quant_mode``."""
+        return KVFormat(self.kv_quant_mode, self.kv_quant_mode if self.v_quant_mode is None else self.v_quant_mode)
+
+    @property
+    def is_mixed(self) -> bool:
+        return self.v_quant_mode is not None
+
+    def side_storage_dtype(self, side: int) -> torch.dtype:
+        """The dtype of side 0 (K) or 1 (V)'s encoded rows (the cache's own dtype unless mixed)."""
+        if not self.is_mixed:
+            return self.kv_cache_torch_dtype
+        return storage_dtype(self.kv_format.side(side), self.model_dtype)
+
+    def page_layout(self, block_size: int) -> MixedPageLayout:
+        """The byte layout of this mixed-format layer's pages of ``block_size`` tokens."""
+        return mixed_page_layout(self.kv_format, block_size, self.num_kv_heads, self.head_size, self.model_dtype)
 
     @property
     def scale_shape(self) -> tuple[int, ...]:
@@ -668,18 +923,29 @@ class KVCacheSpec:
 
     @property
     def row_dim(self) -> int:
+        """The cache's last dimension. A mixed-format page's depends on its block size: use
+        :meth:`cache_shape` (or :meth:`page_layout`) for those."""
+        if self.is_mixed:
+            raise ValueError(f"layer {self.layer_name!r} stores K as {self.kv_quant_mode.name} and V as "
+                             f"{self.v_quant_mode.name}: its cache's row_dim depends on the block size; use "
+                             f"cache_shape(num_blocks, block_size)")
         return row_dim_for(self.kv_quant_mode, self.head_size)
+
+    def side_row_bytes(self, side: int) -> int:
+        """Bytes of one encoded (token, KV head) row of side 0 (K) or 1 (V)."""
+        return side_row_bytes(self.kv_format.side(side), self.head_size, self.side_storage_dtype(side))
 
     @property
     def bytes_per_token(self) -> int:
-        """Cache bytes per token for K and V together."""
-        return 2 * self.num_kv_heads * self.row_dim * self.kv_cache_torch_dtype.itemsize
+        """Cache bytes per token for K and V together (a mixed page's alignment padding not counted)."""
+        return self.num_kv_heads * (self.side_row_bytes(0) + self.side_row_bytes(1))
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int, int]:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a positive int")
-        return (num_blocks, 2, block_size, self.num_kv_heads, self.row_dim)
+        row_dim = self.page_layout(block_size).row_dim if self.is_mixed else self.row_dim
+        return (num_blocks, 2, block_size, self.num_kv_heads, row_dim)
 
 
 def _normalize_skip_rule(rule: object) -> str:
@@ -731,6 +997,12 @@ class KVCacheConfig:
     #: What one K/V scale covers in quantized layers: "tensor" (one scale) or "head" (one per KV
     #: head; vLLM's "attn_head"); stored as a :class:`KVScaleGranularity`. Skip layers ignore it.
     kv_scale_granularity: Union[str, KVScaleGranularity] = KVScaleGranularity.TENSOR
+    #: Per-side overrides of ``kv_cache_dtype`` (any of its names; None: ``kv_cache_dtype``), e.g.
+    #: ``k_cache_dtype="fp8", v_cache_dtype="nvfp4"``. Skip rules still give both sides the model
+    #: dtype. A layer whose sides end up in different formats stores mixed pages
+    #: (:func:`mixed_page_layout`), whose unquantized side, if any, holds the model dtype.
+    k_cache_dtype: Optional[str] = None
+    v_cache_dtype: Optional[str] = None
 
     def __post_init__(self) -> None:
         for name, value, minimum in (("tp_size", self.tp_size, 1), ("tp_rank", self.tp_rank, 0)):
@@ -747,6 +1019,9 @@ class KVCacheConfig:
                 "scales come with kv_cache_dtype='fp8_per_token_head'; allowed: 'tensor', 'head' or 'attn_head'"
             )
         _parse_dtype_name(self.kv_cache_dtype, "kv_cache_dtype")
+        for argument in ("k_cache_dtype", "v_cache_dtype"):
+            if getattr(self, argument) is not None:
+                _parse_dtype_name(getattr(self, argument), argument)
         if self.checkpoint_kv_cache_dtype is not None:
             _parse_dtype_name(self.checkpoint_kv_cache_dtype, "checkpoint_kv_cache_dtype")
         rules = self.skip_layers
@@ -856,28 +1131,33 @@ class KVCacheConfig:
             raise ValueError(f"layer {layer_name!r}: layer_index={layer_index!r} must be an int >= 0")
 
         skip = self._matching_skip_rule(layer_name, layer_index, sliding_window)
-        explicit_mode, explicit_native = _parse_dtype_name(self.kv_cache_dtype)
-        is_auto = explicit_mode is KVQuantMode.NONE and explicit_native is None
         if skip is not None:
-            mode, native, reason = KVQuantMode.NONE, model_dtype, skip
-        elif not is_auto:
-            mode, native = explicit_mode, explicit_native
-            reason = f"explicit kv_cache_dtype={self.kv_cache_dtype!r}"
-        elif self.checkpoint_kv_cache_dtype is not None:
-            mode, native = _parse_dtype_name(self.checkpoint_kv_cache_dtype, "checkpoint_kv_cache_dtype")
-            reason = f"checkpoint declares {self.checkpoint_kv_cache_dtype!r}"
+            sides = [(KVQuantMode.NONE, model_dtype, skip)] * 2
         else:
-            mode, native, reason = KVQuantMode.NONE, model_dtype, "auto: model dtype"
-        if mode is KVQuantMode.NONE and native is None:  # "auto" declared by a checkpoint
-            native = model_dtype
-        if mode is KVQuantMode.NVFP4 or mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
-            try:
-                row_dim_for(mode, head_size)
-            except ValueError as e:
-                raise ValueError(f"layer {layer_name!r}: {e}") from None
-        if mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+            sides = [self._side_choice(self.k_cache_dtype, "k_cache_dtype", model_dtype),
+                     self._side_choice(self.v_cache_dtype, "v_cache_dtype", model_dtype)]
+        (mode, native, k_reason), (v_mode, v_native, v_reason) = sides
+        reason = k_reason if k_reason == v_reason else f"K: {k_reason}; V: {v_reason}"
+        for side_mode in {mode, v_mode}:
+            if side_mode is KVQuantMode.NVFP4 or side_mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+                try:
+                    row_dim_for(side_mode, head_size)
+                except ValueError as e:
+                    raise ValueError(f"layer {layer_name!r}: {e}") from None
+        if mode is v_mode and native != v_native:
+            raise ValueError(
+                f"layer {layer_name!r}: K would be stored as {native} and V as {v_native}; unquantized sides share "
+                f"one dtype (give k_cache_dtype / v_cache_dtype the same native name, or quantize one side)")
+        if mode is not v_mode:
+            for side, side_mode, side_native in (("K", mode, native), ("V", v_mode, v_native)):
+                if side_mode is KVQuantMode.NONE and side_native != model_dtype:
+                    raise ValueError(
+                        f"layer {layer_name!r}: the unquantized {side} side of a layer whose K and V formats "
+                        f"differ ({mode.name} / {v_mode.name}) stores the model dtype {model_dtype}, not "
+                        f"{side_native}; ask for 'auto' or {str(model_dtype).replace('torch.', '')!r} there")
+        if mode is KVQuantMode.FP8_PER_TOKEN_HEAD and v_mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
             granularity = KVScaleGranularity.TOKEN_HEAD
-        elif mode.is_quantized:
+        elif mode.has_static_scales or v_mode.has_static_scales:
             granularity = self.kv_scale_granularity
         else:
             granularity = KVScaleGranularity.TENSOR
@@ -888,16 +1168,34 @@ class KVCacheConfig:
             head_size=head_size,
             model_dtype=model_dtype,
             kv_quant_mode=mode,
-            kv_cache_torch_dtype=storage_dtype(mode, native),
+            kv_cache_torch_dtype=storage_dtype(mode, native) if mode is v_mode else torch.uint8,
             sliding_window=sliding_window,
             reason=reason,
             tp_size=self.tp_size,
             tp_rank=self.tp_rank,
             total_num_kv_heads=num_kv_heads if self.tp_size > 1 else None,
             scale_granularity=granularity,
+            v_quant_mode=v_mode if v_mode is not mode else None,
         )
-        logger.debug("layer %s: %s (%s), %s", layer_name, mode.name, spec.kv_cache_torch_dtype, reason)
+        logger.debug("layer %s: %s (%s), %s", layer_name, spec.kv_format.name, spec.kv_cache_torch_dtype, reason)
         return spec
+
+    def _side_choice(self, override: Optional[str], side_argument: str, model_dtype: torch.dtype
+                     ) -> tuple[KVQuantMode, torch.dtype, str]:
+        """(mode, native dtype, reason) of one side of a layer no skip rule matches: its per-side
+        dtype (``side_argument``) if given, else ``kv_cache_dtype``, then the checkpoint's, then the model's."""
+        name, argument = (override, side_argument) if override is not None else (self.kv_cache_dtype, "kv_cache_dtype")
+        mode, native = _parse_dtype_name(name, argument)
+        if not (mode is KVQuantMode.NONE and native is None):
+            reason = f"explicit {argument}={name!r}"
+        elif self.checkpoint_kv_cache_dtype is not None:
+            mode, native = _parse_dtype_name(self.checkpoint_kv_cache_dtype, "checkpoint_kv_cache_dtype")
+            reason = f"checkpoint declares {self.checkpoint_kv_cache_dtype!r}"
+        else:
+            mode, native, reason = KVQuantMode.NONE, model_dtype, "auto: model dtype"
+        if mode is KVQuantMode.NONE and native is None:  # "auto" declared by a checkpoint
+            native = model_dtype
+        return mode, native, reason
 
 
 def describe_unmatched_skip_rules(unmatched, specs) -> str:

@@ -40,8 +40,11 @@ import torch
 
 from ..kv_cache import (
     NATIVE_CACHE_DTYPES,
+    KVFormat,
     KVQuantMode,
     check_page_contiguous,
+    head_size_of_row_dim,
+    mixed_page_layout,
     row_dim_for,
     storage_dtype,
     storage_holds,
@@ -76,6 +79,53 @@ def _mode(op: str, layer_name: str, kv_quant_mode: int) -> KVQuantMode:
         _fail(op, layer_name, f"kv_quant_mode={kv_quant_mode!r} is not one of "
               f"{[f'{m.value} ({m.name})' for m in KVQuantMode]}")
     return mode
+
+
+def _format(op: str, layer_name: str, kv_quant_mode: int):
+    """The :class:`KVQuantMode` of a uniform format code, or the :class:`KVFormat` of a mixed one
+    (K and V in different modes; :meth:`KVFormat.code`)."""
+    mode = _MODES.get(kv_quant_mode) if type(kv_quant_mode) is int else None
+    if mode is not None:
+        return mode
+    try:
+        return KVFormat.from_code(kv_quant_mode)
+    except ValueError as e:
+        _fail(op, layer_name, str(e))
+
+
+def _check_mixed_cache(op: str, layer_name: str, kv_cache: torch.Tensor, fmt: KVFormat, head_size,
+                       native_dtype: torch.dtype, native_source: str) -> None:
+    """A mixed-format cache: uint8 pages laid out by :func:`kvfuse.kv_cache.mixed_page_layout`;
+    an unquantized side holds ``native_dtype`` (the dtype of ``native_source``)."""
+    if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
+        _fail(op, layer_name, f"kv_cache must be (num_blocks, 2, block_size, num_kv_heads, row_dim), "
+              f"got shape {tuple(kv_cache.shape)}")
+    if kv_cache.dtype != torch.uint8:
+        _fail(op, layer_name, f"kv_cache.dtype={kv_cache.dtype}: a {fmt.name} (K/V) cache is uint8 pages "
+              f"(allocate it from this layer's spec)")
+    for side, mode in (("K", fmt.key), ("V", fmt.value)):
+        try:
+            row_dim_for(mode, head_size)
+        except ValueError as e:
+            _fail(op, layer_name, f"the {side} side ({mode.name}): {e}")
+    if KVQuantMode.NONE in fmt.sides and native_dtype not in NATIVE_CACHE_DTYPES:
+        _fail(op, layer_name, f"{native_source}.dtype={native_dtype}: the unquantized side of a {fmt.name} cache "
+              f"holds one of {list(NATIVE_CACHE_DTYPES)}")
+    layout = mixed_page_layout(fmt, kv_cache.shape[2], kv_cache.shape[3], head_size, native_dtype)
+    if kv_cache.shape[4] != layout.row_dim:
+        unquantized = (f" and an unquantized side of {native_source}'s dtype {native_dtype}"
+                       if KVQuantMode.NONE in fmt.sides else "")
+        _fail(op, layer_name, f"kv_cache row_dim={kv_cache.shape[4]} does not fit a {fmt.name} (K/V) page of "
+              f"block_size {kv_cache.shape[2]}, {kv_cache.shape[3]} KV heads, head_size {head_size}{unquantized} "
+              f"(expected {layout.row_dim})")
+    problem = check_page_contiguous(kv_cache)
+    if problem is not None:
+        _fail(op, layer_name, f"{fmt.name} (K/V) kv_cache {tuple(kv_cache.shape)}: {problem}; allocate it with "
+              f"kvfuse.allocate_kv_cache")
+    # Rows of every side format hold 2- or 4-byte words (bf16 values, per-token-head float32 scales).
+    if kv_cache.stride(0) % 4 or kv_cache.storage_offset() % 4:
+        _fail(op, layer_name, f"{fmt.name} (K/V) kv_cache has page stride {kv_cache.stride(0)} and storage offset "
+              f"{kv_cache.storage_offset()}; both must be multiples of 4 bytes, as kvfuse.allocate_kv_cache makes them")
 
 
 def _check_devices(op: str, layer_name: str, **tensors: torch.Tensor) -> None:
@@ -224,7 +274,20 @@ KVFUSE_LIB.define(
 
 def _validate_cache_write(key_rows, value_rows, kv_cache, slot_mapping, kv_quant_mode, layer_name) -> KVQuantMode:
     op = "cache_write"
-    mode = _mode(op, layer_name, kv_quant_mode)
+    mode = _format(op, layer_name, kv_quant_mode)
+    if isinstance(mode, KVFormat):
+        _check_mixed_rows(op, layer_name, key_rows, value_rows, kv_cache, mode)
+    else:
+        _check_rows(op, layer_name, key_rows, value_rows, kv_cache, mode)
+    _check(key_rows.shape[0] == value_rows.shape[0], op, layer_name,
+           lambda: f"key_rows has {key_rows.shape[0]} tokens but value_rows has {value_rows.shape[0]}")
+    _check_slots(op, layer_name, slot_mapping, key_rows.shape[0])
+    _check_devices(op, layer_name, key_rows=key_rows, value_rows=value_rows, kv_cache=kv_cache,
+                   slot_mapping=slot_mapping)
+    return mode
+
+
+def _check_rows(op: str, layer_name: str, key_rows, value_rows, kv_cache, mode: KVQuantMode) -> None:
     _check_cache(op, layer_name, kv_cache, mode)
     for name, rows in (("key_rows", key_rows), ("value_rows", value_rows)):
         if rows.dim() != 3:
@@ -237,12 +300,33 @@ def _validate_cache_write(key_rows, value_rows, kv_cache, slot_mapping, kv_quant
                   f"holds {tuple(kv_cache.shape[3:])}")
         if rows.stride(-1) != 1:
             _fail(op, layer_name, f"{name} must have a contiguous last dim, got strides {tuple(rows.stride())}")
-    _check(key_rows.shape[0] == value_rows.shape[0], op, layer_name,
-           lambda: f"key_rows has {key_rows.shape[0]} tokens but value_rows has {value_rows.shape[0]}")
-    _check_slots(op, layer_name, slot_mapping, key_rows.shape[0])
-    _check_devices(op, layer_name, key_rows=key_rows, value_rows=value_rows, kv_cache=kv_cache,
-                   slot_mapping=slot_mapping)
-    return mode
+
+
+def _check_mixed_rows(op: str, layer_name: str, key_rows, value_rows, kv_cache, fmt: KVFormat) -> None:
+    """Encoded rows of a mixed-format layer: each side in its own mode's storage dtype and width."""
+    head_sizes, native, native_source = [], None, "key_rows"
+    for name, rows, mode in (("key_rows", key_rows, fmt.key), ("value_rows", value_rows, fmt.value)):
+        if rows.dim() != 3 or rows.stride(-1) != 1:
+            _fail(op, layer_name, f"{name} must be [num_tokens, num_kv_heads, row_dim] with a contiguous last dim, "
+                  f"got shape {tuple(rows.shape)} strides {tuple(rows.stride())}")
+        if mode is KVQuantMode.NONE:
+            native, native_source = rows.dtype, name
+            allowed = NATIVE_CACHE_DTYPES
+        else:
+            allowed = (storage_dtype(mode),)
+        if rows.dtype not in allowed:
+            _fail(op, layer_name, f"{name}.dtype={rows.dtype} is not what {mode.name} rows are ({list(allowed)}); "
+                  f"encode them with kvfuse::encode_kv in the {name[0].upper()} side's mode first")
+        head_size = head_size_of_row_dim(mode, rows.shape[2])
+        if head_size <= 0 or row_dim_for(mode, head_size) != rows.shape[2]:
+            _fail(op, layer_name, f"{name} rows are {rows.shape[2]} wide, not a {mode.name} row width")
+        head_sizes.append(head_size)
+        if rows.shape[1] != kv_cache.shape[3]:
+            _fail(op, layer_name, f"{name} has {rows.shape[1]} heads but the cache holds {kv_cache.shape[3]}")
+    if head_sizes[0] != head_sizes[1]:
+        _fail(op, layer_name, f"key_rows ({fmt.key.name}, {key_rows.shape[2]} wide) hold head_size {head_sizes[0]} but "
+              f"value_rows ({fmt.value.name}, {value_rows.shape[2]} wide) hold {head_sizes[1]}")
+    _check_mixed_cache(op, layer_name, kv_cache, fmt, head_sizes[0], native, native_source)
 
 
 @torch.library.register_fake("kvfuse::cache_write", lib=KVFUSE_LIB)
@@ -273,7 +357,7 @@ KVFUSE_LIB.define(
 
 def _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode,
                                      layer_name, op: str = "encode_and_cache_write") -> KVQuantMode:
-    mode = _mode(op, layer_name, kv_quant_mode)
+    mode = _format(op, layer_name, kv_quant_mode)
     _check_kv_input(op, layer_name, "key", key)
     _check_kv_input(op, layer_name, "value", value)
     if key.dtype != value.dtype or tuple(key.shape[1:]) != tuple(value.shape[1:]):
@@ -281,12 +365,18 @@ def _validate_encode_and_cache_write(key, value, kv_cache, slot_mapping, k_scale
               f"{tuple(value.shape)}) must have the same dtype and [heads, head_size]")
     _check(key.shape[0] == value.shape[0], op, layer_name,
            lambda: f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
-    _check_cache(op, layer_name, kv_cache, mode)
-    _check_head_size(op, layer_name, mode, key.shape[-1])
-    expected = (key.shape[1], row_dim_for(mode, key.shape[2]))
-    if tuple(kv_cache.shape[3:]) != expected:
-        _fail(op, layer_name, f"kv_cache holds (heads, row_dim)={tuple(kv_cache.shape[3:])} but key "
-              f"{tuple(key.shape)} in mode {mode.name} needs {expected}")
+    if isinstance(mode, KVFormat):
+        _check_mixed_cache(op, layer_name, kv_cache, mode, key.shape[2], key.dtype, "key")
+        if kv_cache.shape[3] != key.shape[1]:
+            _fail(op, layer_name, f"kv_cache holds {kv_cache.shape[3]} KV heads but key {tuple(key.shape)} has "
+                  f"{key.shape[1]}")
+    else:
+        _check_cache(op, layer_name, kv_cache, mode)
+        _check_head_size(op, layer_name, mode, key.shape[-1])
+        expected = (key.shape[1], row_dim_for(mode, key.shape[2]))
+        if tuple(kv_cache.shape[3:]) != expected:
+            _fail(op, layer_name, f"kv_cache holds (heads, row_dim)={tuple(kv_cache.shape[3:])} but key "
+                  f"{tuple(key.shape)} in mode {mode.name} needs {expected}")
     _check_scale(op, layer_name, "k_scale", k_scale, key.shape[1])
     _check_scale(op, layer_name, "v_scale", v_scale, key.shape[1])
     _check_slots(op, layer_name, slot_mapping, key.shape[0])
@@ -421,15 +511,18 @@ def _validate_paged_attention(query, kv_cache, k_scale, v_scale, block_table, se
                               kv_quant_mode, sm_scale, sliding_window, layer_name, logit_softcap=0.0,
                               sinks=None, key=None, value=None) -> KVQuantMode:
     op = "paged_attention"
-    mode = _mode(op, layer_name, kv_quant_mode)
+    mode = _format(op, layer_name, kv_quant_mode)
     _check_kv_input(op, layer_name, "query", query)
-    _check_cache(op, layer_name, kv_cache, mode)
     num_q_heads, head_size = query.shape[1], query.shape[2]
-    num_kv_heads, row_dim = kv_cache.shape[3], kv_cache.shape[4]
-    _check_head_size(op, layer_name, mode, head_size)
-    if row_dim != row_dim_for(mode, head_size):
-        _fail(op, layer_name, f"kv_cache row_dim={row_dim} does not fit head_size={head_size} in mode "
-              f"{mode.name} (expected {row_dim_for(mode, head_size)})")
+    if isinstance(mode, KVFormat):
+        _check_mixed_cache(op, layer_name, kv_cache, mode, head_size, query.dtype, "query")
+    else:
+        _check_cache(op, layer_name, kv_cache, mode)
+        _check_head_size(op, layer_name, mode, head_size)
+        if kv_cache.shape[4] != row_dim_for(mode, head_size):
+            _fail(op, layer_name, f"kv_cache row_dim={kv_cache.shape[4]} does not fit head_size={head_size} in mode "
+                  f"{mode.name} (expected {row_dim_for(mode, head_size)})")
+    num_kv_heads = kv_cache.shape[3]
     if num_q_heads % num_kv_heads:
         _fail(op, layer_name, f"query has {num_q_heads} heads, not a multiple of the cache's {num_kv_heads} KV heads")
     _check_scale(op, layer_name, "k_scale", k_scale, num_kv_heads)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import (KVQuantMode, fp8_keep_nan_sign, fp8_max, fp8_per_token_head_dequantize_reference,
+from ..kv_cache import (KVFormat, KVQuantMode, cache_layout, fp8_keep_nan_sign, head_size_of_row_dim, fp8_max, fp8_per_token_head_dequantize_reference,
                         fp8_per_token_head_quantize_reference, nvfp4_dequantize_reference, nvfp4_quantize_reference,
                         read_cache_rows, write_cache_rows)
 from .registry import ALL_MODES, OPS, AttentionCall, Implementation
@@ -20,7 +20,7 @@ __all__ = ["encode_kv", "cache_write", "encode_and_cache_write", "apply_rope", "
 #: Runs everything, everywhere; chosen last (its rank), as the fallback and the oracle.
 IMPLEMENTATION = Implementation(
     name="reference", module=__name__, ops=frozenset(OPS), devices=frozenset({"cpu", "cuda"}), modes=ALL_MODES,
-    available=lambda op, device_type, mode: None, rank=lambda situation: 9,
+    available=lambda op, device_type, mode: None, rank=lambda situation: 9, mixed_format_ops=frozenset(OPS),
 )
 
 
@@ -76,7 +76,9 @@ def cache_write(
     """Scatter rows into ``kv_cache[block, 0|1, offset]`` with ``slot = block * block_size + offset``.
 
     NVFP4 rows are split over their page's data and block-scale regions
-    (:func:`kvfuse.kv_cache.nvfp4_page_index`). Tokens whose slot is -1 are skipped. Duplicate
+    (:func:`kvfuse.kv_cache.nvfp4_page_index`); a mixed format's (``kv_quant_mode`` a
+    :class:`kvfuse.KVFormat` code whose sides differ) go to their side of the page
+    (:func:`kvfuse.kv_cache.mixed_page_layout`). Tokens whose slot is -1 are skipped. Duplicate
     slots within one call: one of the writers wins. ``kv_quant_mode``: the layer's mode (None: a
     uint8 cache is taken for NVFP4, see :func:`kvfuse.kv_cache.read_cache_rows`).
     """
@@ -87,9 +89,14 @@ def cache_write(
         return
     slots = slots[valid]
     blocks, offsets = slots // block_size, slots % block_size
-    mode = None if kv_quant_mode is None else KVQuantMode(kv_quant_mode)
-    write_cache_rows(kv_cache, blocks, offsets, 0, key_rows[valid], mode)
-    write_cache_rows(kv_cache, blocks, offsets, 1, value_rows[valid], mode)
+    layout = None
+    if kv_quant_mode is not None:
+        fmt = KVFormat.of(kv_quant_mode)
+        native = key_rows.dtype if fmt.key is KVQuantMode.NONE else value_rows.dtype
+        layout = cache_layout(fmt, kv_cache, head_size_of_row_dim(fmt.key, key_rows.shape[-1]), native)
+    write_cache_rows(kv_cache, blocks, offsets, 0, key_rows[valid], layout)
+    write_cache_rows(kv_cache, blocks, offsets, 1, value_rows[valid], layout)
+
 
 
 def encode_and_cache_write(
@@ -101,13 +108,19 @@ def encode_and_cache_write(
     v_scale: torch.Tensor,
     kv_quant_mode: int,
 ) -> None:
-    """The fused op's semantics: exactly :func:`encode_kv` of K and V followed by :func:`cache_write`."""
+    """The fused op's semantics: exactly :func:`encode_kv` of K and V (each in its side's mode and
+    storage dtype: a mixed format's unquantized side keeps the key's dtype) followed by :func:`cache_write`."""
+    fmt = KVFormat.of(kv_quant_mode)
+    dtypes = [kv_cache.dtype] * 2
+    if fmt.is_mixed:
+        layout = cache_layout(fmt, kv_cache, key.shape[-1], key.dtype)
+        dtypes = [layout.storage_dtype(0), layout.storage_dtype(1)]
     cache_write(
-        encode_kv(key, k_scale, kv_quant_mode, kv_cache.dtype),
-        encode_kv(value, v_scale, kv_quant_mode, kv_cache.dtype),
+        encode_kv(key, k_scale, fmt.key, dtypes[0]),
+        encode_kv(value, v_scale, fmt.value, dtypes[1]),
         kv_cache,
         slot_mapping,
-        kv_quant_mode,
+        fmt.code,
     )
 
 
@@ -193,6 +206,9 @@ def paged_attention(call: AttentionCall) -> torch.Tensor:
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_q_heads // num_kv_heads
     out = torch.zeros(num_tokens, num_q_heads, head_size, dtype=torch.float32, device=query.device)
+    fmt = KVFormat.of(kv_quant_mode)
+    # A mixed format's unquantized side holds the model dtype, which the query has.
+    layout = cache_layout(fmt, kv_cache, head_size, query.dtype)
     qsl = call.query_start_loc.tolist()
     lens = call.seq_lens.tolist()
     for b, seq_len in enumerate(lens):
@@ -203,9 +219,8 @@ def paged_attention(call: AttentionCall) -> torch.Tensor:
         positions = torch.arange(seq_len, device=query.device)
         blocks = block_table[b, positions // block_size].long()
         offsets = positions % block_size
-        mode = KVQuantMode(kv_quant_mode)
-        k = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 0, mode), k_scale, mode)  # [L, Hkv, D]
-        v = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 1, mode), v_scale, mode)
+        k = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 0, layout), k_scale, fmt.key)  # [L, Hkv, D]
+        v = decode_rows(read_cache_rows(kv_cache, blocks, offsets, 1, layout), v_scale, fmt.value)
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         q = query[q_start:q_end].float()  # [q_len, Hq, D]

@@ -8,6 +8,8 @@ per-op protocols below (:class:`EncodeKV`, :class:`CacheWrite`, :class:`EncodeAn
 :class:`RopeEncodeAndCacheWrite`, :class:`PagedAttentionKernel`), so each signature is written once, here.
 
 A choice is made once per :class:`Situation` ``(op, device type, mode, size class, captured)``
+(``mode``: a :class:`KVQuantMode`, or a :class:`KVFormat` for layers whose K and V formats
+differ, which only implementations declaring ``mixed_format_ops`` run)
 and cached; the per-call path (:func:`kernel`) is one size-class test and one dict lookup.
 The size class and the capture flag exist for CUDA cache ops only, where the measured policy in
 :mod:`.tuning` prefers Triton for bulk writes and, for some formats, under CUDA-graph capture.
@@ -23,12 +25,12 @@ import importlib
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Protocol
+from typing import Callable, NamedTuple, Optional, Protocol, Union
 
 import torch
 
 from .. import envs
-from ..kv_cache import KVQuantMode
+from ..kv_cache import KVFormat, KVQuantMode
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +94,8 @@ class AttentionCall:
     block_table: torch.Tensor
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
-    kv_quant_mode: KVQuantMode
+    #: The layer's mode, or its :class:`KVFormat` where K and V are stored in different modes.
+    kv_quant_mode: Union[KVQuantMode, KVFormat]
     sm_scale: float
     sliding_window: Optional[int]
     #: ``c * tanh(s / c)`` on the scaled scores when > 0 (Gemma 2); 0.0 leaves them as they are.
@@ -141,7 +144,7 @@ class Situation(NamedTuple):
 
     op: str
     device_type: str
-    mode: KVQuantMode
+    mode: Union[KVQuantMode, KVFormat]  # a KVFormat only for mixed formats (K and V differ)
     size_class: str  # "small" or "bulk" (CUDA cache ops), else "any"
     captured: bool  # a CUDA graph is being captured (only where the policy cares)
     per_head_scales: bool = False  # k_scale / v_scale hold one value per KV head
@@ -170,6 +173,8 @@ class Implementation:
     #: Device types on which its kernels take per-KV-head scales (None: every device it runs on); on
     #: the others a call with per-head scales goes to the next implementation.
     per_head_scale_devices: Optional[frozenset] = None
+    #: The ops it runs for mixed formats (a K side and a V side in different modes, each in ``modes``).
+    mixed_format_ops: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         if self.name not in envs.BACKEND_NAMES:
@@ -184,7 +189,10 @@ class Implementation:
             return f"{self.name} implements {', '.join(sorted(self.ops))}, not {op}"
         if device_type not in self.devices:
             return f"{self.name} runs on {', '.join(sorted(self.devices))}, not {device_type}"
-        if mode not in self.modes:
+        if isinstance(mode, KVFormat):
+            if op not in self.mixed_format_ops or not set(mode.sides) <= self.modes:
+                return f"{self.name} does not support {mode.name} (K/V) caches for {op}"
+        elif mode not in self.modes:
             return f"{self.name} does not support {mode.name} caches for {op}"
         if per_head_scales and self.per_head_scale_devices is not None and device_type not in self.per_head_scale_devices:
             return f"{self.name} takes only per-tensor scales for {op} on {device_type}, not one per KV head"
@@ -230,7 +238,7 @@ def unavailable_reason(name: str, op: str, device_type: str, mode, per_head_scal
     impl = implementations().get(name)
     if impl is None:
         return f"{name!r} is not a kvfuse backend; valid: {', '.join(implementations())}"
-    mode = KVQuantMode(mode)
+    mode = situation_mode(mode)
     reason = impl.covers(op, device_type, mode, per_head_scales)
     if reason is None:
         try:
@@ -279,8 +287,16 @@ def choose(situation: Situation) -> Choice:
     return choice
 
 
+def situation_mode(mode) -> Union[KVQuantMode, KVFormat]:
+    """What a :class:`Situation` holds for a mode, format or format code: the :class:`KVQuantMode`
+    when both sides agree, else the mixed :class:`KVFormat` (ValueError for an unknown code)."""
+    fmt = KVFormat.of(mode)
+    return fmt if fmt.is_mixed else fmt.key
+
+
 def situation(op: str, device_type: str, mode: KVQuantMode, num_tokens: Optional[int] = None) -> Situation:
-    if device_type == "cuda" and op in CACHE_OPS:
+    mode = situation_mode(mode)
+    if device_type == "cuda" and op in CACHE_OPS and not isinstance(mode, KVFormat):
         from . import tuning
 
         policy = tuning.cuda_cache_write_policy()
@@ -305,7 +321,8 @@ class Route:
     def __init__(self, op: str, device_type: str, mode: KVQuantMode, per_head: bool = False) -> None:
         self.op, self.device_type, self.mode, self.per_head = op, device_type, mode, per_head
         self.limit, self.capture_sensitive = None, False
-        if device_type == "cuda" and op in CACHE_OPS:
+        # The measured CUDA policy is about formats csrc/ writes; mixed formats have one choice.
+        if device_type == "cuda" and op in CACHE_OPS and not isinstance(mode, KVFormat):
             from . import tuning
 
             policy = tuning.cuda_cache_write_policy()
@@ -338,21 +355,22 @@ def route(op: str, device_type: str, mode_value: int, per_head: bool = False) ->
     key = (op, device_type, mode_value, per_head)
     found = _routes.get(key)
     if found is None:
-        found = _routes[key] = Route(op, device_type, KVQuantMode(mode_value), per_head)
+        found = _routes[key] = Route(op, device_type, situation_mode(mode_value), per_head)
     return found
 
 
-def kernel(op: str, device_type: str, mode: KVQuantMode, num_tokens: Optional[int] = None,
+def kernel(op: str, device_type: str, mode: Union[KVQuantMode, KVFormat], num_tokens: Optional[int] = None,
            per_head_scales: bool = False) -> Callable:
     """The kernel function that runs ``op`` now (the per-call path of the public ops)."""
-    return route(op, device_type, int(mode), per_head_scales).pick(num_tokens).kernel
+    code = mode.code if isinstance(mode, KVFormat) else int(mode)
+    return route(op, device_type, code, per_head_scales).pick(num_tokens).kernel
 
 
 def select(op: str, device_type: str, mode, num_tokens: Optional[int] = None,
            per_head_scales: bool = False) -> Choice:
     """``(name, kernel)`` for ``op`` on ``device_type`` with cache mode ``mode`` and ``num_tokens`` tokens."""
     family(op)
-    return route(op, device_type, int(KVQuantMode(mode)), per_head_scales).pick(num_tokens)
+    return route(op, device_type, KVFormat.of(mode).code, per_head_scales).pick(num_tokens)
 
 
 def decisions(device_type: str) -> list[dict]:
