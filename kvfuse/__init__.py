@@ -11,6 +11,7 @@ from .calibration import calibrate_scales
 from .kv_cache import (
     KVCacheConfig,
     KVCacheSpec,
+    KVFormat,
     KVQuantMode,
     KVScaleGranularity,
     allocate_kv_cache,
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "KVQuantMode",
+    "KVFormat",
     "KVScaleGranularity",
     "parse_kv_cache_dtype",
     "KVCacheConfig",

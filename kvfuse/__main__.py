@@ -121,6 +121,12 @@ def _skip_rule_warning(config: KVCacheConfig, specs) -> Optional[str]:
     return f"warning: {message} (--strict-skip-layers makes this an error)"
 
 
+def _side_request(config: KVCacheConfig) -> str:
+    """`` k_cache_dtype=... v_cache_dtype=...`` for the per-side requests that were given."""
+    return "".join(f" {name}={getattr(config, name)!r}" for name in ("k_cache_dtype", "v_cache_dtype")
+                   if getattr(config, name) is not None)
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -131,7 +137,7 @@ def _spec_rows(specs) -> list:
             i,
             spec.layer_name,
             spec.sliding_window if spec.sliding_window is not None else "-",
-            spec.kv_quant_mode.name,
+            spec.kv_format.name,
             _dtype_name(spec.kv_cache_torch_dtype),
             spec.bytes_per_token,
             spec.reason,
@@ -157,6 +163,8 @@ def _config_from_args(args) -> KVCacheConfig:
         skip_layers=_skip_rules(args.skip_layers),
         checkpoint_kv_cache_dtype=args.checkpoint_kv_cache_dtype,
         strict_skip_layers=args.strict_skip_layers,
+        k_cache_dtype=args.k_cache_dtype,
+        v_cache_dtype=args.v_cache_dtype,
     )
 
 
@@ -164,6 +172,10 @@ def _add_cache_flags(p: argparse.ArgumentParser, *, dtype_default: str, skip_def
     p.add_argument("--kv-cache-dtype", "--dtype", default=dtype_default,
                    help="KV-cache dtype request: auto, bfloat16, float16, half, float32, float, fp8, fp8_e4m3, "
                         f"fp8_inc, fp8_e5m2, nvfp4 (default: {dtype_default})")
+    for side in ("k", "v"):
+        p.add_argument(f"--{side}-cache-dtype", default=None,
+                       help=f"the {side.upper()} side's dtype where it differs from --kv-cache-dtype (any of its "
+                            f"names; e.g. --k-cache-dtype fp8 --v-cache-dtype nvfp4)")
     p.add_argument("--skip-layers", default=skip_default,
                    help="comma-separated skip rules kept in the model dtype: layer indices, 'sliding_window', or "
                         f"full layer names (default: {skip_default or 'none'})")
@@ -198,7 +210,7 @@ def cmd_explain(args) -> int:
         for i in range(args.layers)
     ]
     warning = _skip_rule_warning(config, specs)
-    print(f"kv_cache_dtype={config.kv_cache_dtype!r} skip_layers={list(config.skip_layers)} "
+    print(f"kv_cache_dtype={config.kv_cache_dtype!r}{_side_request(config)} skip_layers={list(config.skip_layers)} "
           f"checkpoint_kv_cache_dtype={config.checkpoint_kv_cache_dtype!r}")
     print(f"model dtype {_dtype_name(model_dtype)}, {args.kv_heads} KV heads x head size {args.head_size}; "
           f"sliding-window layers: {', '.join(map(str, sorted(windowed))) or 'none'}")

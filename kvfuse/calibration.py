@@ -68,6 +68,9 @@ class ScaleCalibration:
     v_amax: Union[float, list]
     k_scale: Union[float, list]
     v_scale: Union[float, list]
+    #: The V side's mode (``kv_quant_mode`` is the K side's; they differ in mixed formats, whose
+    #: unquantized or per-token-head side keeps its scale unchanged).
+    v_quant_mode: Optional[KVQuantMode] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.granularity, KVScaleGranularity):
@@ -106,14 +109,17 @@ class _Observer:
         self.tokens += int(valid.sum()) if valid is not None else key.shape[0]
         self.apply()
 
-    def _scale(self, amax: Optional[torch.Tensor], initial: torch.Tensor) -> torch.Tensor:
-        if amax is None:
+    def _scale(self, amax: Optional[torch.Tensor], initial: torch.Tensor, mode: KVQuantMode) -> torch.Tensor:
+        # A side without static scales (unquantized, per-token-head) keeps its unread placeholder.
+        if amax is None or not mode.has_static_scales:
             return initial
         # A head (or tensor) that was all zeros has no amax: it keeps its scale rather than get 0.
-        return torch.where(amax > 0, amax / format_max(self.layer.spec.kv_quant_mode), initial.to(amax.device))
+        return torch.where(amax > 0, amax / format_max(mode), initial.to(amax.device))
 
     def apply(self) -> None:
-        self.layer.set_scales(self._scale(self.k_amax, self.k_initial), self._scale(self.v_amax, self.v_initial))
+        fmt = self.layer.spec.kv_format
+        self.layer.set_scales(self._scale(self.k_amax, self.k_initial, fmt.key),
+                              self._scale(self.v_amax, self.v_initial, fmt.value))
 
     def summary(self) -> ScaleCalibration:
         def plain(t: Optional[torch.Tensor]):
@@ -123,6 +129,7 @@ class _Observer:
 
         return ScaleCalibration(
             layer_name=self.layer.layer_name, kv_quant_mode=self.layer.spec.kv_quant_mode,
+            v_quant_mode=self.layer.spec.kv_format.value,
             granularity=self.granularity, tokens=self.tokens, k_amax=plain(self.k_amax), v_amax=plain(self.v_amax),
             k_scale=plain(self.layer.k_scale), v_scale=plain(self.layer.v_scale))
 
@@ -171,9 +178,9 @@ def calibrate_scales(
     observers: list[_Observer] = []
     for layer in layers:
         spec = layer.spec
-        if not spec.kv_quant_mode.has_static_scales:
+        if not spec.kv_format.has_static_scales:
             # NONE has no scales; FP8_PER_TOKEN_HEAD computes each row's scale as it writes the row.
-            logger.debug("layer %s: %s cache, no scales to calibrate", layer.layer_name, spec.kv_quant_mode.name)
+            logger.debug("layer %s: %s cache, no scales to calibrate", layer.layer_name, spec.kv_format.name)
             continue
         own = spec.scale_granularity
         chosen = wanted or own

@@ -56,6 +56,9 @@ def add_generate_parser(sub, emit: Callable[[str], None]) -> argparse.ArgumentPa
                    help=f"local model directory, or a tiny random architecture: {', '.join(TINY_MODELS)} "
                         f"(default: llama)")
     p.add_argument("--kv-cache-dtype", default="fp8", help="KV-cache dtype request (default: fp8)")
+    for side in ("k", "v"):
+        p.add_argument(f"--{side}-cache-dtype", default=None,
+                       help=f"the {side.upper()} side's dtype where it differs from --kv-cache-dtype")
     p.add_argument("--skip-layers", default="sliding_window",
                    help="comma-separated skip rules: layer indices, 'sliding_window', layer names "
                         "(default: sliding_window)")
@@ -103,7 +106,8 @@ def cmd_generate(args, emit: Callable[[str], None]) -> int:
     dtype = _model_dtype(args.model_dtype) if args.model_dtype else (
         torch.bfloat16 if device == "cuda" else torch.float32)
     config = kvfuse.KVCacheConfig(kv_cache_dtype=args.kv_cache_dtype, skip_layers=_skip_rules(args.skip_layers),
-                                  checkpoint_kv_cache_dtype=args.checkpoint_kv_cache_dtype)
+                                  checkpoint_kv_cache_dtype=args.checkpoint_kv_cache_dtype,
+                                  k_cache_dtype=args.k_cache_dtype, v_cache_dtype=args.v_cache_dtype)
     model = kvt.enable(_load_model(args, dtype, device), config, block_size=args.block_size)
     specs = [layer.spec for layer in kvt.kvfuse_layers(model)]
     emit(f"model: {args.model} ({type(model).__name__}, {str(dtype).replace('torch.', '')}, {device})")

@@ -466,7 +466,8 @@ class MixedPageLayout:
 
     The cache is uint8 ``(num_blocks, 2, block_size, num_kv_heads, row_dim)``, page-contiguous; dims
     1-4 only size the page (``2 * block_size * num_kv_heads * row_dim`` bytes, the last few of
-    which may be padding). Side ``s`` starts at byte ``side_offsets[s]`` of its page (K at 0, V
+    which may be padding; ``row_dim`` is a multiple of the widest side's element size, so the
+    cache can be viewed as each side's dtype). Side ``s`` starts at byte ``side_offsets[s]`` of its page (K at 0, V
     at K's bytes rounded up to :data:`MIXED_SIDE_ALIGN`) and is laid out as a uniform page side of
     its own mode: whole rows ``(t * H + h) * row_bytes[s]`` into the side, or for NVFP4 the data
     region then the block scales, V's interleaved as in a uniform NVFP4 page
@@ -512,9 +513,11 @@ def mixed_page_layout(kv_format: Union[KVFormat, int], block_size: int, num_kv_h
     rows = block_size * num_kv_heads
     v_offset = -(-rows * row_bytes[0] // MIXED_SIDE_ALIGN) * MIXED_SIDE_ALIGN
     page_bytes = v_offset + rows * row_bytes[1]
+    # row_dim a multiple of the widest side element, so that the cache can be viewed as each side's dtype.
+    word = max(storage_dtype(m, native_dtype).itemsize for m in fmt.sides)
+    row_dim = -(-page_bytes // (2 * rows * word)) * word
     return MixedPageLayout(fmt, block_size, num_kv_heads, head_size,
-                           native_dtype if KVQuantMode.NONE in fmt.sides else None, row_bytes, (0, v_offset),
-                           -(-page_bytes // (2 * rows)))
+                           native_dtype if KVQuantMode.NONE in fmt.sides else None, row_bytes, (0, v_offset), row_dim)
 
 
 def check_page_contiguous(kv_cache: torch.Tensor) -> Optional[str]:

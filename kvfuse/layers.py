@@ -118,6 +118,7 @@ class PagedAttention(nn.Module):
 
     @property
     def kv_quant_mode(self):
+        """The K side's mode (both sides' unless ``spec.is_mixed``; ``spec.kv_format`` has both)."""
         return self.spec.kv_quant_mode
 
     def set_scales(self, k_scale, v_scale) -> None:
@@ -146,7 +147,7 @@ class PagedAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self.layer_name!r}, heads={self.num_heads}/{self.num_kv_heads}, head_size={self.head_size}, "
-            f"kv_cache={self.spec.kv_quant_mode.name}/{self.spec.kv_cache_torch_dtype}"
+            f"kv_cache={self.spec.kv_format.name}/{self.spec.kv_cache_torch_dtype}"
             + (", scales=per KV head" if self.spec.scale_shape else "")
             + (f", sliding_window={self.sliding_window}" if self.sliding_window is not None else "")
             + (f", logit_softcap={self.logit_softcap}" if self.logit_softcap else "")
@@ -200,19 +201,24 @@ class PagedAttention(nn.Module):
         spec = self.spec
         self._check_argument_types(query, key, value, kv_cache, metadata)
         self._check_shapes(query, key, value)
-        if kv_cache.dtype != spec.kv_cache_torch_dtype or kv_cache.dim() != 5 or tuple(kv_cache.shape[3:]) != (
-            spec.num_kv_heads, spec.row_dim
-        ):
+        expected_shape = (spec.cache_shape(1, kv_cache.shape[2])[1:] if kv_cache.dim() == 5 and kv_cache.shape[2] > 0
+                          else None)
+        if kv_cache.dtype != spec.kv_cache_torch_dtype or tuple(kv_cache.shape[1:]) != expected_shape:
+            needed = (f"(num_blocks, {', '.join(map(str, expected_shape))})" if expected_shape is not None else
+                      f"(num_blocks, 2, block_size, {spec.num_kv_heads}, row_dim)")
             raise ValueError(
                 f"layer {self.layer_name!r}: kv_cache is {kv_cache.dtype} {tuple(kv_cache.shape)} but this layer's "
-                f"spec needs {spec.kv_cache_torch_dtype} (num_blocks, 2, block_size, {spec.num_kv_heads}, "
-                f"{spec.row_dim}); allocate it with kvfuse.allocate_kv_cache(layer.spec, ...)"
+                f"spec needs {spec.kv_cache_torch_dtype} {needed}; allocate it with "
+                f"kvfuse.allocate_kv_cache(layer.spec, ...)"
             )
-        mode = int(spec.kv_quant_mode)
+        fmt = spec.kv_format
+        mode = fmt.code
         if torch.compiler.is_compiling():
             # The unfused form: kvfuse's Inductor pass fuses it per layer and reports what it did.
-            key_rows = torch.ops.kvfuse.encode_kv(key, self.k_scale, mode, spec.kv_cache_torch_dtype, self.layer_name)
-            value_rows = torch.ops.kvfuse.encode_kv(value, self.v_scale, mode, spec.kv_cache_torch_dtype,
+            # Each side is encoded in its own mode (they differ in mixed formats).
+            key_rows = torch.ops.kvfuse.encode_kv(key, self.k_scale, int(fmt.key), spec.side_storage_dtype(0),
+                                                  self.layer_name)
+            value_rows = torch.ops.kvfuse.encode_kv(value, self.v_scale, int(fmt.value), spec.side_storage_dtype(1),
                                                     self.layer_name)
             torch.ops.kvfuse.cache_write(key_rows, value_rows, kv_cache, metadata.slot_mapping, mode,
                                          self.layer_name)

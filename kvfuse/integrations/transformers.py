@@ -274,10 +274,15 @@ def load_kv_scales(model: nn.Module, scales: Optional[Mapping[str, Any]] = None,
             values.append(t)
         if len(values) < 2:
             continue
-        mode = layer.spec.kv_quant_mode
-        if not mode.has_static_scales or (mode is KVQuantMode.NVFP4 and declared_mode is not KVQuantMode.NVFP4):
-            logger.debug("layer %s: checkpoint scales ignored (cache mode %s)", layer.layer_name, mode.name)
+        # Per side (K and V may differ): a checkpoint scale means what its declared format means, so
+        # an NVFP4 side takes it only from an NVFP4 checkpoint; a side that takes none keeps its own.
+        fmt = layer.spec.kv_format
+        takes = [mode.has_static_scales and (mode is not KVQuantMode.NVFP4 or declared_mode is KVQuantMode.NVFP4)
+                 for mode in fmt.sides]
+        if not any(takes):
+            logger.debug("layer %s: checkpoint scales ignored (cache format %s)", layer.layer_name, fmt.name)
             continue
+        values = [v if take else own for v, take, own in zip(values, takes, (layer.k_scale, layer.v_scale))]
         try:
             layer.set_scales(*values)
         except ValueError as e:
@@ -743,5 +748,5 @@ def enable(model: nn.Module, config: Optional[KVCacheConfig] = None, *, block_si
                model.register_forward_hook(_post_forward, with_kwargs=True))
     object.__setattr__(model, _HOOK_ATTR, handles)
     for layer in kvfuse_layers(model):
-        logger.info("kvfuse layer %s: %s (%s)", layer.layer_name, layer.spec.kv_quant_mode.name, layer.spec.reason)
+        logger.info("kvfuse layer %s: %s (%s)", layer.layer_name, layer.spec.kv_format.name, layer.spec.reason)
     return model

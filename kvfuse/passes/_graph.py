@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.fx as fx
 
-from ..kv_cache import KVQuantMode
+from ..kv_cache import KVFormat, KVQuantMode
 
 _HOPS = {
     "v1": torch.ops.higher_order.auto_functionalized,
@@ -44,12 +44,14 @@ class Site:
         return str(self.args["layer_name"])
 
     @property
-    def kv_quant_mode(self) -> Union[KVQuantMode, int]:
+    def kv_quant_mode(self) -> Union[KVQuantMode, KVFormat, int]:
+        """The layer's mode; a :class:`KVFormat` where K and V differ; the raw int if it is neither."""
         raw = int(self.args["kv_quant_mode"])
         try:
-            return KVQuantMode(raw)
+            fmt = KVFormat.from_code(raw)
         except ValueError:
             return raw
+        return fmt if fmt.is_mixed else fmt.key
 
 
 def _as_site(node: fx.Node) -> Optional[Site]:

@@ -24,7 +24,7 @@ from typing import Optional, Union
 import torch
 import torch.fx as fx
 
-from ..kv_cache import KVQuantMode, storage_holds
+from ..kv_cache import KVFormat, KVQuantMode, storage_holds
 from . import plain_cast_encoding, plain_fp8_encoding
 from ._graph import (
     ENCODE_KV,
@@ -53,7 +53,7 @@ class FusionRecord:
     """What kvfuse did with one cache write of a compiled graph."""
 
     layer_name: str
-    kv_quant_mode: Union[KVQuantMode, int]
+    kv_quant_mode: Union[KVQuantMode, KVFormat, int]  # KVFormat: K and V in different modes
     fused: bool
     reason: str
 
@@ -119,13 +119,14 @@ def check_pair(site: Site, k: Union[Encoding, Rejection], v: Union[Encoding, Rej
     for which, enc in (("key", k), ("value", v)):
         if isinstance(enc, Rejection):
             return f"{which}: {enc.reason}"
-    mode = site.kv_quant_mode
-    if not (k.kv_quant_mode == v.kv_quant_mode == mode):
+    fmt = KVFormat.of(site.kv_quant_mode)
+    if not (k.kv_quant_mode == fmt.key and v.kv_quant_mode == fmt.value):
         return (f"modes disagree: key encoded as {k.kv_quant_mode.name}, value as {v.kv_quant_mode.name}, "
-                f"cache_write is {getattr(mode, 'name', mode)}")
-    rows_dtype = val(site.args["key_rows"]).dtype
-    if not (k.cache_dtype == v.cache_dtype == rows_dtype) or not storage_holds(rows_dtype, mode):
-        return f"cache dtypes disagree: key -> {k.cache_dtype}, value -> {v.cache_dtype}, cache {rows_dtype}"
+                f"cache_write is {fmt.name}")
+    k_rows, v_rows = val(site.args["key_rows"]).dtype, val(site.args["value_rows"]).dtype
+    if not (k.cache_dtype == k_rows and v.cache_dtype == v_rows and storage_holds(k_rows, fmt.key)
+            and storage_holds(v_rows, fmt.value)) or (not fmt.is_mixed and k_rows != v_rows):
+        return f"cache dtypes disagree: key -> {k.cache_dtype}, value -> {v.cache_dtype}, rows {k_rows} / {v_rows}"
     for which, enc, rows in (("key", k, site.args["key_rows"]), ("value", v, site.args["value_rows"])):
         if enc.nodes:
             extra = other_users(rows, (consumers or {}).get(which, site.node))
@@ -179,7 +180,7 @@ def run(graph: fx.Graph, fuse: bool = True) -> list[FusionRecord]:
             records.append(FusionRecord(site.layer_name, site.kv_quant_mode, True,
                                         "already encode_and_cache_write in the traced program"))
             continue
-        if not isinstance(site.kv_quant_mode, KVQuantMode):
+        if not isinstance(site.kv_quant_mode, (KVQuantMode, KVFormat)):
             records.append(FusionRecord(site.layer_name, site.kv_quant_mode, False,
                                         f"cache_write carries unknown kv_quant_mode={site.kv_quant_mode!r}"))
             continue

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kvfuse
-from kvfuse import KVCacheConfig, KVQuantMode
+from kvfuse import KVCacheConfig, KVFormat, KVQuantMode
 from kvfuse.ops import registry as backends
 from kvfuse.passes._graph import CACHE_WRITE, FUSED_WRITE
 
@@ -221,6 +221,55 @@ def test_per_token_head_layer_beside_per_tensor_fp8_and_bf16_skip_layers(monkeyp
     assert reads == {"model.layers.0.attn": (int(expected[0]), torch.uint8),
                      "model.layers.1.attn": (int(expected[1]), torch.float8_e4m3fn),
                      "model.layers.2.attn": (int(expected[2]), torch.bfloat16)}
+    ref_out, ref_caches = _eager_reference(model, x, md, monkeypatch)
+    for i, (c, r) in enumerate(zip(caches, ref_caches)):
+        assert_bytes_equal(c, r, f"layer {i} cache")
+    torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)
+
+
+def test_mixed_kv_formats_beside_uniform_and_skip_layers(monkeypatch):
+    """Layers whose K and V formats differ (FP8 K / NVFP4 V, bf16 K / FP8 V) beside a uniform FP8 layer
+    and a bf16 skip layer, in one graph: each side is encoded in its own mode before the pass, every
+    write fuses into one op carrying the layer's format code, the report names both sides, and the
+    caches equal the eager reference byte for byte."""
+    from compile_util import D, HKV, HQ
+
+    torch._dynamo.reset()
+    mixed = KVCacheConfig(k_cache_dtype="fp8", v_cache_dtype="nvfp4", skip_layers=("3",))
+    model = TinyModel(4, mixed, seed=11)
+    model.attn[1] = kvfuse.PagedAttention(HQ, HKV, D, "model.layers.1.attn",
+                                          config=KVCacheConfig(v_cache_dtype="fp8"))
+    model.attn[2] = kvfuse.PagedAttention(HQ, HKV, D, "model.layers.2.attn", config=KVCacheConfig("fp8"))
+    for attn in model.attn:
+        attn.set_scales(0.02, 0.01)
+    formats = [KVFormat(KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4), KVFormat(KVQuantMode.NONE, KVQuantMode.FP8_E4M3),
+               KVFormat(KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E4M3), KVFormat(KVQuantMode.NONE, KVQuantMode.NONE)]
+    assert [a.spec.kv_format for a in model.attn] == formats
+    x, md = make_inputs(T=7)
+    be = snapshot_backend()
+    out, caches = _compile_and_run(model, be, x, md)
+
+    before = be.pass_manager.graphs_before[0]
+    encoded = {}
+    for _, a in nodes_of(before, torch.ops.kvfuse.encode_kv.default):
+        encoded.setdefault(a["layer_name"], []).append((a["kv_quant_mode"], a["cache_dtype"]))
+    assert encoded["model.layers.0.attn"] == [(int(KVQuantMode.FP8_E4M3), torch.float8_e4m3fn),
+                                              (int(KVQuantMode.NVFP4), torch.uint8)]
+    assert encoded["model.layers.1.attn"] == [(int(KVQuantMode.NONE), torch.bfloat16),
+                                              (int(KVQuantMode.FP8_E4M3), torch.float8_e4m3fn)]
+    assert be.pass_manager.after == [{"encode_and_cache_write": 4, "paged_attention": 4}]
+    graph = be.pass_manager.graphs_after[0]
+    writes = {a["layer_name"]: a["kv_quant_mode"] for _, a in nodes_of(graph, FUSED_WRITE)}
+    assert writes == {f"model.layers.{i}.attn": f.code for i, f in enumerate(formats)}
+    assert writes["model.layers.0.attn"] == 0o113
+    reads = {a["layer_name"]: a["kv_quant_mode"] for _, a in nodes_of(graph, torch.ops.kvfuse.paged_attention.default)}
+    assert reads == writes
+    expected_modes = [formats[0], formats[1], KVQuantMode.FP8_E4M3, KVQuantMode.NONE]
+    assert [(r.layer_name, r.kv_quant_mode, r.fused) for r in be.report] == [
+        (f"model.layers.{i}.attn", m, True) for i, m in enumerate(expected_modes)]
+    assert [r.as_dict()["kv_quant_mode"] for r in be.report][:2] == ["FP8_E4M3/NVFP4", "NONE/FP8_E4M3"]
+    assert [c.dtype for c in caches] == [torch.uint8, torch.uint8, torch.float8_e4m3fn, torch.bfloat16]
+
     ref_out, ref_caches = _eager_reference(model, x, md, monkeypatch)
     for i, (c, r) in enumerate(zip(caches, ref_caches)):
         assert_bytes_equal(c, r, f"layer {i} cache")

@@ -37,6 +37,9 @@ def _rank(situation: Situation) -> Optional[int]:
 IMPLEMENTATION = Implementation(
     name="triton", module=__name__, ops=frozenset(OPS), devices=frozenset({"cpu", "cuda"}), modes=ALL_MODES,
     available=unavailable_reason, rank=_rank,
+    # Mixed formats (K and V in different modes): the fused write; cache_write of rows encoded
+    # apart (the unfused graph) is left to the reference.
+    mixed_format_ops=frozenset({"encode_and_cache_write"}),
 )
 
 

@@ -40,8 +40,8 @@ import triton
 import triton.language as tl
 
 from ... import envs
-from ...kv_cache import (KVQuantMode, check_page_contiguous, nvfp4_head_size, nvfp4_v_scales_swizzled,
-                         row_dim_for)
+from ...kv_cache import (KVFormat, KVQuantMode, MixedPageLayout, check_page_contiguous, mixed_page_layout,
+                         nvfp4_head_size, nvfp4_v_scales_swizzled, row_dim_for)
 
 __all__ = ["encode_kv", "cache_write", "encode_and_cache_write"]
 
@@ -334,6 +334,20 @@ def _nvfp4_side_bases(blk, k_stride_blk, v_stride_blk, value_off, ALIGN: tl.cons
 
 
 @triton.jit
+def _mixed_side_base(blk, off, stride_blk, stride_off, side_off, MODE: tl.constexpr, ALIGN: tl.constexpr):
+    """Element offset of the rows of one side of a mixed-format page: the side's base for NVFP4
+    (whose rows split over the side's data and scale regions, :func:`_put_nvfp4`), else the row
+    of in-page token ``off``."""
+    if MODE == _NVFP4:
+        base = blk * stride_blk + side_off
+        if ALIGN > 1:
+            base = tl.multiple_of(base, ALIGN)
+        return base
+    else:
+        return blk * stride_blk + off * stride_off + side_off
+
+
+@triton.jit
 def _store_dense(x, dst, scale_ptr, ok, MODE: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
     """Encode ``x`` (any shape) for a NONE / FP8 / COPY cache and store it at the pointers ``dst``;
     ``scale_ptr`` is one pointer or pointers that broadcast over ``x`` (per head: :func:`_head_scale_ptr`)."""
@@ -410,6 +424,7 @@ def _encode_and_cache_write_kernel(
     PAGE_ALIGN: tl.constexpr,
     K_SCALE_STRIDE_H: tl.constexpr = 0,
     V_SCALE_STRIDE_H: tl.constexpr = 0,
+    V_MODE: tl.constexpr = -1,
 ):
     """Encode K and V rows and store them at their cache slots.
 
@@ -439,6 +454,12 @@ def _encode_and_cache_write_kernel(
     ``scale`` is ``k_scale`` / ``v_scale``, or with ``*_SCALE_STRIDE_H > 0`` (per-KV-head scales)
     ``scale[h * *_SCALE_STRIDE_H]`` for the rows of head ``h``.
 
+    ``V_MODE >= 0``: a mixed format (:func:`kvfuse.kv_cache.mixed_page_layout`): K is encoded by
+    ``MODE`` and V by ``V_MODE``, each side through its own typed view of the page bytes
+    (``key_cache_ptr`` / ``value_cache_ptr``, strides in that view's elements) and V's side
+    starting ``value_cache_off`` elements into its page; a side of NVFP4 pages is addressed from
+    its side's base, as in a uniform NVFP4 cache.
+
     K and V share a program (rather than a grid axis and a runtime branch) because offsets that
     flow out of a branch lose Triton's alignment facts, and the stores stop being 16-byte wide.
     """
@@ -446,6 +467,20 @@ def _encode_and_cache_write_kernel(
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_range = tok < num_tokens
     tok64 = tok.to(tl.int64)
+    if V_MODE >= 0:
+        slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
+        tok_ok = slot >= 0
+        blk = slot // PAGE
+        off = slot % PAGE
+        k_dst = _mixed_side_base(blk, off, kc_stride_blk, kc_stride_off, 0, MODE, PAGE_ALIGN)
+        v_dst = _mixed_side_base(blk, off, vc_stride_blk, vc_stride_off, value_cache_off, V_MODE, PAGE_ALIGN)
+        _encode_rows(key_ptr, key_cache_ptr, k_scale_ptr, tok64 * key_stride_t, k_dst, tok_ok, h0,
+                     H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, True, PAGE, False,
+                     K_SCALE_STRIDE_H)
+        _encode_rows(value_ptr, value_cache_ptr, v_scale_ptr, tok64 * value_stride_t, v_dst, tok_ok, h0,
+                     H, V_STRIDE_H, VC_STRIDE_H, D, V_MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, True, PAGE,
+                     SWIZZLE_V, V_SCALE_STRIDE_H)
+        return
     if HAS_SLOTS:
         slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
         tok_ok = slot >= 0
@@ -528,7 +563,7 @@ def _nvfp4_page_layout(shape: tuple, strides: tuple) -> tuple[int, bool, int]:
 
 def _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
             width, mode, has_slots, kc_strides, vc_strides, num_kv, value_cache_off=0, soft_rounding=None,
-            launch_config=None, swizzle_v=False, page_align=1):
+            launch_config=None, swizzle_v=False, page_align=1, v_mode=-1):
     block_t, block_h, block_d, num_warps = launch_config or _launch_config(
         int(num_tokens).bit_length(), num_heads, width, mode, key.element_size()
     )
@@ -544,8 +579,9 @@ def _launch(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, 
         MODE=mode, HAS_SLOTS=has_slots, PAIR=num_kv == 2,
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
         SWIZZLE_V=swizzle_v, PAGE_ALIGN=page_align,
-        K_SCALE_STRIDE_H=scale_head_stride(k_scale, mode), V_SCALE_STRIDE_H=scale_head_stride(v_scale, mode),
-        num_warps=num_warps,
+        K_SCALE_STRIDE_H=scale_head_stride(k_scale, mode),
+        V_SCALE_STRIDE_H=scale_head_stride(v_scale, mode if v_mode < 0 else v_mode),
+        num_warps=num_warps, **({"V_MODE": v_mode} if v_mode >= 0 else {}),
     )
 
 
@@ -613,9 +649,50 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
     s = kv_cache.stride()
     strides = (s[0], s[2], s[3])
     mode = int(kv_quant_mode)
+    if mode not in _UNIFORM_MODES:
+        _encode_and_cache_write_mixed(key, value, kv_cache, slot_mapping, k_scale, v_scale, KVFormat.from_code(mode),
+                                      soft_rounding, launch_config)
+        return
     swizzle_v, align = False, 1
     if mode == KVQuantMode.NVFP4:
         _, swizzle_v, align = _nvfp4_page_layout(tuple(kv_cache.shape), s)
     _launch(key, value, kv_cache, kv_cache, slot_mapping, k_scale, v_scale, num_tokens, num_heads,
             head_size, mode, True, strides, strides, 2, s[1], soft_rounding=soft_rounding,
             launch_config=launch_config, swizzle_v=swizzle_v, page_align=align)
+
+
+_UNIFORM_MODES = frozenset(int(m) for m in KVQuantMode)
+
+
+def mixed_side_views(kv_cache: torch.Tensor, layout: MixedPageLayout) -> tuple[tuple, tuple]:
+    """For each side of a mixed-format cache: ``(view, (page stride, row stride, head stride), side
+    offset)``, the view being the uint8 cache reinterpreted as the side's storage dtype (the op layer
+    checked that pages are contiguous and 4-byte aligned, and the layout's row_dim keeps every
+    view's strides whole) and every stride and offset counted in that view's elements."""
+    sides = []
+    for side in (0, 1):
+        dtype = layout.storage_dtype(side)
+        size = dtype.itemsize
+        view = kv_cache if dtype == torch.uint8 else kv_cache.view(dtype)
+        row = layout.row_bytes[side] // size
+        sides.append((view, (kv_cache.stride(0) // size, layout.num_kv_heads * row, row),
+                      layout.side_offsets[side] // size))
+    return tuple(sides)
+
+
+def _encode_and_cache_write_mixed(key, value, kv_cache, slot_mapping, k_scale, v_scale, fmt: KVFormat,
+                                  soft_rounding, launch_config) -> None:
+    """One launch writing K in ``fmt.key`` and V in ``fmt.value`` into mixed pages."""
+    num_tokens, num_heads, head_size = key.shape
+    layout = mixed_page_layout(fmt, kv_cache.shape[2], num_heads, head_size, key.dtype)
+    (k_view, k_strides, _), (v_view, v_strides, v_off) = mixed_side_views(kv_cache, layout)
+    # NVFP4 side bases are page starts plus a 16-byte aligned side offset (in bytes: NVFP4 views are uint8).
+    align = min(_pow2_divisor(kv_cache.stride(0)), _pow2_divisor(layout.side_offsets[1]))
+    # The launch shape of the costlier side's encoding (the tile sizes differ only by that).
+    tile_mode = int(fmt.value if fmt.key in (KVQuantMode.NONE,) else fmt.key)
+    block = launch_config or _launch_config(int(num_tokens).bit_length(), num_heads, head_size, tile_mode,
+                                            key.element_size())
+    _launch(key, value, k_view, v_view, slot_mapping, k_scale, v_scale, num_tokens, num_heads, head_size,
+            int(fmt.key), True, k_strides, v_strides, 2, v_off, soft_rounding=soft_rounding, launch_config=block,
+            swizzle_v=fmt.value is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(kv_cache.shape[2], head_size),
+            page_align=align, v_mode=int(fmt.value))
