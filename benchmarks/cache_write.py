@@ -3,7 +3,9 @@
     python -m benchmarks.cache_write [--quick] [--out benchmarks/results] [--sweep]
 
 Token counts 1..65536, 8 KV heads, head size 128, block size 16, random distinct slots, bf16
-input; cache formats bfloat16 / fp8_e4m3 / fp8_e5m2 / nvfp4. Implementations:
+input; cache formats bfloat16 / fp8_e4m3 / fp8_e5m2 / nvfp4 / fp8_per_token_head, and
+``fp8_e4m3/nvfp4`` (FP8 keys, NVFP4 values: a mixed format, kvfuse's kernels only, unfused
+included, whose ``cache_write`` of mixed rows is the reference). Implementations:
 
 - ``kvfuse``: ``kvfuse::encode_and_cache_write`` on the Triton backend (one fused kernel);
 - ``kvfuse_unfused``: ``kvfuse::encode_kv`` for K and V, then ``kvfuse::cache_write``;
@@ -35,8 +37,10 @@ from benchmarks import common
 HEADS, HEAD_SIZE, BLOCK_SIZE = 8, 128, 16
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384, 65536)
 QUICK_TOKENS = (1, 64, 1024, 16384, 65536)
-FORMATS = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "nvfp4", "fp8_per_token_head")
-QUICK_FORMATS = ("bfloat16", "fp8_e4m3", "nvfp4", "fp8_per_token_head")
+# Mixed formats ("<K dtype>/<V dtype>") last: the anchors skip them, and a skip is remembered.
+FORMATS = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "nvfp4", "fp8_per_token_head", "fp8_e4m3/nvfp4")
+QUICK_FORMATS = ("bfloat16", "fp8_e4m3", "nvfp4", "fp8_per_token_head", "fp8_e4m3/nvfp4")
+MIXED_IMPLS = ("kvfuse", "kvfuse_unfused")
 # The two kvfuse kernels first and back to back, before the anchors: the multi-millisecond eager
 # anchors warm the GPU, and a kernel timed right after them ran ~2% slower (FP8 at 65536 tokens:
 # 142.9 us measured last vs 138.7-139.6 us measured first, same build). csrc/ is built up front.
@@ -46,8 +50,9 @@ IMPLS = ("kvfuse", "kvfuse_native", "kvfuse_unfused", "flashinfer", "torch_compi
 def _format(name: str):
     from kvfuse.kv_cache import KVCacheConfig
 
-    spec = KVCacheConfig(kv_cache_dtype=name).layer_spec("bench.layers.0.attn", HEADS, HEAD_SIZE, torch.bfloat16)
-    return spec
+    k_name, _, v_name = name.partition("/")
+    config = KVCacheConfig(k_cache_dtype=k_name, v_cache_dtype=v_name) if v_name else KVCacheConfig(kv_cache_dtype=name)
+    return config.layer_spec("bench.layers.0.attn", HEADS, HEAD_SIZE, torch.bfloat16)
 
 
 def torch_encode_and_write(key, value, kv_cache, slots, k_scale, v_scale, mode: int):
@@ -92,16 +97,16 @@ class Case:
     def __init__(self, fmt: str, num_tokens: int, rotations: int, seed: int = 0):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         self.fmt, self.spec, self.num_tokens = fmt, _format(fmt), num_tokens
-        self.mode = int(self.spec.kv_quant_mode)
+        self.mode = self.spec.kv_format.code
         self.num_blocks = -(-2 * num_tokens // BLOCK_SIZE) + 1
         capacity = self.num_blocks * BLOCK_SIZE
         shape = (num_tokens, HEADS, HEAD_SIZE)
         self.keys = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
         self.values = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
         self.slots = [torch.randperm(capacity, device="cuda", generator=gen)[:num_tokens] for _ in range(rotations)]
-        scale = 0.05 if self.spec.kv_quant_mode.is_fp8 else 1.0
-        self.k_scale = torch.tensor(scale, device="cuda")
-        self.v_scale = torch.tensor(scale, device="cuda")
+        fmt = self.spec.kv_format
+        self.k_scale = torch.tensor(0.05 if fmt.key.is_fp8 else 1.0, device="cuda")
+        self.v_scale = torch.tensor(0.05 if fmt.value.is_fp8 else 1.0, device="cuda")
 
     def new_cache(self) -> torch.Tensor:
         from kvfuse.kv_cache import allocate_kv_cache
@@ -111,13 +116,12 @@ class Case:
     @property
     def effective_bytes(self) -> int:
         read = 2 * self.num_tokens * HEADS * HEAD_SIZE * 2
-        written = 2 * self.num_tokens * HEADS * self.spec.row_dim * self.spec.kv_cache_torch_dtype.itemsize
-        return read + written + self.num_tokens * 8
+        return read + self.num_tokens * self.spec.bytes_per_token + self.num_tokens * 8
 
     @staticmethod
     def bytes_per_call(fmt: str, num_tokens: int) -> int:
         spec = _format(fmt)
-        return num_tokens * (4 * HEADS * HEAD_SIZE + 2 * HEADS * spec.row_dim * spec.kv_cache_torch_dtype.itemsize + 8)
+        return num_tokens * (4 * HEADS * HEAD_SIZE + spec.bytes_per_token + 8)
 
 
 # ----------------------------------------------------------------------------- implementations
@@ -131,11 +135,12 @@ def make_kvfuse(case: Case, cache):
 
 def make_kvfuse_unfused(case: Case, cache):
     enc, write = torch.ops.kvfuse.encode_kv, torch.ops.kvfuse.cache_write
-    dtype = cache.dtype
+    fmt = case.spec.kv_format
+    k_dtype, v_dtype = case.spec.side_storage_dtype(0), case.spec.side_storage_dtype(1)
 
     def call(i):
-        k_rows = enc(case.keys[i], case.k_scale, case.mode, dtype, "bench")
-        v_rows = enc(case.values[i], case.v_scale, case.mode, dtype, "bench")
+        k_rows = enc(case.keys[i], case.k_scale, int(fmt.key), k_dtype, "bench")
+        v_rows = enc(case.values[i], case.v_scale, int(fmt.value), v_dtype, "bench")
         write(k_rows, v_rows, cache, case.slots[i], case.mode, "bench")
 
     return [lambda i=i: call(i) for i in range(len(case.keys))]
@@ -312,7 +317,7 @@ def dump_ptx(out_dir: str) -> None:
     from kvfuse.ops.triton import kv_write as tcw
 
     summary = []
-    for fmt in FORMATS:
+    for fmt in (f for f in FORMATS if "/" not in f):  # the uniform kernel's PTX
         case = Case(fmt, 16384, 1)
         cache = case.new_cache()
         compiled = tcw._launch(case.keys[0], case.values[0], cache, cache, case.slots[0], case.k_scale,
@@ -373,7 +378,7 @@ def main(argv=None) -> int:
             case = Case(fmt, num_tokens, common.rotations_for(Case.bytes_per_call(fmt, num_tokens)))
             check_kvfuse(case)
             for impl in impls:
-                if impl in skipped:
+                if impl in skipped or (case.spec.is_mixed and impl not in MIXED_IMPLS):
                     continue
                 try:
                     cache = case.new_cache()

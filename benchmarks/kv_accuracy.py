@@ -295,6 +295,8 @@ FORMATS = (
                 (("kv_cache_dtype", "nvfp4"), ("kv_scale_granularity", "head")), True),
     CacheFormat("fp8k_nvfp4v_cal", "FP8 e4m3 K / NVFP4 V, calibrated",
                 (("k_cache_dtype", "fp8_e4m3"), ("v_cache_dtype", "nvfp4")), True),
+    CacheFormat("nvfp4k_fp8v_cal", "NVFP4 K / FP8 e4m3 V, calibrated",
+                (("k_cache_dtype", "nvfp4"), ("v_cache_dtype", "fp8_e4m3")), True),
 )
 FORMATS_BY_KEY = {f.key: f for f in FORMATS}
 

@@ -57,15 +57,12 @@ def test_outlier_recipe_keeps_the_function_and_puts_outliers_in_the_cache(name):
     assert not torch.equal(model.model.layers[0].self_attn.v_proj.weight, base.model.layers[0].self_attn.v_proj.weight)
 
 
-def test_unsupported_formats_are_skipped_with_a_reason():
-    mixed = acc.FORMATS_BY_KEY["fp8k_nvfp4v_cal"]
-    reason = acc.unsupported_reason(mixed)
-    try:
-        mixed.kv_config()
-    except (TypeError, ValueError):
-        assert reason and ("not implemented" in reason or "not supported" in reason)
-    else:
-        assert reason is None
+def test_mixed_formats_are_rows_kvfuse_runs():
+    for key in ("fp8k_nvfp4v_cal", "nvfp4k_fp8v_cal"):
+        fmt = acc.FORMATS_BY_KEY[key]
+        assert acc.unsupported_reason(fmt) is None
+        spec = fmt.kv_config().layer_spec("model.layers.0.self_attn", 2, 32)
+        assert spec.is_mixed
     assert acc.unsupported_reason(acc.FORMATS_BY_KEY["fp8"]) is None
 
 

@@ -472,6 +472,26 @@ def _refusal(rot: Rotation, device_type: Optional[str]) -> Optional[str]:
     return _table_problem(rot)
 
 
+def _kernel_problem(site: Site, device_type: str) -> Optional[str]:
+    """Why not fuse where the fused op would only have the reference's slow path on CUDA (a format
+    the GPU kernels do not rotate, e.g. K and V in different formats), while the unfused graph runs
+    Inductor's rotation and a GPU write; None otherwise."""
+    if device_type != "cuda":
+        return None
+    from ..ops import registry
+
+    code = int(site.args["kv_quant_mode"])
+    try:
+        choice = registry.select("rope_encode_and_cache_write", device_type, code)
+    except (RuntimeError, ValueError) as e:
+        return f"no kernel for rope_encode_and_cache_write: {e}"
+    if choice.name == "reference":
+        name = getattr(site.kv_quant_mode, "name", code)
+        return (f"no GPU kernel rotates into {name} caches (the reference would run); the rotation stays "
+                f"Inductor's kernel before the fused write")
+    return None
+
+
 def _backend_problem() -> Optional[str]:
     forced = envs.settings().forced_backend("cache")
     if forced is None:
@@ -602,7 +622,7 @@ def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None) -> l
             note(f"not fused: key: {key_rot.reason}")
             continue
         device_type = getattr(val(key_rot.x), "device", torch.device("cpu")).type
-        problem = _refusal(key_rot, device_type) or backend_problem
+        problem = _refusal(key_rot, device_type) or backend_problem or _kernel_problem(site, device_type)
         if problem:
             note(f"not fused: {problem}")
             continue

@@ -414,3 +414,16 @@ def test_calibration_sets_each_side_by_its_own_format():
     assert float(pth.k_scale) == 1.0  # per-token-head: the rows carry their scales
     assert float(pth.v_scale) == pytest.approx(v_amax / 448.0)
     assert result["model.layers.1.attn"].v_quant_mode is M.NVFP4
+
+
+def test_rotary_pass_leaves_mixed_layers_unfused_where_only_the_reference_would_rotate():
+    from types import SimpleNamespace
+
+    from kvfuse.passes.fuse_rope_cache_write import _kernel_problem
+
+    mixed = KVFormat(M.FP8_E4M3, M.NVFP4)
+    site = SimpleNamespace(args={"kv_quant_mode": mixed.code}, kv_quant_mode=mixed)
+    assert "no GPU kernel rotates into FP8_E4M3/NVFP4 caches" in _kernel_problem(site, "cuda")
+    assert _kernel_problem(site, "cpu") is None  # on CPU the reference is every format's kernel
+    uniform = SimpleNamespace(args={"kv_quant_mode": int(M.NVFP4)}, kv_quant_mode=M.NVFP4)
+    assert _kernel_problem(uniform, "cuda") is None
