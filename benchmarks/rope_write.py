@@ -8,6 +8,8 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 - ``write``: ``kvfuse::encode_and_cache_write`` of an already rotated K (the floor);
 - ``rope_k+write``: ``kvfuse::rope_encode_and_cache_write`` without a query (the issue's goal:
   <= 1.1x ``write``);
+- ``rope_k+write (gather)``: the same kernel with the earlier rotation (each feature's partner
+  by a second load, ``rotation="gather"`` of the Triton launcher), to time both in one run;
 - ``rotate_k, write``: the same function compiled without the rotary fusion (Inductor's rotation
   kernel, then the write);
 - ``rope_qk+write``: the fused op rotating the query too (what the pass emits per layer);
@@ -101,6 +103,15 @@ def _fused(case: Case, with_query: bool):
                            "l") for i in range(len(case.sets))]
 
 
+def _fused_gather(case: Case, with_query: bool):
+    from kvfuse.ops.triton import rope_kv_write
+
+    return [lambda i=i: rope_kv_write.rope_encode_and_cache_write(
+        case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache, case.slots[i],
+        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, rotation="gather")
+        for i in range(len(case.sets))]
+
+
 def _compiled(case: Case, with_query: bool):
     import kvfuse
 
@@ -156,7 +167,8 @@ def _flashinfer(case: Case):
 
 
 def _check(case: Case) -> None:
-    """The fused op and the unfused compiled layer write the same cache bytes and rotated query."""
+    """The fused op (both rotations) and the unfused compiled layer write the same cache bytes and
+    rotated query."""
     from kvfuse.ops import reference
 
     q, k, v = case.sets[0]
@@ -164,9 +176,11 @@ def _check(case: Case) -> None:
     want_q = reference.rope_encode_and_cache_write(q, k, v, want, case.slots[0], case.k_scale, case.v_scale,
                                                    case.cos, case.sin, None, D, True, case.mode)
     saved = case.cache
-    got_fused, got_compiled = case.new_cache(), case.new_cache()
+    got_fused, got_gather, got_compiled = case.new_cache(), case.new_cache(), case.new_cache()
     case.cache = got_fused
     fused_q = _fused(case, True)[0]()
+    case.cache = got_gather
+    gather_q = _fused_gather(case, True)[0]()
     case.cache = got_compiled
     compiled_q = _compiled(case, True)[0]()
     case.cache = saved
@@ -181,11 +195,15 @@ def _check(case: Case) -> None:
     if not torch.equal(got_fused.view(torch.uint8), got_compiled.view(torch.uint8)) or \
             not torch.equal(fused_q.view(torch.int16), compiled_q.view(torch.int16)):
         logger.warning("fused and compiled-unfused differ for %s T=%d", case.fmt, case.num_tokens)
+    if not torch.equal(got_fused.view(torch.uint8), got_gather.view(torch.uint8)) or \
+            not torch.equal(fused_q.view(torch.int16), gather_q.view(torch.int16)):
+        logger.warning("split and gather rotations differ for %s T=%d", case.fmt, case.num_tokens)
 
 
 VARIANTS = {
     "write": _write,
     "rope_k+write": lambda c: _fused(c, False),
+    "rope_k+write (gather)": lambda c: _fused_gather(c, False),
     "rotate_k, write": lambda c: _compiled(c, False),
     "rope_qk+write": lambda c: _fused(c, True),
     "rotate_qk, write": lambda c: _compiled(c, True),

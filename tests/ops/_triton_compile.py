@@ -217,6 +217,17 @@ def _rope_cases() -> list[Case]:
              dict(mode="NVFP4", head=128, neox=False, rotary=64, half_table=False, positions=True, query=True, heads=1,
                   q_heads=4, tokens=33, in_dtype="bfloat16", soft_rounding=False, fp_fusion=None, page=5)),
     ]
+    # The rows above take each style's rotation by default (split, or gathered where NeoX halves
+    # do not fill the tile); these name the rest: NeoX split rows stored as halves (casts, FP8) or
+    # joined (per-token-head), and the gathered form of full-width rows, which the GPU benchmark
+    # still times ("gather").
+    for mode, neox, head, rotation in (("NONE", True, 128, "split"), ("FP8_PER_TOKEN_HEAD", True, 128, "split"),
+                                       ("FP8_E5M2", True, 64, "split"), ("FP8_E4M3", True, 128, "gather"),
+                                       ("FP8_E5M2", False, 128, "gather"), ("NVFP4", False, 64, "gather")):
+        cases.append(Case(f"rope-{mode}-{'neox' if neox else 'gptj'}-d{head}-{rotation}", "rope",
+                          dict(mode=mode, head=head, neox=neox, rotary=head, half_table=not neox, positions=False,
+                               query=True, heads=8, q_heads=32, tokens=4096, in_dtype="bfloat16",
+                               soft_rounding=False, fp_fusion=None, rotation=rotation)))
     for j, mode in enumerate(("FP8_E4M3", "NVFP4")):
         cases.append(Case(f"rope-{mode}-neox-d128-head_scales", "rope",
                           dict(mode=mode, head=128, neox=True, rotary=128, half_table=False, positions=bool(j),
@@ -382,7 +393,8 @@ def _run_case(case: Case) -> list[Launch]:
             positions = torch.empty((t,), dtype=torch.int64, device=meta) if p["positions"] else None
             rope_kv_write.rope_encode_and_cache_write(
                 query if p["query"] else None, key, value, cache, slots, scale, scale, cos, cos.clone(), positions,
-                r, p["neox"], int(mode), soft_rounding=p["soft_rounding"], fp_fusion=p["fp_fusion"])
+                r, p["neox"], int(mode), soft_rounding=p["soft_rounding"], fp_fusion=p["fp_fusion"],
+                rotation=p.get("rotation"))
     if not sink:
         raise AssertionError(f"case {case.id}: the launcher launched no kernel")
     return sink

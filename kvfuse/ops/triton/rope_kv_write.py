@@ -89,33 +89,145 @@ def _round_to(y, DTYPE: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
 
 
 @triton.jit
+def _rotate_pairs(x1, x2, c1, s1, c2, s2):
+    """``(y1, y2)`` of partners ``x1``, ``x2`` (float32, one shape)::
+
+        y1 = x1 * c1 + (-x2) * s1        y2 = x2 * c2 + x1 * s2
+
+    the gathered form's ``x * c + r * s`` term for term (``r = -x[p]`` for the first of a pair,
+    ``x[p]`` for the second), so that FMA contraction pairs the same products and the bits match."""
+    return x1 * c1 + (-x2) * s1, x2 * c2 + x1 * s2
+
+
+@triton.jit
+def _neox_halves(src_ptr, row, ok, cos_ptr, sin_ptr, cos_row, sin_row, R: tl.constexpr, HALF_TABLE: tl.constexpr):
+    """NeoX rotation of whole rows (``R`` = the head size): float32 ``(y[:R/2], y[R/2:])``, each
+    ``[BLOCK_T, BLOCK_H, R/2]``, of the rows at ``src_ptr + row`` (``row``, ``ok``: ``[BLOCK_T, BLOCK_H, 1]``;
+    ``cos_row``, ``sin_row``: ``[BLOCK_T, 1, 1]``), unrounded.
+
+    The two halves are loaded as two tiles of one shape, so the same thread holds feature ``i``
+    and its partner ``i + R/2``: no second load of the row and no exchange between threads. The
+    cos/sin halves are tiles of that shape too (their pointers broadcast over heads, cached
+    loads), so that they share the layout; a half-width table's row serves both halves.
+    """
+    j = tl.arange(0, R // 2)[None, None, :]
+    x1 = tl.load(src_ptr + row + j, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src_ptr + row + R // 2 + j, mask=ok, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + cos_row + j, mask=ok, other=1.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + sin_row + j, mask=ok, other=0.0).to(tl.float32)
+    if HALF_TABLE:
+        c2 = c1
+        s2 = s1
+    else:
+        c2 = tl.load(cos_ptr + cos_row + R // 2 + j, mask=ok, other=1.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + sin_row + R // 2 + j, mask=ok, other=0.0).to(tl.float32)
+    return _rotate_pairs(x1, x2, c1, s1, c2, s2)
+
+
+@triton.jit
+def _join_halves(y1, y2):
+    """The ``[.., 2 * W]`` rows whose first and second halves are ``y1`` and ``y2`` (``[.., W]``, rank 3)."""
+    pairs = tl.permute(tl.join(y1, y2), (0, 1, 3, 2))
+    return tl.reshape(pairs, (y1.shape[0], y1.shape[1], 2 * y1.shape[2]))
+
+
+@triton.jit
+def _gptj_split_values(src_ptr, row, e, rows_ok, cos_ptr, sin_ptr, cos_row, sin_row, D: tl.constexpr,
+                       R: tl.constexpr, HALF_TABLE: tl.constexpr):
+    """GPT-J rotation of ``[BLOCK_T, BLOCK_H, W]`` rows (features ``e``, ``[1, 1, W]``; ``rows_ok``
+    ``[BLOCK_T, BLOCK_H, 1]``), float32, unrounded: each row is loaded once and its (even, odd) pairs, adjacent in one
+    thread's registers, are taken apart with ``tl.split``. A full-width table's row is split the
+    same way (its pointers broadcast over heads, so that it shares the rows' layout); a
+    half-width table's row ``[.., W/2]`` is column ``i // 2`` for both of a pair. Features
+    ``>= R`` pass through."""
+    BLOCK_T: tl.constexpr = row.shape[0]
+    BLOCK_H: tl.constexpr = row.shape[1]
+    W: tl.constexpr = e.shape[2]
+    x = tl.load(src_ptr + row + e, mask=rows_ok & (e < D), other=0.0).to(tl.float32)
+    x1, x2 = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_H, W // 2, 2)))
+    rot_ok = rows_ok & (e < R)
+    if HALF_TABLE:
+        j = tl.arange(0, W // 2)[None, None, :]
+        pair_ok = rows_ok & (j < R // 2)
+        c1 = tl.load(cos_ptr + cos_row + j, mask=pair_ok, other=1.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + sin_row + j, mask=pair_ok, other=0.0).to(tl.float32)
+        c2 = c1
+        s2 = s1
+    else:
+        c = tl.load(cos_ptr + cos_row + e, mask=rot_ok, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + sin_row + e, mask=rot_ok, other=0.0).to(tl.float32)
+        c1, c2 = tl.split(tl.reshape(c, (BLOCK_T, BLOCK_H, W // 2, 2)))
+        s1, s2 = tl.split(tl.reshape(s, (BLOCK_T, BLOCK_H, W // 2, 2)))
+    y1, y2 = _rotate_pairs(x1, x2, c1, s1, c2, s2)
+    y = tl.reshape(tl.join(y1, y2), (BLOCK_T, BLOCK_H, W))
+    if R < D:
+        y = tl.where(e < R, y, x)
+    return y
+
+
+@triton.jit
+def _rope_rows(src_ptr, row, rows_ok, cos_ptr, sin_ptr, cos_row, sin_row, D: tl.constexpr, R: tl.constexpr,
+               NEOX: tl.constexpr, HALF_TABLE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """float32 ``y`` of the ``[BLOCK_T, BLOCK_H, BLOCK_D]`` rows at ``src_ptr + row`` (``row``,
+    ``rows_ok``: ``[BLOCK_T, BLOCK_H, 1]``; ``cos_row``, ``sin_row``: ``[BLOCK_T, 1, 1]``), unrounded:
+    the gathered rotation, or the split one (NeoX: ``BLOCK_D == R``, its halves joined into rows)."""
+    e = tl.arange(0, BLOCK_D)[None, None, :]
+    if SPLIT:
+        if NEOX:
+            y1, y2 = _neox_halves(src_ptr, row, rows_ok, cos_ptr, sin_ptr, cos_row, sin_row, R, HALF_TABLE)
+            y = _join_halves(y1, y2)
+        else:
+            y = _gptj_split_values(src_ptr, row, e, rows_ok, cos_ptr, sin_ptr, cos_row, sin_row, D, R, HALF_TABLE)
+    else:
+        y = _rope_values(src_ptr, row, e, rows_ok & (e < D), cos_ptr, sin_ptr, cos_row, sin_row, R, NEOX, HALF_TABLE)
+    return y
+
+
+@triton.jit
 def _rope_encode_rows(src_ptr, dst_ptr, scale_ptr, cos_ptr, sin_ptr, src_tok, dst_tok, cos_tok, sin_tok, tok_ok, h0,
                       H: tl.constexpr, SRC_STRIDE_H: tl.constexpr, DST_STRIDE_H: tl.constexpr, D: tl.constexpr,
                       R: tl.constexpr, NEOX: tl.constexpr, HALF_TABLE: tl.constexpr, MODE: tl.constexpr,
                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SOFT_ROUNDING: tl.constexpr, dst_off,
-                      PAGE: tl.constexpr, SCALE_STRIDE_H: tl.constexpr):
+                      PAGE: tl.constexpr, SCALE_STRIDE_H: tl.constexpr, SPLIT: tl.constexpr):
     """Rotate ``[BLOCK_T, BLOCK_H, D]`` of K, round to K's dtype, encode and store the rows (NVFP4:
     ``dst_tok`` is the page side's offset, ``dst_off`` the in-page token; K scales are linear)."""
     offs_h = h0 + tl.arange(0, BLOCK_H)
     h_ok = offs_h < H
     scale_ptr = _head_scale_ptr(scale_ptr, offs_h, H, SCALE_STRIDE_H)
+    row = src_tok[:, None, None] + (offs_h * SRC_STRIDE_H)[None, :, None]
+    cos_row = cos_tok[:, None, None]
+    sin_row = sin_tok[:, None, None]
     if MODE == _NVFP4:
         BLOCK_NB: tl.constexpr = BLOCK_D // 16
         offs_b = tl.arange(0, BLOCK_NB)
         row_ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_b < D // 16)[None, None, :]
-        e = (offs_b * 16)[None, None, :, None] + tl.arange(0, 16)[None, None, None, :]
-        row = src_tok[:, None, None, None] + (offs_h * SRC_STRIDE_H)[None, :, None, None]
-        y = _rope_values(src_ptr, row, e, row_ok[:, :, :, None], cos_ptr, sin_ptr, cos_tok[:, None, None, None],
-                         sin_tok[:, None, None, None], R, NEOX, HALF_TABLE)
+        if SPLIT:
+            # Rotated as whole rows (a pair may span two 16-blocks), then viewed as the blocks.
+            y = _rope_rows(src_ptr, row, tok_ok[:, None, None] & h_ok[None, :, None], cos_ptr, sin_ptr, cos_row,
+                           sin_row, D, R, NEOX, HALF_TABLE, True, BLOCK_D)
+            y = tl.reshape(y, (y.shape[0], BLOCK_H, BLOCK_NB, 16))
+        else:
+            e = (offs_b * 16)[None, None, :, None] + tl.arange(0, 16)[None, None, None, :]
+            y = _rope_values(src_ptr, row[:, :, :, None], e, row_ok[:, :, :, None], cos_ptr, sin_ptr,
+                             cos_row[:, :, :, None], sin_row[:, :, :, None], R, NEOX, HALF_TABLE)
         y = _round_to(y, src_ptr.dtype.element_ty, SOFT_ROUNDING)
         _store_nvfp4(y, dst_ptr, scale_ptr, dst_tok, offs_h, row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D,
                      dst_off, H, True, PAGE, False)
+    elif SPLIT and NEOX and MODE != _FP8_PTH:
+        # Elementwise encodings store each half where it belongs: the rows are never joined,
+        # which would move every value between threads.
+        ok = tok_ok[:, None, None] & h_ok[None, :, None]
+        y1, y2 = _neox_halves(src_ptr, row, ok, cos_ptr, sin_ptr, cos_row, sin_row, R, HALF_TABLE)
+        dst = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None] + tl.arange(0, R // 2)[None, None, :]
+        _store_dense(_round_to(y1, src_ptr.dtype.element_ty, SOFT_ROUNDING), dst_ptr + dst, scale_ptr, ok, MODE,
+                     SOFT_ROUNDING)
+        _store_dense(_round_to(y2, src_ptr.dtype.element_ty, SOFT_ROUNDING), dst_ptr + dst + R // 2, scale_ptr, ok,
+                     MODE, SOFT_ROUNDING)
     else:
         e = tl.arange(0, BLOCK_D)[None, None, :]
         ok = tok_ok[:, None, None] & h_ok[None, :, None] & (e < D)
-        row = src_tok[:, None, None] + (offs_h * SRC_STRIDE_H)[None, :, None]
-        y = _rope_values(src_ptr, row, e, ok, cos_ptr, sin_ptr, cos_tok[:, None, None], sin_tok[:, None, None],
-                         R, NEOX, HALF_TABLE)
+        y = _rope_rows(src_ptr, row, tok_ok[:, None, None] & h_ok[None, :, None], cos_ptr, sin_ptr, cos_row, sin_row,
+                       D, R, NEOX, HALF_TABLE, SPLIT, BLOCK_D)
         y = _round_to(y, src_ptr.dtype.element_ty, SOFT_ROUNDING)
         dst = dst_tok[:, None, None] + (offs_h * DST_STRIDE_H)[None, :, None] + e
         if MODE == _FP8_PTH:
@@ -159,6 +271,7 @@ def _rope_encode_and_cache_write_kernel(
     R: tl.constexpr,
     NEOX: tl.constexpr,
     HALF_TABLE: tl.constexpr,
+    SPLIT: tl.constexpr,
     HAS_POS: tl.constexpr,
     KV_PROGRAMS: tl.constexpr,
     MODE: tl.constexpr,
@@ -201,7 +314,7 @@ def _rope_encode_and_cache_write_kernel(
             v_cache_ptr = cache_ptr + value_cache_off
         _rope_encode_rows(key_ptr, cache_ptr, k_scale_ptr, cos_ptr, sin_ptr, tok64 * key_stride_t, k_dst, cos_tok,
                           sin_tok, tok_ok, h0, H, K_STRIDE_H, C_STRIDE_H, D, R, NEOX, HALF_TABLE, MODE, BLOCK_H,
-                          BLOCK_D, SOFT_ROUNDING, off, PAGE, K_SCALE_STRIDE_H)
+                          BLOCK_D, SOFT_ROUNDING, off, PAGE, K_SCALE_STRIDE_H, SPLIT)
         _encode_rows(value_ptr, v_cache_ptr, v_scale_ptr, tok64 * value_stride_t, v_dst, tok_ok, h0,
                      H, V_STRIDE_H, C_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, True, PAGE, SWIZZLE_V,
                      V_SCALE_STRIDE_H)
@@ -210,13 +323,42 @@ def _rope_encode_and_cache_write_kernel(
         # branches to have one type (the interpreter does not check).
         q_h0 = (pid_h - KV_PROGRAMS) * BLOCK_H
         offs_h = q_h0 + tl.arange(0, BLOCK_H)
-        e = tl.arange(0, BLOCK_D)[None, None, :]
-        ok = in_range[:, None, None] & (offs_h < HQ)[None, :, None] & (e < D)
+        q_ok = in_range[:, None, None] & (offs_h < HQ)[None, :, None]
         src = (tok64 * q_stride_t)[:, None, None] + (offs_h * Q_STRIDE_H)[None, :, None]
-        y = _rope_values(q_ptr, src, e, ok, cos_ptr, sin_ptr, cos_tok[:, None, None], sin_tok[:, None, None],
-                         R, NEOX, HALF_TABLE)
-        q_dst = (tok64 * (HQ * D))[:, None, None] + (offs_h * D)[None, :, None] + e
-        _store_dense(y, q_out_ptr + q_dst, k_scale_ptr, ok, _NONE, SOFT_ROUNDING)
+        q_row = (tok64 * (HQ * D))[:, None, None] + (offs_h * D)[None, :, None]
+        if SPLIT and NEOX:
+            y1, y2 = _neox_halves(q_ptr, src, q_ok, cos_ptr, sin_ptr, cos_tok[:, None, None], sin_tok[:, None, None],
+                                  R, HALF_TABLE)
+            q_dst = q_row + tl.arange(0, R // 2)[None, None, :]
+            _store_dense(y1, q_out_ptr + q_dst, k_scale_ptr, q_ok, _NONE, SOFT_ROUNDING)
+            _store_dense(y2, q_out_ptr + q_dst + R // 2, k_scale_ptr, q_ok, _NONE, SOFT_ROUNDING)
+        else:
+            e = tl.arange(0, BLOCK_D)[None, None, :]
+            y = _rope_rows(q_ptr, src, q_ok, cos_ptr, sin_ptr, cos_tok[:, None, None], sin_tok[:, None, None], D, R,
+                           NEOX, HALF_TABLE, SPLIT, BLOCK_D)
+            _store_dense(y, q_out_ptr + q_row + e, k_scale_ptr, q_ok & (e < D), _NONE, SOFT_ROUNDING)
+
+
+ROTATIONS = ("split", "gather")
+
+
+def split_rotation_applies(is_neox: bool, rotary_dim: int, block_d: int) -> bool:
+    """Whether the split rotation can rotate rows held in a ``block_d``-wide tile: GPT-J pairs are
+    adjacent features, so always; NeoX halves are whole tiles only when ``rotary_dim`` fills the
+    tile (partial rotary, and head sizes that are no power of two, take the gathered form)."""
+    return not is_neox or rotary_dim == block_d
+
+
+def _split_rotation(rotation: Optional[str], is_neox: bool, rotary_dim: int, block_d: int) -> bool:
+    applies = split_rotation_applies(is_neox, rotary_dim, block_d)
+    if rotation is None:
+        return applies
+    if rotation not in ROTATIONS:
+        raise ValueError(f"rotation={rotation!r}; allowed: {', '.join(map(repr, ROTATIONS))} or None")
+    if rotation == "split" and not applies:
+        raise ValueError(f"rotation='split' cannot rotate NeoX rotary_dim={rotary_dim} in a {block_d}-wide tile; "
+                         "allowed there: 'gather' or None")
+    return rotation == "split"
 
 
 def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.Tensor,
@@ -224,10 +366,14 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
                                 v_scale: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                                 positions: Optional[torch.Tensor], rotary_dim: int, is_neox: bool,
                                 kv_quant_mode: int, *, soft_rounding: Optional[bool] = None,
-                                fp_fusion: Optional[bool] = None, launch_config=None) -> torch.Tensor:
+                                fp_fusion: Optional[bool] = None, launch_config=None,
+                                rotation: Optional[str] = None) -> torch.Tensor:
     """Triton :func:`kvfuse.ops.reference.rope_encode_and_cache_write`; returns the rotated query
     (contiguous), or an empty tensor without one. ``fp_fusion``: Triton's ``enable_fp_fusion``
-    (None: Triton's default, on, as Inductor's own kernels)."""
+    (None: Triton's default, on, as Inductor's own kernels). ``rotation``: ``"split"`` (partners
+    taken from the loaded rows; ValueError where :func:`split_rotation_applies` says no),
+    ``"gather"`` (partners by a second load, the earlier kernel) or None, split where it applies.
+    Both give the same bits; the choice exists so that one benchmark run can time both."""
     num_tokens, num_heads, head_size = key.shape
     q_out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if query is not None \
         else key.new_empty((0,))
@@ -236,6 +382,7 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
     mode = int(kv_quant_mode)
     block_t, block_h, block_d, num_warps = launch_config or _launch_config(
         int(num_tokens).bit_length(), num_heads, head_size, mode, key.element_size())
+    split = _split_rotation(rotation, bool(is_neox), int(rotary_dim), block_d)
     kv_programs = triton.cdiv(num_heads, block_h)
     q_heads = query.shape[1] if query is not None else 0
     grid = (triton.cdiv(num_tokens, block_t), kv_programs + triton.cdiv(q_heads, block_h))
@@ -251,7 +398,7 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
         num_tokens, s[1], q.stride(0), key.stride(0), value.stride(0), s[0], s[2], cos.stride(0), sin.stride(0),
         HQ=max(q_heads, 1), H=num_heads, D=head_size, Q_STRIDE_H=q.stride(1), K_STRIDE_H=key.stride(1),
         V_STRIDE_H=value.stride(1), C_STRIDE_H=s[3], PAGE=kv_cache.shape[2], R=int(rotary_dim), NEOX=bool(is_neox),
-        HALF_TABLE=cos.shape[1] != rotary_dim, HAS_POS=positions is not None, KV_PROGRAMS=kv_programs, MODE=mode,
+        HALF_TABLE=cos.shape[1] != rotary_dim, SPLIT=split, HAS_POS=positions is not None, KV_PROGRAMS=kv_programs, MODE=mode,
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
         SWIZZLE_V=swizzle_v, PAGE_ALIGN=align,
         K_SCALE_STRIDE_H=scale_head_stride(k_scale, mode), V_SCALE_STRIDE_H=scale_head_stride(v_scale, mode),
