@@ -37,6 +37,9 @@ def _rank(situation: Situation) -> Optional[int]:
 IMPLEMENTATION = Implementation(
     name="triton", module=__name__, ops=frozenset(OPS), devices=frozenset({"cpu", "cuda"}), modes=ALL_MODES,
     available=unavailable_reason, rank=_rank,
+    # Mixed formats (K and V in different modes): attention reads their pages (attention.py,
+    # _attend_range_mixed); the write ops are not declared here yet.
+    mixed_format_ops=frozenset({"paged_attention"}),
 )
 
 
