@@ -1,7 +1,8 @@
 """Paged attention on the GPU: kvfuse (Triton), kvfuse's FlashInfer backend, FlashInfer, torch SDPA.
 
 Decode: batch 1/16/64/256 x context 1k/4k/16k, 32 query / 8 KV heads, head size 128, page 16,
-caches bf16 / FP8 e4m3 / NVFP4 / per-token-head FP8. Prefill: one sequence of 4k / 16k tokens
+caches bf16 / FP8 e4m3 / NVFP4 / per-token-head FP8; mixed formats (K and V sides in different modes:
+FP8 K + NVFP4 V, bf16 K + FP8 V) at batch 64 x context 4096 only. Prefill: one sequence of 4k / 16k tokens
 (causal). Append (issue 16): chunked prefill (batch 8, 512 new tokens on a 4096-token prefix) and
 4-token speculative decode (batch 64, context 4096), kvfuse against FlashInfer's paged prefill.
 Reports microseconds, GB/s of KV bytes read and the fraction of the device-to-device copy
@@ -28,7 +29,7 @@ import torch
 
 from benchmarks.common import bench_cold_l2 as bench_us
 from benchmarks.common import current_commit, tile_fields
-from kvfuse.kv_cache import KVQuantMode, row_dim_for, storage_dtype
+from kvfuse.kv_cache import KVFormat, KVQuantMode, mixed_page_layout, row_dim_for, storage_dtype
 from kvfuse.ops.registry import AttentionCall
 
 # Launch tiles of kvfuse's Triton kernel for this run: the defaults, or what --tune found.
@@ -39,6 +40,11 @@ SWEEP_NEW_TOKENS = False
 HQ, HKV, HEAD, PAGE = 32, 8, 128, 16
 MODES = {"bf16": KVQuantMode.NONE, "fp8": KVQuantMode.FP8_E4M3, "nvfp4": KVQuantMode.NVFP4,
          "fp8_pth": KVQuantMode.FP8_PER_TOKEN_HEAD}
+#: Mixed formats timed at decode (kvfuse only: no other implementation reads such pages): name ->
+#: (K side's mode, V side's mode), each at MIXED_DECODE_CASES' (batch, context).
+MIXED_MODES = {"fp8/nvfp4": (KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4),
+               "bf16/fp8": (KVQuantMode.NONE, KVQuantMode.FP8_E4M3)}
+MIXED_DECODE_CASES = ((64, 4096),)
 ANCHORS = {("decode", "bf16", 64, 4096): ("flashinfer", 375.0, 0.95),
            ("decode", "fp8", 64, 4096): ("flashinfer_tc", 258.0, 0.69)}
 
@@ -110,7 +116,8 @@ def copy_bandwidth():
 
 
 # kvfuse's cache names in the results files (the same as cache_write.json's kv_cache_dtype).
-KV_CACHE_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4", "fp8_pth": "fp8_per_token_head"}
+KV_CACHE_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4", "fp8_pth": "fp8_per_token_head",
+                        "fp8/nvfp4": "fp8_e4m3/nvfp4", "bf16/fp8": "bfloat16/fp8_e4m3"}
 
 
 def _result_row(row):
@@ -179,19 +186,61 @@ def run_decode(batch, context, mode_name, impls, rows, copy_bw):
         if "torch_sdpa" in impls and mode is KVQuantMode.NONE and nbytes * 2 < 30e9:
             fns["torch_sdpa"] = (_sdpa_decode(query, cache, block_table, batch, context), True)
     for name, (fn, graph) in fns.items():
-        row = dict(op="decode", impl=name, cache=mode_name, batch=batch, context=context,
-                   num_tokens=batch * context, kv_bytes=nbytes)
-        try:
-            us, how = bench_us(fn, reps=10 if nbytes > 4e9 else 20, graph=graph)
-            gbs = nbytes / (us * 1e-6) / 1e9
-            row.update(us=round(us, 2), gb_s=round(gbs, 1), frac_copy=round(gbs / copy_bw, 3), timing=how)
-        except Exception as e:  # keep the sweep going; the row records why
-            row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
-            traceback.print_exc()
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        _time_decode(dict(op="decode", impl=name, cache=mode_name, batch=batch, context=context,
+                          num_tokens=batch * context, kv_bytes=nbytes), fn, graph, rows, copy_bw)
     del args, cache
     torch.cuda.empty_cache()
+
+
+def _time_decode(row, fn, graph, rows, copy_bw):
+    """Time ``fn`` into ``row`` (us, GB/s of its ``kv_bytes``, fraction of copy bandwidth) and append it."""
+    nbytes = row["kv_bytes"]
+    try:
+        us, how = bench_us(fn, reps=10 if nbytes > 4e9 else 20, graph=graph)
+        gbs = nbytes / (us * 1e-6) / 1e9
+        row.update(us=round(us, 2), gb_s=round(gbs, 1), frac_copy=round(gbs / copy_bw, 3), timing=how)
+    except Exception as e:  # keep the sweep going; the row records why
+        row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
+        traceback.print_exc()
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def make_mixed_cache(fmt, batch, context, scale, device="cuda"):
+    """A mixed-format cache (pages of :func:`kvfuse.kv_cache.mixed_page_layout`) holding N(0, 1) K/V
+    encoded by kvfuse's reference writer, contiguous-per-sequence pages shuffled; and its block table."""
+    from kvfuse.ops import reference
+
+    pages_per_seq = math.ceil(context / PAGE)
+    num_blocks = batch * pages_per_seq
+    layout = mixed_page_layout(fmt, PAGE, HKV, HEAD, torch.bfloat16)
+    cache = torch.empty((num_blocks, 2, PAGE, HKV, layout.row_dim), dtype=torch.uint8, device=device)
+    chunk = 16384  # tokens per write: the reference's page-index gather is [tokens, HKV, row bytes] int64
+    for first in range(0, num_blocks * PAGE, chunk):
+        slots = torch.arange(first, min(first + chunk, num_blocks * PAGE), device=device)
+        k, v = torch.randn(2, slots.numel(), HKV, HEAD, device=device, dtype=torch.bfloat16)
+        reference.encode_and_cache_write(k, v, cache, slots, scale, scale, fmt.code)
+    perm = torch.randperm(num_blocks, device=device).to(torch.int32)
+    return cache, perm.view(batch, pages_per_seq).contiguous(), layout
+
+
+def run_mixed_decode(name, impls, rows, copy_bw):
+    """kvfuse's decode over a mixed-format cache (MIXED_MODES[name]) at each of MIXED_DECODE_CASES."""
+    if "kvfuse" not in impls:
+        return
+    fmt = KVFormat(*MIXED_MODES[name])
+    for batch, context in MIXED_DECODE_CASES:
+        scale = torch.tensor(0.5, device="cuda")
+        cache, block_table, layout = make_mixed_cache(fmt, batch, context, scale)
+        query = torch.randn(batch, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
+        seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        args = (query, cache, scale, scale, block_table, seq_lens, qsl, fmt, 1 / math.sqrt(HEAD), None)
+        nbytes = batch * context * HKV * sum(layout.row_bytes)
+        _time_decode(dict(op="decode", impl="kvfuse", cache=name, batch=batch, context=context,
+                          num_tokens=batch * context, kv_bytes=nbytes), _kvfuse(args), True, rows, copy_bw)
+        del args, cache
+        torch.cuda.empty_cache()
 
 
 def _flashinfer_decode(query, cache, block_table, seq_lens, mode, tensor_cores):
@@ -548,6 +597,9 @@ def main():
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--impls", default="kvfuse,kvfuse_flashinfer,flashinfer,flashinfer_tc,torch_sdpa")
     parser.add_argument("--modes", default="bf16,fp8,nvfp4,fp8_pth")
+    parser.add_argument("--mixed-modes", default=",".join(MIXED_MODES),
+                        help=f"mixed K/V formats timed at decode (comma-separated, of {list(MIXED_MODES)}; "
+                             f"'' for none)")
     parser.add_argument("--tune", action="store_true", help="sweep Triton block configs first and use the best")
     parser.add_argument("--focus", action="store_true",
                         help="only decode at B=64/4k and B=16/16k: kernel variants and configs side by side")
@@ -590,6 +642,9 @@ def main():
     parts = set(args.only.split(","))
     if parts - {"decode", "prefill", "extend"}:
         parser.error(f"--only {args.only!r}: allowed parts are decode, prefill, extend")
+    mixed_modes = [name for name in args.mixed_modes.split(",") if name]
+    if set(mixed_modes) - set(MIXED_MODES):
+        parser.error(f"--mixed-modes {args.mixed_modes!r}: allowed names are {list(MIXED_MODES)}")
     rows = []
     meta = _meta(args, copy_bw, tuned)
     for mode_name in args.modes.split(",") if "decode" in parts else ():
@@ -597,6 +652,9 @@ def main():
             for context in contexts:
                 run_decode(batch, context, mode_name, impls, rows, copy_bw)
         write_results(rows, meta, args.out)  # partial results survive a timeout
+    for name in mixed_modes if "decode" in parts else ():
+        run_mixed_decode(name, impls, rows, copy_bw)
+        write_results(rows, meta, args.out)
     for tokens in prefills if "prefill" in parts else ():
         for mode_name in args.modes.split(","):
             run_prefill(tokens, mode_name, impls, rows, copy_bw)

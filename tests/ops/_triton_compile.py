@@ -192,6 +192,23 @@ def _attention_cases() -> list[Case]:
           for head, q_dtype, group, extra in ((64, "bfloat16", 4, {}), (80, "float16", 2, dict(sinks=True)),
                                               (128, "bfloat16", 4, {}), (256, "bfloat16", 1, dict(softcap=30.0)))),
     ]
+    # Mixed formats (K and V in different modes, _attend_range_mixed): decode and prefill of the two
+    # formats the benchmarks time, then every mode on each side, the split, window, soft-cap, sinks,
+    # KEYS_FIRST, PREFETCH_PAGES and NVFP4 scale paths spread over the rows.
+    mixed = [
+        ("FP8_E4M3", "NVFP4", 128, "decode", "bfloat16", 4, {}),
+        ("FP8_E4M3", "NVFP4", 128, "prefill", "bfloat16", 4, {}),
+        ("NONE", "FP8_E4M3", 128, "decode", "bfloat16", 4, {}),
+        ("NONE", "FP8_E4M3", 128, "prefill", "bfloat16", 4, dict(window=256, softcap=30.0, sinks=True)),
+        ("NVFP4", "FP8_E5M2", 64, "decode", "float16", 8, dict(splits=4, window=64, sinks=True)),
+        ("FP8_PER_TOKEN_HEAD", "NVFP4", 80, "prefill", "bfloat16", 2, dict(head_scales=True, word_scales=True)),
+        ("FP8_E5M2", "NONE", 256, "prefill", "bfloat16", 1, dict(softcap=50.0, keys_first=True)),
+        ("NVFP4", "FP8_PER_TOKEN_HEAD", 128, "decode", "float32", 6, dict(keys_first=True, prefetch_pages=True)),
+        ("NVFP4", "NONE", 128, "decode", "bfloat16", 4, dict(inline_asm=False, scale_gather=False)),
+    ]
+    cases += [Case(f"attention-mixed-{k}-{v}-d{head}-{phase}-{q_dtype}", "attention",
+                   dict(mode=k, v_mode=v, head=head, phase=phase, q_dtype=q_dtype, group=group, **extra))
+              for k, v, head, phase, q_dtype, group, extra in mixed]
     return cases
 
 
@@ -338,9 +355,11 @@ def _run_case(case: Case) -> list[Launch]:
                     kv_write.encode_and_cache_write(key, value, cache, slots, scale, scale, int(mode),
                                                     soft_rounding=p["soft_rounding"])
         elif case.kernel == "attention":
+            from kvfuse.kv_cache import KVFormat, mixed_page_layout
             from kvfuse.ops.registry import AttentionCall
 
             mode = KVQuantMode[p["mode"]]
+            fmt = KVFormat(mode, KVQuantMode[p.get("v_mode", p["mode"])])
             d, group, kv_heads = p["head"], p["group"], 2
             seqs, tokens = {"decode": (16, 16), "prefill": (2, 2048), "mixed": (4, 600)}[p["phase"]]
             context = 4096
@@ -350,7 +369,11 @@ def _run_case(case: Case) -> list[Launch]:
             if mode is KVQuantMode.NONE:
                 storage = _dtype(p["q_dtype"])
             blocks = seqs * context // page
-            cache = torch.empty((blocks, 2, page, kv_heads, row_dim_for(mode, d)), dtype=storage, device=meta)
+            row_dim = row_dim_for(mode, d)
+            if fmt.is_mixed:
+                storage = torch.uint8
+                row_dim = mixed_page_layout(fmt, page, kv_heads, d, _dtype(p["q_dtype"])).row_dim
+            cache = torch.empty((blocks, 2, page, kv_heads, row_dim), dtype=storage, device=meta)
             query = torch.empty((tokens, kv_heads * group, d), dtype=_dtype(p["q_dtype"]), device=meta)
             scale = torch.empty((kv_heads,) if p.get("head_scales") else (), dtype=torch.float32, device=meta)
             call = AttentionCall(
@@ -358,7 +381,7 @@ def _run_case(case: Case) -> list[Launch]:
                 block_table=torch.empty((seqs, context // page), dtype=torch.int32, device=meta),
                 seq_lens=torch.empty((seqs,), dtype=torch.int32, device=meta),
                 query_start_loc=torch.empty((seqs + 1,), dtype=torch.int32, device=meta),
-                kv_quant_mode=mode, sm_scale=d ** -0.5, sliding_window=p.get("window"),
+                kv_quant_mode=fmt if fmt.is_mixed else mode, sm_scale=d ** -0.5, sliding_window=p.get("window"),
                 logit_softcap=p.get("softcap", 0.0),
                 sinks=torch.empty((kv_heads * group,), dtype=torch.float32, device=meta) if p.get("sinks") else None,
                 # The step's K/V as views of one QKV projection output (prefill.new_token_prefill).
@@ -434,6 +457,8 @@ def _specialise(launch: Launch):
         raise TypeError(f"{launch.name}: launch keywords {sorted(unknown)} are neither parameters nor options")
     bound = inspect.signature(fn.fn).bind(*launch.args, **{k: v for k, v in launch.kwargs.items()
                                                            if k not in options})
+    # Parameters a launch leaves out take their defaults, as JITFunction binds them.
+    bound.apply_defaults()
     signature, constexprs, attrs = {}, {}, {}
     for i, param in enumerate(fn.params):
         name = param.name

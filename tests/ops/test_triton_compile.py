@@ -141,7 +141,10 @@ def test_matrix_covers_every_branch(report):
         expect("kv_write", f"K_SCALE_STRIDE_H[MODE={mode}]", {0, 1},
                _seen(kw, "K_SCALE_STRIDE_H", lambda c, m=mode: c["MODE"] == m))
 
-    at = _launches(report, "attention")
+    launches = _launches(report, "attention")
+    # Uniform formats below; mixed ones (V_MODE set: MODE is then only the K side's) after them.
+    at = [launch for launch in launches if launch["constexprs"].get("V_MODE") is None]
+    mx = [launch for launch in launches if launch["constexprs"].get("V_MODE") is not None]
     is_fp4 = lambda c: c["MODE"] == nvfp4  # noqa: E731
     dense = lambda c: c["MODE"] != nvfp4  # noqa: E731
     for mode in modes:
@@ -165,6 +168,16 @@ def test_matrix_covers_every_branch(report):
     expect("attention", "ROW_ALIGN", {16, 8, 1}, _seen(at, "ROW_ALIGN"))
     if not any(c["constexprs"]["GROUP"] != c["constexprs"]["GROUP_PAD"] for c in at):
         missing.append("attention: no GQA group that is not a power of two")
+    expect("attention[mixed]", "MODE (K side)", modes, _seen(mx, "MODE"))
+    expect("attention[mixed]", "V_MODE", modes, _seen(mx, "V_MODE"))
+    v_fp4 = lambda c: c["V_MODE"] == nvfp4  # noqa: E731
+    expect("attention[mixed]", "SWIZZLE_V[V nvfp4]", both, _seen(mx, "SWIZZLE_V", v_fp4))
+    for name in ("SPLIT", "HAS_WINDOW", "SOFTCAP", "HAS_SINKS", "KEYS_FIRST", "PREFETCH_PAGES", "Q_RESCALE"):
+        expect("attention[mixed]", name, both, _seen(mx, name))
+    expect("attention[mixed]", "DOT_DTYPE", {"fp16", "bf16", "fp32"}, _seen(mx, "DOT_DTYPE"))
+    any_fp4 = lambda c: nvfp4 in (c["MODE"], c["V_MODE"])  # noqa: E731
+    for name in ("USE_ASM", "SCALE_GATHER", "WORD_SCALES"):
+        expect("attention[mixed]", f"{name}[nvfp4 side]", both, _seen(mx, name, any_fp4))
     if not _launches(report, "attention_reduce"):
         missing.append("attention_reduce: never compiled (no split-KV launch)")
 

@@ -37,9 +37,10 @@ def _rank(situation: Situation) -> Optional[int]:
 IMPLEMENTATION = Implementation(
     name="triton", module=__name__, ops=frozenset(OPS), devices=frozenset({"cpu", "cuda"}), modes=ALL_MODES,
     available=unavailable_reason, rank=_rank,
-    # Mixed formats (K and V in different modes): the fused write; cache_write of rows encoded
-    # apart (the unfused graph) is left to the reference.
-    mixed_format_ops=frozenset({"encode_and_cache_write"}),
+    # Mixed formats (K and V in different modes): the fused write (one launch, kv_write.py) and
+    # attention (attention.py, _attend_range_mixed). cache_write of rows encoded apart (the unfused
+    # graph) and the rotary write are left to the reference.
+    mixed_format_ops=frozenset({"encode_and_cache_write", "paged_attention"}),
 )
 
 

@@ -26,6 +26,11 @@ separate tiles (``q . k = q_even . k_lo + q_odd . k_hi``), so nothing is interle
 registers. fp16 dots take the query through an in-kernel range check (tiles with |q| > 2^15
 are scaled down, the scores scaled back).
 
+Mixed formats (K and V sides in different modes, uint8 pages of
+:func:`kvfuse.kv_cache.mixed_page_layout`) share the kernel's prologue, split-KV and reduction; their
+key loop (:func:`_attend_range_mixed`) turns each side's rows into a dense tile in the dot dtype
+(NVFP4's nibbles interleaved back into element order), so any pair of modes meets the query alike.
+
 Split-KV: when the tiles times KV heads would not fill the GPU (small decode batches), each
 tile's key range is cut into ``num_splits`` chunks; programs write a normalised partial output
 and its log-sum-exp, and :func:`_paged_attention_reduce_kernel` merges them. The tile grid is
@@ -40,14 +45,14 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 import torch
 import triton
 import triton.language as tl
 
 from ... import envs
-from ...kv_cache import KVQuantMode, nvfp4_v_scales_swizzled
+from ...kv_cache import MIXED_FORMAT_BASE, KVFormat, KVQuantMode, mixed_page_layout, nvfp4_v_scales_swizzled
 from ..registry import AttentionCall
 
 __all__ = ["paged_attention", "Tile", "TileTable", "DEFAULT_TILES"]
@@ -56,6 +61,7 @@ _LOG2E = 1.4426950408889634
 _MODE_NONE = tl.constexpr(int(KVQuantMode.NONE))
 _MODE_NVFP4 = tl.constexpr(int(KVQuantMode.NVFP4))
 _MODE_FP8_PTH = tl.constexpr(int(KVQuantMode.FP8_PER_TOKEN_HEAD))
+_MODE_FP8_E5M2 = tl.constexpr(int(KVQuantMode.FP8_E5M2))
 
 
 @dataclass(frozen=True)
@@ -489,6 +495,133 @@ def _attend_range_nvfp4(
 
 
 @triton.jit
+def _mixed_side_tile(cache_ptr, side_at, t, kvh, num_kv_heads, kmask,
+                     SIDE_MODE: tl.constexpr, ROW_BYTES: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
+                     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, KV_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                     TRANSPOSED: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr,
+                     SWIZZLED: tl.constexpr, WORD_SCALES: tl.constexpr, ALIGN: tl.constexpr):
+    """One side's rows of a mixed-format page as a dense DOT_DTYPE tile [BLOCK_N, HEAD_PAD] (or
+    [HEAD_PAD, BLOCK_N] when TRANSPOSED): token ``t[n]`` of KV head ``kvh`` of the page side that
+    starts at byte ``side_at[n]`` of ``cache_ptr`` (uint8). Masked rows and padded columns are 0.
+
+    The side is laid out as a uniform page side of SIDE_MODE (:func:`kvfuse.kv_cache.mixed_page_layout`):
+    dense modes keep row (t, h) whole at ``(t * H + h) * ROW_BYTES``; NVFP4 keeps its packed data
+    at ``(t * H + h) * HEAD/2`` and its block scales after all data (:func:`_attend_range_nvfp4`).
+    Tile values, with the static and per-row scales left to the caller::
+
+        NONE                            the stored KV_DTYPE value (the query's dtype)
+        FP8_E4M3 / FP8_E5M2             the fp8 value
+        FP8_PER_TOKEN_HEAD              the e4m3 value (the row's float32 scale follows its HEAD bytes)
+        NVFP4                           e2m1 * block scale * 2^-6 (:func:`_e2m1_decode`)
+
+    Every one of them is exact in DOT_DTYPE (fp8 and e2m1 * scale * 2^-6 carry at most 5
+    significant bits). NVFP4's low and high nibbles (even and odd elements) are interleaved back
+    into element order, so both sides meet the query in one layout whatever their modes."""
+    row = (t * num_kv_heads + kvh).to(tl.int64)
+    if SIDE_MODE == _MODE_NVFP4:
+        HALF: tl.constexpr = HEAD // 2
+        NB: tl.constexpr = HEAD // 16
+        data = cache_ptr + tl.multiple_of(side_at + row * HALF, ALIGN)
+        scales_at = side_at + PAGE * HALF * num_kv_heads.to(tl.int64)
+        if SWIZZLED:
+            scale_row = ((t - t % 4) * num_kv_heads + kvh).to(tl.int64) * NB + t % 4
+        else:
+            scale_row = row * NB
+        lo, hi = _nvfp4_tile(data, cache_ptr, scales_at + scale_row, num_kv_heads * NB, kmask, HALF, HEAD_PAD // 2,
+                             NB, BLOCK_N, False, SCALE_GATHER, USE_ASM, SWIZZLED, WORD_SCALES)
+        tile = tl.reshape(tl.join(lo, hi), (BLOCK_N, HEAD_PAD)).to(DOT_DTYPE)
+        if TRANSPOSED:
+            tile = tl.trans(tile)
+    else:
+        offs_d = tl.arange(0, HEAD_PAD)
+        rows = cache_ptr + tl.multiple_of(side_at + row * ROW_BYTES, ALIGN)
+        if SIDE_MODE == _MODE_NONE:
+            rows = rows.to(tl.pointer_type(KV_DTYPE))
+        if TRANSPOSED:
+            x = tl.load(rows[None, :] + offs_d[:, None], mask=kmask[None, :] & (offs_d < HEAD)[:, None], other=0)
+        else:
+            x = tl.load(rows[:, None] + offs_d[None, :], mask=kmask[:, None] & (offs_d < HEAD)[None, :], other=0)
+        if SIDE_MODE == _MODE_FP8_E5M2:
+            x = x.to(tl.float8e5, bitcast=True)
+        elif SIDE_MODE != _MODE_NONE:
+            x = x.to(tl.float8e4nv, bitcast=True)
+        tile = x.to(DOT_DTYPE)
+    return tile
+
+
+@triton.jit
+def _mixed_row_scales(cache_ptr, side_at, t, kvh, num_kv_heads, kmask, HEAD: tl.constexpr,
+                      ROW_BYTES: tl.constexpr):
+    """The float32 scales of FP8_PER_TOKEN_HEAD rows (see :func:`_mixed_side_tile`); 0 where masked."""
+    row = (t * num_kv_heads + kvh).to(tl.int64)
+    return tl.load((cache_ptr + side_at + row * ROW_BYTES + HEAD).to(tl.pointer_type(tl.float32)), mask=kmask,
+                   other=0.0)
+
+
+@triton.jit
+def _attend_range_mixed(
+    acc, m_i, l_i, q, qpos, lo, hi, window, qk_scale, cap,
+    cache_ptr, bt_row_ptr, kvh, num_kv_heads, stride_cb,
+    K_MODE: tl.constexpr, V_MODE: tl.constexpr, V_SIDE_OFFSET: tl.constexpr, K_ROW_BYTES: tl.constexpr,
+    V_ROW_BYTES: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr, KV_DTYPE: tl.constexpr,
+    HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr,
+    SWIZZLE_V: tl.constexpr, WORD_SCALES: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
+):
+    """Keys ``[lo, hi)`` of a mixed-format cache (K side in K_MODE at byte 0 of each page, V side
+    in V_MODE at byte V_SIDE_OFFSET): per tile, the K and V tiles of :func:`_mixed_side_tile`,
+    then the step of :func:`_attend_range`. Static scales and NVFP4's 2^6 are folded into
+    ``qk_scale`` and the output by the caller; an FP8_PER_TOKEN_HEAD side's row scales enter as
+    in :func:`_attend_range` (ROW_SCALES): key ``j``'s scale multiplies score column ``j``, value
+    ``j``'s multiplies P's column ``j`` over the tile's largest (multiplied back after the dot),
+    so that P stays in [0, 1] in a 16-bit dot.
+
+    KEYS_FIRST: ``q`` is passed transposed and the scores are ``(K @ q^T)^T``; PREFETCH_PAGES:
+    block-table entries one iteration ahead (:func:`_tile_pages`)."""
+    if PREFETCH_PAGES:
+        ahead = _tile_pages(bt_row_ptr, lo, hi, BLOCK_N, PAGE)
+    for start in range(lo, hi, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        kmask = kpos < hi
+        if PREFETCH_PAGES:
+            blk = ahead
+            ahead = _tile_pages(bt_row_ptr, start + BLOCK_N, hi, BLOCK_N, PAGE)
+        else:
+            blk = _tile_pages(bt_row_ptr, start, hi, BLOCK_N, PAGE)
+        k_at = blk.to(tl.int64) * stride_cb
+        v_at = k_at + V_SIDE_OFFSET
+        t = kpos % PAGE
+        if KEYS_FIRST:
+            k = _mixed_side_tile(cache_ptr, k_at, t, kvh, num_kv_heads, kmask, K_MODE, K_ROW_BYTES, HEAD, HEAD_PAD,
+                                 BLOCK_N, PAGE, KV_DTYPE, DOT_DTYPE, False, SCALE_GATHER, USE_ASM, False,
+                                 WORD_SCALES, K_ALIGN)
+            s = tl.trans(tl.dot(k, q, input_precision=PRECISION)) * qk_scale
+        else:
+            k = _mixed_side_tile(cache_ptr, k_at, t, kvh, num_kv_heads, kmask, K_MODE, K_ROW_BYTES, HEAD, HEAD_PAD,
+                                 BLOCK_N, PAGE, KV_DTYPE, DOT_DTYPE, True, SCALE_GATHER, USE_ASM, False,
+                                 WORD_SCALES, K_ALIGN)
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        if K_MODE == _MODE_FP8_PTH:
+            s = s * _mixed_row_scales(cache_ptr, k_at, t, kvh, num_kv_heads, kmask, HEAD, K_ROW_BYTES)[None, :]
+        s = _softcap(s, cap, SOFTCAP)
+        allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
+        p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
+        v = _mixed_side_tile(cache_ptr, v_at, t, kvh, num_kv_heads, kmask, V_MODE, V_ROW_BYTES, HEAD, HEAD_PAD,
+                             BLOCK_N, PAGE, KV_DTYPE, DOT_DTYPE, False, SCALE_GATHER, USE_ASM, SWIZZLE_V,
+                             WORD_SCALES, V_ALIGN)
+        if V_MODE == _MODE_FP8_PTH:
+            v_rs = _mixed_row_scales(cache_ptr, v_at, t, kvh, num_kv_heads, kmask, HEAD, V_ROW_BYTES)
+            v_top = tl.max(v_rs, 0)
+            v_top = tl.where(v_top > 0, v_top, 1.0)
+            pv = p * (v_rs / v_top)[None, :]
+            acc = acc * alpha[:, None] + tl.dot(pv.to(DOT_DTYPE), v, input_precision=PRECISION) * v_top
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _abs_max(x):
     return tl.max(tl.max(tl.abs(x.to(tl.float32)), 1), 0)
 
@@ -515,8 +648,16 @@ def _paged_attention_kernel(
     Q_RESCALE: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, SWIZZLE_V: tl.constexpr,
     WORD_SCALES: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False, LONGEST_FIRST: tl.constexpr = False,
+    V_MODE: tl.constexpr = None, V_SIDE_OFFSET: tl.constexpr = 0, K_ROW_BYTES: tl.constexpr = 0,
+    V_ROW_BYTES: tl.constexpr = 0, V_ROW_ALIGN: tl.constexpr = 16, KV_DTYPE: tl.constexpr = None,
 ):
-    """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range."""
+    """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range.
+
+    V_MODE None: a uniform cache of MODE. Otherwise a mixed-format cache (uint8 pages of
+    :func:`kvfuse.kv_cache.mixed_page_layout`) whose K side is MODE and V side V_MODE, the V side
+    at byte V_SIDE_OFFSET of each page, rows of K_ROW_BYTES / V_ROW_BYTES bytes (ROW_ALIGN /
+    V_ROW_ALIGN: the alignment of each side's row offsets), an unquantized side of KV_DTYPE."""
+    MIXED: tl.constexpr = V_MODE is not None
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
     if LONGEST_FIRST:
@@ -569,7 +710,13 @@ def _paged_attention_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     k_scale = 1.0
     v_scale = 1.0
-    if MODE != _MODE_NONE and MODE != _MODE_FP8_PTH:
+    if MIXED:
+        # Each side's static scale where its mode has one; a per-token-head side reads its rows' own.
+        if MODE != _MODE_NONE and MODE != _MODE_FP8_PTH:
+            k_scale = tl.load(k_scale_ptr + kvh * k_scale_stride_h)
+        if V_MODE != _MODE_NONE and V_MODE != _MODE_FP8_PTH:
+            v_scale = tl.load(v_scale_ptr + kvh * v_scale_stride_h)
+    elif MODE != _MODE_NONE and MODE != _MODE_FP8_PTH:
         # Per-KV-head scales: this program's head (stride 0: one scale per tensor). FP8_PER_TOKEN_HEAD
         # reads each row's scale from the cache instead (_attend_range, ROW_SCALES).
         k_scale = tl.load(k_scale_ptr + kvh * k_scale_stride_h)
@@ -577,7 +724,50 @@ def _paged_attention_kernel(
     qk = qk_scale * k_scale
     q_rows = q_ptr + rows[:, None] * stride_qt + head[:, None].to(tl.int64) * stride_qh
 
-    if MODE == _MODE_NVFP4:
+    if MIXED:
+        # The dense branch below, over _attend_range_mixed; written apart so that the uniform
+        # branches (tuned and measured) stay as they are.
+        if MODE == _MODE_NVFP4:
+            qk = qk * 64.0  # decoded NVFP4 values are e2m1 * block scale * 2^-6 (_E2M1_ASM)
+        if V_MODE == _MODE_NVFP4:
+            v_scale = v_scale * 64.0
+        offs_d = tl.arange(0, HEAD_PAD)
+        qmask = row_ok[:, None] & (offs_d[None, :] < HEAD)
+        q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)
+        if Q_RESCALE:
+            qs = _fp16_safe_scale(_abs_max(q))
+            q = q.to(tl.float32) * qs
+            qk = qk / qs
+        q = q.to(DOT_DTYPE)
+        if KEYS_FIRST:
+            q = tl.trans(q)
+        acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
+        H_KV = tl.num_programs(1)
+        if HAS_WINDOW:
+            acc, m_i, l_i = _attend_range_mixed(
+                acc, m_i, l_i, q, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh, H_KV, stride_cb,
+                MODE, V_MODE, V_SIDE_OFFSET, K_ROW_BYTES, V_ROW_BYTES, ROW_ALIGN, V_ROW_ALIGN, KV_DTYPE, HEAD,
+                HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, KEYS_FIRST,
+                SOFTCAP, SWIZZLE_V, WORD_SCALES, PREFETCH_PAGES)
+        acc, m_i, l_i = _attend_range_mixed(
+            acc, m_i, l_i, q, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh, H_KV, stride_cb,
+            MODE, V_MODE, V_SIDE_OFFSET, K_ROW_BYTES, V_ROW_BYTES, ROW_ALIGN, V_ROW_ALIGN, KV_DTYPE, HEAD,
+            HEAD_PAD, BLOCK_N, PAGE, False, HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, KEYS_FIRST,
+            SOFTCAP, SWIZZLE_V, WORD_SCALES, PREFETCH_PAGES)
+        acc, m_i, l_i = _attend_range_mixed(
+            acc, m_i, l_i, q, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh, H_KV, stride_cb,
+            MODE, V_MODE, V_SIDE_OFFSET, K_ROW_BYTES, V_ROW_BYTES, ROW_ALIGN, V_ROW_ALIGN, KV_DTYPE, HEAD,
+            HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, KEYS_FIRST,
+            SOFTCAP, SWIZZLE_V, WORD_SCALES, PREFETCH_PAGES)
+        inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
+        o = acc * inv[:, None]
+        if SPLIT:
+            dst = pout_ptr + split * stride_ps + rows[:, None] * stride_pt + head[:, None] * stride_ph
+            tl.store(dst + offs_d[None, :], o, mask=qmask)
+        else:
+            dst = out_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh
+            tl.store(dst + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=qmask)
+    elif MODE == _MODE_NVFP4:
         HALF: tl.constexpr = HEAD // 2
         HALF_PAD: tl.constexpr = HEAD_PAD // 2
         NB: tl.constexpr = HEAD // 16
@@ -703,23 +893,34 @@ _DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.flo
 _FP32_MAX_BLOCK_N = 64
 
 
-def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int, mode: KVQuantMode,
-                 query_itemsize: int = 2, split: bool = False, tiles: TileTable = DEFAULT_TILES,
-                 interpret: bool = False) -> tuple[Tile, bool]:
+def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
+                 mode: Union[KVQuantMode, KVFormat], query_itemsize: int = 2, split: bool = False,
+                 tiles: TileTable = DEFAULT_TILES, interpret: bool = False) -> tuple[Tile, bool]:
     """(tile, decode?) from shapes only: few query tokens per sequence -> decode tiles + split-KV.
 
     ``split``: the launch splits the context; a ``<key>_split`` entry, where present, replaces the
-    key's (every decode entry has the same BLOCK_M, so the split decision does not change)."""
+    key's (every decode entry has the same BLOCK_M, so the split decision does not change).
+
+    ``mode``: the cache's mode, or a :class:`KVFormat`. No tile was tuned for mixed formats
+    (K and V in different modes): their decode takes ``small_fp8`` when neither side keeps
+    2-byte rows (its BLOCK_N and register cap were picked for byte-wide rows, which FP8,
+    per-token-head and NVFP4 sides all read), else ``small`` (the bf16 tile); their prefill and
+    large-head launches take ``small`` / ``large`` like any format."""
     decode = num_tokens <= 4 * max(num_seqs, 1)
     if interpret:
         return tiles.interpret, decode
     size = "small" if head_size <= 128 else "large"
     key = size
     table = tiles.decode if decode else tiles.prefill
-    if decode and size == "small" and mode is not KVQuantMode.NONE:
-        key = "small_nvfp4" if mode is KVQuantMode.NVFP4 else "small_fp8"
-    if size == "small" and mode is KVQuantMode.FP8_PER_TOKEN_HEAD and "small_fp8_pth" in table:
-        key = "small_fp8_pth"
+    if isinstance(mode, KVFormat) and mode.is_mixed:
+        if decode and size == "small" and KVQuantMode.NONE not in mode.sides:
+            key = "small_fp8"
+    else:
+        mode = KVFormat.of(mode).key
+        if decode and size == "small" and mode is not KVQuantMode.NONE:
+            key = "small_nvfp4" if mode is KVQuantMode.NVFP4 else "small_fp8"
+        if size == "small" and mode is KVQuantMode.FP8_PER_TOKEN_HEAD and "small_fp8_pth" in table:
+            key = "small_fp8_pth"
     if decode and split and key + "_split" in table:
         key += "_split"
     tile = table[key]
@@ -731,12 +932,22 @@ def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
     return tile, decode
 
 
+def _side_modes(kv_quant_mode) -> tuple[KVQuantMode, Optional[KVQuantMode]]:
+    """(K side's mode, V side's mode where it differs, else None) of a call's ``kv_quant_mode``: a
+    :class:`KVQuantMode`, a :class:`KVFormat` or a format code."""
+    if isinstance(kv_quant_mode, KVFormat) or int(kv_quant_mode) >= MIXED_FORMAT_BASE:
+        fmt = KVFormat.of(kv_quant_mode)
+        return fmt.key, fmt.value if fmt.is_mixed else None
+    return KVQuantMode(kv_quant_mode), None
+
+
 def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, num_splits: Optional[int] = None,
                     inline_asm: bool = True, quant_dot_fp16: bool = True) -> torch.Tensor:
     """Varlen causal paged attention; semantics of :func:`kvfuse.ops.reference.paged_attention`.
 
     Rows whose sequence has no allowed key (``seq_len <= 0``, or more query tokens than cached
-    positions) are zeros here, where the reference would produce NaN.
+    positions) are zeros here, where the reference would produce NaN. Mixed formats (a
+    :class:`KVFormat` whose sides differ) run :func:`_attend_range_mixed`.
 
     Keyword options (defaults are the measured best; tests and benchmarks vary them):
     ``tiles`` the launch configurations; ``num_splits`` split-KV chunks (default: enough programs
@@ -746,7 +957,9 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     """
     query, kv_cache, k_scale, v_scale = call.query, call.kv_cache, call.k_scale, call.v_scale
     block_table, seq_lens, query_start_loc = call.block_table, call.seq_lens, call.query_start_loc
-    mode, sm_scale, sliding_window = KVQuantMode(call.kv_quant_mode), call.sm_scale, call.sliding_window
+    mode, v_mode = _side_modes(call.kv_quant_mode)
+    sides = (mode,) if v_mode is None else (mode, v_mode)
+    sm_scale, sliding_window = call.sm_scale, call.sliding_window
     logit_softcap, sinks = call.logit_softcap, call.sinks
     interpret = envs.settings().triton_interpret
     num_tokens, num_q_heads, head_size = query.shape
@@ -755,7 +968,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     group = num_q_heads // num_kv_heads
     group_pad = _next_pow2(group)
     head_pad = max(16, _next_pow2(head_size))
-    if mode is KVQuantMode.NVFP4:
+    if KVQuantMode.NVFP4 in sides:
         if head_size % 16:
             raise ValueError(f"head_size={head_size}: NVFP4 needs a multiple of 16 (one e4m3 scale per 16 "
                              f"elements)")
@@ -764,7 +977,8 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     if num_tokens == 0 or num_seqs == 0:
         return torch.zeros_like(query)
 
-    cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode, query.element_size(),
+    tile_mode = mode if v_mode is None else KVFormat(mode, v_mode)
+    cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, tile_mode, query.element_size(),
                                tiles=tiles, interpret=interpret)
     if num_splits is None and prefill.takes(call, decode):
         return prefill.new_token_prefill(call, tiles)
@@ -783,17 +997,22 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         raise ValueError(f"num_splits={num_splits!r}: split-KV takes a count >= 1 and decode-sized batches "
                          f"(at most 4 query tokens per sequence), got {num_tokens} tokens for {num_seqs} sequences")
     if num_splits > 1:
-        cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, mode, query.element_size(),
+        cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, tile_mode, query.element_size(),
                                    split=True, tiles=tiles, interpret=interpret)
 
     out_dtype = query.dtype
     dot_dtype = _DOT_DTYPES[query.dtype]
-    if (mode is not KVQuantMode.NONE and query.dtype == torch.bfloat16 and quant_dot_fp16
+    if (v_mode is None and mode is not KVQuantMode.NONE and query.dtype == torch.bfloat16 and quant_dot_fp16
             and (mode is KVQuantMode.NVFP4 or (decode and num_splits == 1))):
         # FP8 and NVFP4 values convert to fp16 exactly and in one instruction per pair (bf16 needs a
         # longer sequence); fp16 also keeps 3 more bits of P. The query is range-checked in-kernel.
         # FP8 only where it was measured faster (BENCHMARKS.md: decode without split-KV); with
         # split-KV the bf16 dot was faster.
+        dot_dtype = tl.float16
+    elif (v_mode is not None and KVQuantMode.NONE not in sides and query.dtype == torch.bfloat16
+          and quant_dot_fp16):
+        # Mixed formats (not measured): fp16 wherever both sides are quantized, for the reasons
+        # above; a bf16 side keeps bf16 dots, as its values may lie outside fp16's range.
         dot_dtype = tl.float16
     q_rescale = dot_dtype == tl.float16 and query.dtype == torch.bfloat16
     if interpret:
@@ -808,12 +1027,25 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     window = int(sliding_window) if sliding_window is not None else 0
     has_window = sliding_window is not None
     # FP8_PER_TOKEN_HEAD caches are uint8 (as vLLM stores them); the kernel reads their data as e4m3.
-    cache = kv_cache.view(torch.float8_e4m3fn) if mode is KVQuantMode.FP8_PER_TOKEN_HEAD else kv_cache
-    # Row offsets: the strides, and for NVFP4 the packed-data row width (its page sides hold data
-    # rows of head_size / 2 bytes).
-    row_align = _row_align((*cache.stride()[:4], *((head_size // 2,) if mode is KVQuantMode.NVFP4 else ())))
-    swizzle_v = mode is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size)
-    word_scales = mode is KVQuantMode.NVFP4 and cfg.WORD_SCALES and _words_inside_storage(kv_cache)
+    # Mixed pages stay uint8: the kernel addresses them in bytes.
+    cache = (kv_cache.view(torch.float8_e4m3fn) if mode is KVQuantMode.FP8_PER_TOKEN_HEAD and v_mode is None
+             else kv_cache)
+    mixed = {}
+    if v_mode is None:
+        # Row offsets: the strides, and for NVFP4 the packed-data row width (its page sides hold data
+        # rows of head_size / 2 bytes).
+        row_align = _row_align((*cache.stride()[:4], *((head_size // 2,) if mode is KVQuantMode.NVFP4 else ())))
+    else:
+        layout = mixed_page_layout(KVFormat(mode, v_mode), page, num_kv_heads, head_size, query.dtype)
+        # Each side's row offsets: page stride + side offset + rows of its data width.
+        side_align = [_row_align((cache.stride(0), layout.side_offsets[side],
+                                  head_size // 2 if side_mode is KVQuantMode.NVFP4 else layout.row_bytes[side]))
+                      for side, side_mode in enumerate(sides)]
+        row_align = side_align[0]
+        mixed = dict(V_MODE=int(v_mode), V_SIDE_OFFSET=layout.side_offsets[1], K_ROW_BYTES=layout.row_bytes[0],
+                     V_ROW_BYTES=layout.row_bytes[1], V_ROW_ALIGN=side_align[1], KV_DTYPE=_DOT_DTYPES[query.dtype])
+    swizzle_v = (v_mode or mode) is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size)
+    word_scales = KVQuantMode.NVFP4 in sides and cfg.WORD_SCALES and _words_inside_storage(kv_cache)
     if num_splits > 1:
         out = torch.empty_like(query)
         pout = torch.empty((num_splits, num_tokens, num_q_heads, head_size), dtype=torch.float32,
@@ -844,7 +1076,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         KEYS_FIRST=cfg.KEYS_FIRST, SOFTCAP=softcap, HAS_SINKS=sinks is not None, SWIZZLE_V=swizzle_v,
         WORD_SCALES=word_scales, PREFETCH_PAGES=cfg.PREFETCH_PAGES, LONGEST_FIRST=cfg.LONGEST_FIRST,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
+        **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}), **mixed,
     )
     if num_splits > 1:
         _paged_attention_reduce_kernel[(num_tokens, num_q_heads)](

@@ -20,7 +20,8 @@ row and run unmasked; only the diagonal block ``[m0, m0 + BLOCK_M)`` is masked, 
 ``BLOCK_M`` is a multiple of ``BLOCK_N``.
 
 What it does not take (the launcher in :mod:`.attention` routes those calls to the paged
-kernel): quantized caches (their cached bytes differ from the model-dtype K/V), sliding windows,
+kernel): quantized caches (their cached bytes differ from the model-dtype K/V) including mixed
+formats (one side quantized), sliding windows,
 float32 queries and decode-sized batches.
 """
 
@@ -153,8 +154,9 @@ def _new_token_prefill_kernel(
 
 def takes(call: AttentionCall, decode: bool) -> bool:
     """Whether :func:`new_token_prefill` serves ``call`` (see the module docstring)."""
+    # ``==``, not KVQuantMode(...): a mixed format's KVFormat (or its code) is no mode, and is declined.
     return (call.key is not None and call.value is not None and not decode
-            and KVQuantMode(call.kv_quant_mode) is KVQuantMode.NONE and call.sliding_window is None
+            and call.kv_quant_mode == KVQuantMode.NONE and call.sliding_window is None
             and call.query.dtype in (torch.bfloat16, torch.float16) and call.kv_cache.dtype == call.query.dtype)
 
 
