@@ -204,7 +204,7 @@ def _attention_cases() -> list[Case]:
         ("FP8_PER_TOKEN_HEAD", "NVFP4", 80, "prefill", "bfloat16", 2, dict(head_scales=True, word_scales=True)),
         ("FP8_E5M2", "NONE", 256, "prefill", "bfloat16", 1, dict(softcap=50.0, keys_first=True)),
         ("NVFP4", "FP8_PER_TOKEN_HEAD", 128, "decode", "float32", 6, dict(keys_first=True, prefetch_pages=True)),
-        ("NVFP4", "NONE", 128, "decode", "bfloat16", 4, dict(inline_asm=False, scale_gather=False)),
+        ("NVFP4", "NONE", 128, "decode", "bfloat16", 4, dict(word_scales=True)),
     ]
     cases += [Case(f"attention-mixed-{k}-{v}-d{head}-{phase}-{q_dtype}", "attention",
                    dict(mode=k, v_mode=v, head=head, phase=phase, q_dtype=q_dtype, group=group, **extra))

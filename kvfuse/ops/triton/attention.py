@@ -29,7 +29,7 @@ are scaled down, the scores scaled back).
 Mixed formats (K and V sides in different modes, uint8 pages of
 :func:`kvfuse.kv_cache.mixed_page_layout`) share the kernel's prologue, split-KV and reduction; their
 key loop (:func:`_attend_range_mixed`) turns each side's rows into a dense tile in the dot dtype
-(NVFP4's nibbles interleaved back into element order), so any pair of modes meets the query alike.
+(NVFP4 decoded element by element, in element order), so any pair of modes meets the query alike.
 
 Split-KV: when the tiles times KV heads would not fill the GPU (small decode batches), each
 tile's key range is cut into ``num_splits`` chunks; programs write a normalised partial output
@@ -498,8 +498,8 @@ def _attend_range_nvfp4(
 def _mixed_side_tile(cache_ptr, side_at, t, kvh, num_kv_heads, kmask,
                      SIDE_MODE: tl.constexpr, ROW_BYTES: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
                      BLOCK_N: tl.constexpr, PAGE: tl.constexpr, KV_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                     TRANSPOSED: tl.constexpr, SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr,
-                     SWIZZLED: tl.constexpr, WORD_SCALES: tl.constexpr, ALIGN: tl.constexpr):
+                     TRANSPOSED: tl.constexpr, SWIZZLED: tl.constexpr, WORD_SCALES: tl.constexpr,
+                     ALIGN: tl.constexpr):
     """One side's rows of a mixed-format page as a dense DOT_DTYPE tile [BLOCK_N, HEAD_PAD] (or
     [HEAD_PAD, BLOCK_N] when TRANSPOSED): token ``t[n]`` of KV head ``kvh`` of the page side that
     starts at byte ``side_at[n]`` of ``cache_ptr`` (uint8). Masked rows and padded columns are 0.
@@ -515,25 +515,37 @@ def _mixed_side_tile(cache_ptr, side_at, t, kvh, num_kv_heads, kmask,
         NVFP4                           e2m1 * block scale * 2^-6 (:func:`_e2m1_decode`)
 
     Every one of them is exact in DOT_DTYPE (fp8 and e2m1 * scale * 2^-6 carry at most 5
-    significant bits). NVFP4's low and high nibbles (even and odd elements) are interleaved back
-    into element order, so both sides meet the query in one layout whatever their modes."""
+    significant bits). NVFP4 is decoded straight into element order: element ``d`` reads packed
+    byte ``d // 2`` (its low nibble for even ``d``, high for odd; each byte is read twice, the
+    second time from L1) and block scale ``d // 16``, so both sides meet the query in one layout
+    whatever their modes, with no register shuffle (Triton 3.6 fails to compile a join + reshape
+    of decoded nibble tiles feeding the prefill tiles' dots)."""
     row = (t * num_kv_heads + kvh).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_PAD)
     if SIDE_MODE == _MODE_NVFP4:
         HALF: tl.constexpr = HEAD // 2
         NB: tl.constexpr = HEAD // 16
-        data = cache_ptr + tl.multiple_of(side_at + row * HALF, ALIGN)
+        data = tl.multiple_of(side_at + row * HALF, ALIGN)
         scales_at = side_at + PAGE * HALF * num_kv_heads.to(tl.int64)
         if SWIZZLED:
-            scale_row = ((t - t % 4) * num_kv_heads + kvh).to(tl.int64) * NB + t % 4
+            scale_row = scales_at + ((t - t % 4) * num_kv_heads + kvh).to(tl.int64) * NB + t % 4
         else:
-            scale_row = row * NB
-        lo, hi = _nvfp4_tile(data, cache_ptr, scales_at + scale_row, num_kv_heads * NB, kmask, HALF, HEAD_PAD // 2,
-                             NB, BLOCK_N, False, SCALE_GATHER, USE_ASM, SWIZZLED, WORD_SCALES)
-        tile = tl.reshape(tl.join(lo, hi), (BLOCK_N, HEAD_PAD)).to(DOT_DTYPE)
+            scale_row = scales_at + row * NB
+        col = _nvfp4_scale_col(offs_d // 16, num_kv_heads * NB, SWIZZLED, NB // 4)
+        shift = (offs_d % 2) * 4
         if TRANSPOSED:
-            tile = tl.trans(tile)
+            m = kmask[None, :] & (offs_d < HEAD)[:, None]
+            packed = tl.load(cache_ptr + data[None, :] + (offs_d // 2)[:, None], mask=m, other=0)
+            scale = _scale_bytes(cache_ptr, scale_row[None, :] + col[:, None], m, WORD_SCALES)
+            code = (packed >> shift[:, None]) & 0xF
+        else:
+            m = kmask[:, None] & (offs_d < HEAD)[None, :]
+            packed = tl.load(cache_ptr + data[:, None] + (offs_d // 2)[None, :], mask=m, other=0)
+            scale = _scale_bytes(cache_ptr, scale_row[:, None] + col[None, :], m, WORD_SCALES)
+            code = (packed >> shift[None, :]) & 0xF
+        value, _ = _e2m1_decode(code.to(tl.uint8), scale, False)  # the low nibble's value
+        tile = value.to(DOT_DTYPE)
     else:
-        offs_d = tl.arange(0, HEAD_PAD)
         rows = cache_ptr + tl.multiple_of(side_at + row * ROW_BYTES, ALIGN)
         if SIDE_MODE == _MODE_NONE:
             rows = rows.to(tl.pointer_type(KV_DTYPE))
@@ -566,8 +578,8 @@ def _attend_range_mixed(
     V_ROW_BYTES: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr, KV_DTYPE: tl.constexpr,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    SCALE_GATHER: tl.constexpr, USE_ASM: tl.constexpr, KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr,
-    SWIZZLE_V: tl.constexpr, WORD_SCALES: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
+    KEYS_FIRST: tl.constexpr, SOFTCAP: tl.constexpr, SWIZZLE_V: tl.constexpr, WORD_SCALES: tl.constexpr,
+    PREFETCH_PAGES: tl.constexpr,
 ):
     """Keys ``[lo, hi)`` of a mixed-format cache (K side in K_MODE at byte 0 of each page, V side
     in V_MODE at byte V_SIDE_OFFSET): per tile, the K and V tiles of :func:`_mixed_side_tile`,
@@ -594,13 +606,11 @@ def _attend_range_mixed(
         t = kpos % PAGE
         if KEYS_FIRST:
             k = _mixed_side_tile(cache_ptr, k_at, t, kvh, num_kv_heads, kmask, K_MODE, K_ROW_BYTES, HEAD, HEAD_PAD,
-                                 BLOCK_N, PAGE, KV_DTYPE, DOT_DTYPE, False, SCALE_GATHER, USE_ASM, False,
-                                 WORD_SCALES, K_ALIGN)
+                                 BLOCK_N, PAGE, KV_DTYPE, DOT_DTYPE, False, False, WORD_SCALES, K_ALIGN)
             s = tl.trans(tl.dot(k, q, input_precision=PRECISION)) * qk_scale
         else:
             k = _mixed_side_tile(cache_ptr, k_at, t, kvh, num_kv_heads, kmask, K_MODE, K_ROW_BYTES, HEAD, HEAD_PAD,
-                                 BLOCK_N, PAGE, KV_DTYPE, DOT_DTYPE, True, SCALE_GATHER, USE_ASM, False,
-                                 WORD_SCALES, K_ALIGN)
+                                 BLOCK_N, PAGE, KV_DTYPE, DOT_DTYPE, True, False, WORD_SCALES, K_ALIGN)
             s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
         if K_MODE == _MODE_FP8_PTH:
             s = s * _mixed_row_scales(cache_ptr, k_at, t, kvh, num_kv_heads, kmask, HEAD, K_ROW_BYTES)[None, :]
@@ -608,8 +618,7 @@ def _attend_range_mixed(
         allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
         p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
         v = _mixed_side_tile(cache_ptr, v_at, t, kvh, num_kv_heads, kmask, V_MODE, V_ROW_BYTES, HEAD, HEAD_PAD,
-                             BLOCK_N, PAGE, KV_DTYPE, DOT_DTYPE, False, SCALE_GATHER, USE_ASM, SWIZZLE_V,
-                             WORD_SCALES, V_ALIGN)
+                             BLOCK_N, PAGE, KV_DTYPE, DOT_DTYPE, False, SWIZZLE_V, WORD_SCALES, V_ALIGN)
         if V_MODE == _MODE_FP8_PTH:
             v_rs = _mixed_row_scales(cache_ptr, v_at, t, kvh, num_kv_heads, kmask, HEAD, V_ROW_BYTES)
             v_top = tl.max(v_rs, 0)
@@ -747,18 +756,18 @@ def _paged_attention_kernel(
             acc, m_i, l_i = _attend_range_mixed(
                 acc, m_i, l_i, q, qpos, s_lo, a, window, qk, cap, cache_ptr, bt_row, kvh, H_KV, stride_cb,
                 MODE, V_MODE, V_SIDE_OFFSET, K_ROW_BYTES, V_ROW_BYTES, ROW_ALIGN, V_ROW_ALIGN, KV_DTYPE, HEAD,
-                HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, KEYS_FIRST,
-                SOFTCAP, SWIZZLE_V, WORD_SCALES, PREFETCH_PAGES)
+                HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION, KEYS_FIRST, SOFTCAP, SWIZZLE_V,
+                WORD_SCALES, PREFETCH_PAGES)
         acc, m_i, l_i = _attend_range_mixed(
             acc, m_i, l_i, q, qpos, a, c, window, qk, cap, cache_ptr, bt_row, kvh, H_KV, stride_cb,
             MODE, V_MODE, V_SIDE_OFFSET, K_ROW_BYTES, V_ROW_BYTES, ROW_ALIGN, V_ROW_ALIGN, KV_DTYPE, HEAD,
-            HEAD_PAD, BLOCK_N, PAGE, False, HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, KEYS_FIRST,
-            SOFTCAP, SWIZZLE_V, WORD_SCALES, PREFETCH_PAGES)
+            HEAD_PAD, BLOCK_N, PAGE, False, HAS_WINDOW, DOT_DTYPE, PRECISION, KEYS_FIRST, SOFTCAP, SWIZZLE_V,
+            WORD_SCALES, PREFETCH_PAGES)
         acc, m_i, l_i = _attend_range_mixed(
             acc, m_i, l_i, q, qpos, c, s_hi, window, qk, cap, cache_ptr, bt_row, kvh, H_KV, stride_cb,
             MODE, V_MODE, V_SIDE_OFFSET, K_ROW_BYTES, V_ROW_BYTES, ROW_ALIGN, V_ROW_ALIGN, KV_DTYPE, HEAD,
-            HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION, SCALE_GATHER, USE_ASM, KEYS_FIRST,
-            SOFTCAP, SWIZZLE_V, WORD_SCALES, PREFETCH_PAGES)
+            HEAD_PAD, BLOCK_N, PAGE, True, HAS_WINDOW, DOT_DTYPE, PRECISION, KEYS_FIRST, SOFTCAP, SWIZZLE_V,
+            WORD_SCALES, PREFETCH_PAGES)
         inv = tl.where(l_i > 0, v_scale / tl.where(l_i > 0, l_i, 1.0), 0.0)
         o = acc * inv[:, None]
         if SPLIT:
@@ -952,7 +961,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     Keyword options (defaults are the measured best; tests and benchmarks vary them):
     ``tiles`` the launch configurations; ``num_splits`` split-KV chunks (default: enough programs
     to fill the GPU at small decode batches, none otherwise); ``inline_asm`` the PTX NVFP4 decode
-    (else plain Triton; the CPU interpreter always uses plain Triton); ``quant_dot_fp16`` fp16
+    (else plain Triton; the CPU interpreter and mixed formats always use plain Triton); ``quant_dot_fp16`` fp16
     dots for FP8/NVFP4 caches with a bf16 query where measured faster (else bf16 dots).
     """
     query, kv_cache, k_scale, v_scale = call.query, call.kv_cache, call.k_scale, call.v_scale
@@ -1020,6 +1029,9 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     use_asm = inline_asm and not interpret
     # Broadcasting block scales needs a power-of-two scale count per row; the gather works always.
     scale_gather = cfg.SCALE_GATHER or _next_pow2(head_size) != head_size or head_size < 32
+    if v_mode is not None:
+        # The mixed loop decodes NVFP4 element by element (_mixed_side_tile): no PTX, scales gathered.
+        use_asm, scale_gather = False, True
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     qk_scale = float(sm_scale) * _LOG2E
     softcap = float(logit_softcap) > 0
