@@ -118,6 +118,10 @@ class KVFormat:
     def is_mixed(self) -> bool:
         return self.key is not self.value
 
+    def __int__(self) -> int:
+        """:attr:`code`: kernels take the format as the int the ops carry."""
+        return self.code
+
     def side(self, side: int) -> KVQuantMode:
         """The mode of side 0 (K) or 1 (V)."""
         return self.key if side == 0 else self.value

@@ -427,3 +427,17 @@ def test_rotary_pass_leaves_mixed_layers_unfused_where_only_the_reference_would_
     assert _kernel_problem(site, "cpu") is None  # on CPU the reference is every format's kernel
     uniform = SimpleNamespace(args={"kv_quant_mode": int(M.NVFP4)}, kv_quant_mode=M.NVFP4)
     assert _kernel_problem(uniform, "cuda") is None
+
+
+def test_the_op_hands_the_triton_write_a_code_it_reads():
+    """The op passes a KVFormat to the registry's kernel; every kernel reads it as ``int(...)``."""
+    from kvfuse.ops.triton import kv_write
+
+    spec = _spec("fp8", "nvfp4")
+    key, value = _inputs(7, 3, 64)
+    slots = _slots(7, 3, 16)
+    k_scale, v_scale = _scales(3, False)
+    by_code, by_format = _sentinel_cache(spec, 3, 16), _sentinel_cache(spec, 3, 16)
+    kv_write.encode_and_cache_write(key, value, by_code, slots, k_scale, v_scale, spec.kv_format.code)
+    kv_write.encode_and_cache_write(key, value, by_format, slots, k_scale, v_scale, spec.kv_format)
+    assert int(spec.kv_format) == 0o113 and torch.equal(by_code, by_format)
