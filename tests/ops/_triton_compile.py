@@ -120,6 +120,14 @@ def _kv_write_cases() -> list[Case]:
              dict(op="cache_write", mode="COPY", head=128, heads=4, tokens=300, cache_dtype="uint8",
                   copy_mode="FP8_PER_TOKEN_HEAD")),
     ]
+    # Mixed formats (K and V in different modes): the fused write's V_MODE branch, one launch per pair.
+    for j, (k_mode, v_mode) in enumerate((("NONE", "FP8_E4M3"), ("FP8_E4M3", "NVFP4"), ("NVFP4", "FP8_E4M3"),
+                                          ("FP8_PER_TOKEN_HEAD", "NVFP4"), ("FP8_E5M2", "NONE"), ("NVFP4", "NONE"),
+                                          ("NVFP4", "FP8_PER_TOKEN_HEAD"))):
+        cases.append(Case(f"kv_write-fused-mixed-{k_mode}-{v_mode}-d{(128, 64, 80, 128)[j % 4]}", "kv_write",
+                          dict(op="encode_and_cache_write", mode=k_mode, v_mode=v_mode, head=(128, 64, 80, 128)[j % 4],
+                               heads=8, tokens=(4096, 7, 300, 1)[j % 4], in_dtype=("bfloat16", "float16")[j % 2],
+                               cache_dtype="uint8", soft_rounding=bool(j % 3 == 1), head_scales=j % 2 == 1)))
     return cases
 
 
@@ -349,10 +357,14 @@ def _run_case(case: Case) -> list[Launch]:
                 if p["op"] == "encode_kv":
                     kv_write.encode_kv(key, scale, int(mode), cache_dtype, soft_rounding=p["soft_rounding"])
                 else:
-                    cache = torch.empty((t // page + 2, 2, page, h, row_dim_for(mode, d)), dtype=cache_dtype,
-                                        device=meta)
+                    from kvfuse.kv_cache import KVFormat, mixed_page_layout
+
+                    fmt = KVFormat(mode, KVQuantMode[p.get("v_mode", p["mode"])])
+                    row_dim = (mixed_page_layout(fmt, page, h, d, in_dtype).row_dim if fmt.is_mixed
+                               else row_dim_for(mode, d))
+                    cache = torch.empty((t // page + 2, 2, page, h, row_dim), dtype=cache_dtype, device=meta)
                     slots = torch.empty((t,), dtype=torch.int64, device=meta)
-                    kv_write.encode_and_cache_write(key, value, cache, slots, scale, scale, int(mode),
+                    kv_write.encode_and_cache_write(key, value, cache, slots, scale, scale, fmt.code,
                                                     soft_rounding=p["soft_rounding"])
         elif case.kernel == "attention":
             from kvfuse.kv_cache import KVFormat, mixed_page_layout

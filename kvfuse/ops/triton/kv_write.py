@@ -480,34 +480,36 @@ def _encode_and_cache_write_kernel(
         _encode_rows(value_ptr, value_cache_ptr, v_scale_ptr, tok64 * value_stride_t, v_dst, tok_ok, h0,
                      H, V_STRIDE_H, VC_STRIDE_H, D, V_MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, True, PAGE,
                      SWIZZLE_V, V_SCALE_STRIDE_H)
-        return
-    if HAS_SLOTS:
-        slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
-        tok_ok = slot >= 0
-        blk = slot // PAGE
-        off = slot % PAGE
-        if MODE == _NVFP4 or MODE == _COPY_NVFP4:
-            # The side offsets, not fused row offsets: a page splits each row over two regions.
-            # V's offset includes stride(1) (not the pointer) so that its alignment is known.
-            k_dst, v_dst = _nvfp4_side_bases(blk, kc_stride_blk, vc_stride_blk, value_cache_off, PAGE_ALIGN)
-            v_cache_ptr = value_cache_ptr
-        else:
-            k_dst = blk * kc_stride_blk + off * kc_stride_off
-            v_dst = blk * vc_stride_blk + off * vc_stride_off
-            v_cache_ptr = value_cache_ptr + value_cache_off
     else:
-        tok_ok = in_range
-        off = tok64
-        k_dst = tok64 * kc_stride_off
-        v_dst = tok64 * vc_stride_off
-        v_cache_ptr = value_cache_ptr + value_cache_off
-    _encode_rows(key_ptr, key_cache_ptr, k_scale_ptr, tok64 * key_stride_t, k_dst, tok_ok, h0,
-                 H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, HAS_SLOTS, PAGE, False,
-                 K_SCALE_STRIDE_H)
-    if PAIR:
-        _encode_rows(value_ptr, v_cache_ptr, v_scale_ptr, tok64 * value_stride_t, v_dst,
-                     tok_ok, h0, H, V_STRIDE_H, VC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off,
-                     HAS_SLOTS, PAGE, SWIZZLE_V, V_SCALE_STRIDE_H)
+        # An else branch, not an early return: the compiler builds code after a return too, and
+        # the uniform path's one MODE cannot store a mixed format's other side.
+        if HAS_SLOTS:
+            slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
+            tok_ok = slot >= 0
+            blk = slot // PAGE
+            off = slot % PAGE
+            if MODE == _NVFP4 or MODE == _COPY_NVFP4:
+                # The side offsets, not fused row offsets: a page splits each row over two regions.
+                # V's offset includes stride(1) (not the pointer) so that its alignment is known.
+                k_dst, v_dst = _nvfp4_side_bases(blk, kc_stride_blk, vc_stride_blk, value_cache_off, PAGE_ALIGN)
+                v_cache_ptr = value_cache_ptr
+            else:
+                k_dst = blk * kc_stride_blk + off * kc_stride_off
+                v_dst = blk * vc_stride_blk + off * vc_stride_off
+                v_cache_ptr = value_cache_ptr + value_cache_off
+        else:
+            tok_ok = in_range
+            off = tok64
+            k_dst = tok64 * kc_stride_off
+            v_dst = tok64 * vc_stride_off
+            v_cache_ptr = value_cache_ptr + value_cache_off
+        _encode_rows(key_ptr, key_cache_ptr, k_scale_ptr, tok64 * key_stride_t, k_dst, tok_ok, h0,
+                     H, K_STRIDE_H, KC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off, HAS_SLOTS, PAGE, False,
+                     K_SCALE_STRIDE_H)
+        if PAIR:
+            _encode_rows(value_ptr, v_cache_ptr, v_scale_ptr, tok64 * value_stride_t, v_dst,
+                         tok_ok, h0, H, V_STRIDE_H, VC_STRIDE_H, D, MODE, BLOCK_H, BLOCK_D, SOFT_ROUNDING, off,
+                         HAS_SLOTS, PAGE, SWIZZLE_V, V_SCALE_STRIDE_H)
 
 
 # ----------------------------------------------------------------------------- launch configuration
