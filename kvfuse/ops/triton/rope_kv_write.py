@@ -12,14 +12,41 @@ Reference math (:func:`kvfuse.ops.reference.apply_rope`, then ``encode_and_cache
         q_out = round(y(query), query.dtype)
 
 One launch does it all: grid ``(token blocks, KV head blocks + query head blocks)``. A KV
-program rotates its K rows in registers (the partner feature is a second, cached load of the
-same row), rounds them to the key dtype as the unfused graph stores them, encodes them with the
-cache format's own code (:func:`.kv_write._store_dense` / :func:`.kv_write._store_nvfp4`, the
-same device functions as ``encode_and_cache_write``) and stores K and V at their slots (NVFP4:
-split over the page's data and scale regions, as ``encode_and_cache_write`` stores them). A query
-program rotates its query rows into the returned tensor. Against ``rotate, then write`` this
-saves K's write and re-read and, for the query, one launch; against the write alone it adds
-the query's read and write (which the model does anyway) and the cos/sin rows.
+program rotates its K rows in registers, rounds them to the key dtype as the unfused graph
+stores them, encodes them with the cache format's own code (:func:`.kv_write._store_dense` /
+:func:`.kv_write._store_nvfp4`, the same device functions as ``encode_and_cache_write``) and
+stores K and V at their slots (NVFP4: split over the page's data and scale regions, as
+``encode_and_cache_write`` stores them). A query program rotates its query rows into the
+returned tensor. Against ``rotate, then write`` this saves K's write and re-read and, for the
+query, one launch; against the write alone it adds the query's read and write (which the model
+does anyway) and the cos/sin rows.
+
+Two rotations, one result (``rotation=`` of the launcher; the default is the split one where it
+applies). Both keep the same float32 expression per feature, so they give the same bits:
+
+- *split*: each element is loaded once and its partner is another register of the same thread.
+  NeoX with ``R == BLOCK_D`` (rotary over the whole, power-of-two, tile): the two halves are
+  loaded as two ``[BLOCK_T, BLOCK_H, R/2]`` tiles of one layout, so that thread-for-thread
+  ``x1[j]`` and its partner ``x2[j] = x[j + R/2]`` sit together::
+
+      y[:R/2] = x1 * c1 + (-x2) * s1        y[R/2:] = x2 * c2 + x1 * s2
+
+  with ``c1, c2`` (``s1, s2``) the cos (sin) row's halves, or a half-width row for both; casts
+  and FP8 store each half where it belongs, NVFP4 and per-token-head encode the halves joined
+  back into rows (``tl.join``; the block scales and the row scale span both). GPT-J (any R):
+  the row is loaded whole and ``tl.split`` of its ``[.., BLOCK_D/2, 2]`` view gives the (even,
+  odd) pairs, adjacent features that one thread already holds; the same formula, joined back,
+  with features ``>= R`` passed through unchanged.
+- *gather*: the partner of feature ``i`` is a second load ``x[p(i)]`` of the same row (an L1
+  hit), and the sign and table column are selected per feature (the formula above). It serves
+  what the split form cannot express: NeoX partial rotary and head sizes that are not a power
+  of two (``R < BLOCK_D``).
+
+The tables are read per (token, head, feature) through pointers broadcast over the heads, so
+that they take the rows' layout. A ``[BLOCK_T, 1, R]`` tile, read once per token, was tried: it
+got a layout of its own and shuffles through shared memory to meet the rows (sm_90 SASS, bf16
+cache at 4096 tokens: 14 barriers where there had been none), and it could not save loads anyway,
+since in the launch configurations' tiles each thread holds features of a single head.
 
 Floating-point contraction: the sum is written ``x * cos + rot * sin``, as Inductor writes
 ``q * cos + rotate_half(q) * sin``; Triton contracts both the same way unless ``fp_fusion=False``
