@@ -22,10 +22,11 @@ query, one launch; against the write alone it adds the query's read and write (w
 does anyway) and the cos/sin rows.
 
 Two rotations, one result (``rotation=`` of the launcher; the default is the split one where it
-applies). Both keep the same float32 expression per feature, so they give the same bits:
+applies). Both write the same float32 expression per feature, and where the split form is used
+they give the same bits (:func:`split_rotation_applies` says why float32 rows are left out):
 
-- *split*: each element is loaded once and its partner is another register of the same thread.
-  NeoX with ``R == BLOCK_D`` (rotary over the whole, power-of-two, tile): the two halves are
+- *split* (16-bit rows): each element is loaded once and its partner is another register of the
+  same thread. NeoX with ``R == BLOCK_D`` (rotary over the whole, power-of-two, tile): the two halves are
   loaded as two ``[BLOCK_T, BLOCK_H, R/2]`` tiles of one layout, so that thread-for-thread
   ``x1[j]`` and its partner ``x2[j] = x[j + R/2]`` sit together::
 
@@ -39,8 +40,9 @@ applies). Both keep the same float32 expression per feature, so they give the sa
   with features ``>= R`` passed through unchanged.
 - *gather*: the partner of feature ``i`` is a second load ``x[p(i)]`` of the same row (an L1
   hit), and the sign and table column are selected per feature (the formula above). It serves
-  what the split form cannot express: NeoX partial rotary and head sizes that are not a power
-  of two (``R < BLOCK_D``).
+  what the split form cannot express, NeoX partial rotary and head sizes that are not a power
+  of two (``R < BLOCK_D``), and float32 rows, for which the split form's FMA contraction is not
+  the gathered form's (:func:`split_rotation_applies`).
 
 The tables are read per (token, head, feature) through pointers broadcast over the heads, so
 that they take the rows' layout. A ``[BLOCK_T, 1, R]`` tile, read once per token, was tried: it
@@ -369,21 +371,28 @@ def _rope_encode_and_cache_write_kernel(
 ROTATIONS = ("split", "gather")
 
 
-def split_rotation_applies(is_neox: bool, rotary_dim: int, block_d: int) -> bool:
-    """Whether the split rotation can rotate rows held in a ``block_d``-wide tile: GPT-J pairs are
-    adjacent features, so always; NeoX halves are whole tiles only when ``rotary_dim`` fills the
-    tile (partial rotary, and head sizes that are no power of two, take the gathered form)."""
-    return not is_neox or rotary_dim == block_d
+def split_rotation_applies(is_neox: bool, rotary_dim: int, block_d: int, key_dtype: torch.dtype) -> bool:
+    """Whether the split rotation gives the gathered one's bits for rows held in a ``block_d``-wide
+    tile. GPT-J pairs are adjacent features, so any width; NeoX halves are whole tiles only when
+    ``rotary_dim`` fills the tile (partial rotary, and head sizes that are no power of two, take
+    the gathered form). Float32 rows keep the gathered form: loaded as float32 vectors, the split
+    form's subtract/add pairs are vectorised by LLVM into alternating vector ops, after which the
+    FMA contraction can fold the other product of ``x * c + r * s`` (an H100 run with fp fusion
+    on gave other bits than the gathered form for GPT-J float32 rows; 16-bit rows, widened
+    element by element, stay scalar and gave the same bits in every case run)."""
+    return (not is_neox or rotary_dim == block_d) and key_dtype in (torch.bfloat16, torch.float16)
 
 
-def _split_rotation(rotation: Optional[str], is_neox: bool, rotary_dim: int, block_d: int) -> bool:
-    applies = split_rotation_applies(is_neox, rotary_dim, block_d)
+def _split_rotation(rotation: Optional[str], is_neox: bool, rotary_dim: int, block_d: int,
+                    key_dtype: torch.dtype) -> bool:
+    applies = split_rotation_applies(is_neox, rotary_dim, block_d, key_dtype)
     if rotation is None:
         return applies
     if rotation not in ROTATIONS:
         raise ValueError(f"rotation={rotation!r}; allowed: {', '.join(map(repr, ROTATIONS))} or None")
     if rotation == "split" and not applies:
-        raise ValueError(f"rotation='split' cannot rotate NeoX rotary_dim={rotary_dim} in a {block_d}-wide tile; "
+        raise ValueError(f"rotation='split' does not apply to {'NeoX' if is_neox else 'GPT-J'} rotary_dim={rotary_dim} "
+                         f"of {key_dtype} rows in a {block_d}-wide tile (see split_rotation_applies); "
                          "allowed there: 'gather' or None")
     return rotation == "split"
 
@@ -409,7 +418,7 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
     mode = int(kv_quant_mode)
     block_t, block_h, block_d, num_warps = launch_config or _launch_config(
         int(num_tokens).bit_length(), num_heads, head_size, mode, key.element_size())
-    split = _split_rotation(rotation, bool(is_neox), int(rotary_dim), block_d)
+    split = _split_rotation(rotation, bool(is_neox), int(rotary_dim), block_d, key.dtype)
     kv_programs = triton.cdiv(num_heads, block_h)
     q_heads = query.shape[1] if query is not None else 0
     grid = (triton.cdiv(num_tokens, block_t), kv_programs + triton.cdiv(q_heads, block_h))
