@@ -124,7 +124,8 @@ def _rotate_pairs(x1, x2, c1, s1, c2, s2):
         y1 = x1 * c1 + (-x2) * s1        y2 = x2 * c2 + x1 * s2
 
     the gathered form's ``x * c + r * s`` term for term (``r = -x[p]`` for the first of a pair,
-    ``x[p]`` for the second), so that FMA contraction pairs the same products and the bits match."""
+    ``x[p]`` for the second), so that FMA contraction can fold the same products (it does for
+    16-bit rows; float32 ones are left to the gathered form, see :func:`split_rotation_applies`)."""
     return x1 * c1 + (-x2) * s1, x2 * c2 + x1 * s2
 
 
@@ -164,8 +165,8 @@ def _join_halves(y1, y2):
 def _gptj_split_values(src_ptr, row, e, rows_ok, cos_ptr, sin_ptr, cos_row, sin_row, D: tl.constexpr,
                        R: tl.constexpr, HALF_TABLE: tl.constexpr):
     """GPT-J rotation of ``[BLOCK_T, BLOCK_H, W]`` rows (features ``e``, ``[1, 1, W]``; ``rows_ok``
-    ``[BLOCK_T, BLOCK_H, 1]``), float32, unrounded: each row is loaded once and its (even, odd) pairs, adjacent in one
-    thread's registers, are taken apart with ``tl.split``. A full-width table's row is split the
+    ``[BLOCK_T, BLOCK_H, 1]``), float32, unrounded: each row is loaded once and its (even, odd)
+    pairs, adjacent in one thread's registers, are taken apart with ``tl.split``. A full-width table's row is split the
     same way (its pointers broadcast over heads, so that it shares the rows' layout); a
     half-width table's row ``[.., W/2]`` is column ``i // 2`` for both of a pair. Features
     ``>= R`` pass through."""
