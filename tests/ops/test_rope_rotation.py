@@ -53,14 +53,15 @@ def _block_d(mode, head_size):
 @pytest.mark.parametrize("d,rotary_dim,half,table,T", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("mode,cache_dtype", ALL_FORMATS, ids=ALL_FORMAT_IDS)
 def test_rotation_matches_reference(mode, cache_dtype, d, rotary_dim, half, table, T, is_neox, rotation):
-    if rotation == "split" and not rope_kv_write.split_rotation_applies(is_neox, rotary_dim, _block_d(mode, d)):
+    if rotation == "split" and not rope_kv_write.split_rotation_applies(is_neox, rotary_dim, _block_d(mode, d),
+                                                                        torch.bfloat16):
         pytest.skip("NeoX halves do not fill the tile: the split form does not apply (see test_split_refused)")
     c = _case(T, 3, 2, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table,
               seed=d * 31 + rotary_dim + int(mode) * 7 + is_neox)
     _triton_vs_reference(c, is_neox, mode, rotation=rotation)
 
 
-@pytest.mark.parametrize("in_dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 def test_split_key_dtypes(in_dtype, is_neox):
     """The split form rounds K to its own dtype before encoding, as the gathered one does."""
@@ -74,16 +75,19 @@ def test_split_without_query():
     _triton_vs_reference(c, True, KVQuantMode.NVFP4, rotation="split")
 
 
-@pytest.mark.parametrize("is_neox,rotary_dim,d,mode", [
-    (True, 64, 128, KVQuantMode.NONE),    # partial rotary: the halves are not the tile's
-    (True, 80, 80, KVQuantMode.FP8_E4M3),  # head size 80 in a 128-wide tile
-    (True, 80, 80, KVQuantMode.NVFP4),
+@pytest.mark.parametrize("is_neox,rotary_dim,d,mode,in_dtype", [
+    (True, 64, 128, KVQuantMode.NONE, torch.bfloat16),    # partial rotary: the halves are not the tile's
+    (True, 80, 80, KVQuantMode.FP8_E4M3, torch.bfloat16),  # head size 80 in a 128-wide tile
+    (True, 80, 80, KVQuantMode.NVFP4, torch.bfloat16),
+    (False, 64, 64, KVQuantMode.NONE, torch.float32),     # float32 rows (see split_rotation_applies)
 ])
-def test_split_refused_where_it_does_not_apply(is_neox, rotary_dim, d, mode):
+def test_split_refused_where_it_does_not_apply(is_neox, rotary_dim, d, mode, in_dtype):
     cache_dtype = dict(ALL_FORMATS)[mode]
-    c = _case(3, 2, 1, d, mode, cache_dtype, rotary_dim=rotary_dim)
+    c = _case(3, 2, 1, d, mode, cache_dtype, rotary_dim=rotary_dim, in_dtype=in_dtype)
     before = c["kv_cache"].clone()
-    with pytest.raises(ValueError, match=rf"rotation='split' cannot rotate NeoX rotary_dim={rotary_dim}"):
+    style = "NeoX" if is_neox else "GPT-J"
+    with pytest.raises(ValueError, match=rf"rotation='split' does not apply to {style} rotary_dim={rotary_dim} "
+                                         rf"of {in_dtype} rows"):
         _call(rope_kv_write.rope_encode_and_cache_write, c, is_neox, mode, rotation="split")
     assert torch.equal(c["kv_cache"].view(torch.uint8), before.view(torch.uint8))
 
@@ -106,13 +110,15 @@ class _Recorder:
         return launch
 
 
-@pytest.mark.parametrize("is_neox,rotary_dim,d,want", [
-    (True, 128, 128, True), (False, 128, 128, True), (False, 40, 80, True),
-    (True, 64, 128, False), (True, 80, 80, False)])
-def test_default_is_split_where_it_applies(monkeypatch, is_neox, rotary_dim, d, want):
+@pytest.mark.parametrize("is_neox,rotary_dim,d,in_dtype,want", [
+    (True, 128, 128, torch.bfloat16, True), (False, 128, 128, torch.float16, True),
+    (False, 40, 80, torch.bfloat16, True), (True, 64, 128, torch.bfloat16, False),
+    (True, 80, 80, torch.bfloat16, False), (True, 128, 128, torch.float32, False),
+    (False, 128, 128, torch.float32, False)])
+def test_default_is_split_where_it_applies(monkeypatch, is_neox, rotary_dim, d, in_dtype, want):
     recorder = _Recorder()
     monkeypatch.setattr(rope_kv_write, "_rope_encode_and_cache_write_kernel", recorder)
-    c = _case(3, 2, 1, d, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, rotary_dim=rotary_dim)
+    c = _case(3, 2, 1, d, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, rotary_dim=rotary_dim, in_dtype=in_dtype)
     _call(rope_kv_write.rope_encode_and_cache_write, c, is_neox, KVQuantMode.FP8_E4M3)
     assert recorder.split == [want]
 
@@ -129,7 +135,8 @@ def test_compile_matrix_names_both_rotations():
             continue
         p = case.params
         mode = KVQuantMode[p["mode"]]
-        applies = rope_kv_write.split_rotation_applies(p["neox"], p["rotary"], _block_d(mode, p["head"]))
+        applies = rope_kv_write.split_rotation_applies(p["neox"], p["rotary"], _block_d(mode, p["head"]),
+                                                       getattr(torch, p["in_dtype"]))
         split = applies if p.get("rotation") is None else p["rotation"] == "split"
         seen.add((p["neox"], split, mode, p["rotary"] == p["head"]))
     want = {(True, True, KVQuantMode.NONE), (True, True, KVQuantMode.FP8_E4M3),
@@ -152,7 +159,8 @@ def test_rotation_special_values(mode, cache_dtype, is_neox, d, rotary_dim, rota
     are passed through exactly (not as ``x * 1 + partner * 0``, which makes NaN of an infinite
     partner and +0 of -0). (Infinities among the rotated features give NaN whose bits the
     reference's CPU arithmetic and the kernel need not share, so they are left out there.)"""
-    if rotation == "split" and not rope_kv_write.split_rotation_applies(is_neox, rotary_dim, _block_d(mode, d)):
+    if rotation == "split" and not rope_kv_write.split_rotation_applies(is_neox, rotary_dim, _block_d(mode, d),
+                                                                        torch.bfloat16):
         pytest.skip("the split form does not apply")
     c = _case(7, 2, 2, d, mode, cache_dtype, rotary_dim=rotary_dim, seed=23)
     rotated = torch.tensor([0.0, -0.0])

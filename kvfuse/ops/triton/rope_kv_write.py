@@ -12,14 +12,43 @@ Reference math (:func:`kvfuse.ops.reference.apply_rope`, then ``encode_and_cache
         q_out = round(y(query), query.dtype)
 
 One launch does it all: grid ``(token blocks, KV head blocks + query head blocks)``. A KV
-program rotates its K rows in registers (the partner feature is a second, cached load of the
-same row), rounds them to the key dtype as the unfused graph stores them, encodes them with the
-cache format's own code (:func:`.kv_write._store_dense` / :func:`.kv_write._store_nvfp4`, the
-same device functions as ``encode_and_cache_write``) and stores K and V at their slots (NVFP4:
-split over the page's data and scale regions, as ``encode_and_cache_write`` stores them). A query
-program rotates its query rows into the returned tensor. Against ``rotate, then write`` this
-saves K's write and re-read and, for the query, one launch; against the write alone it adds
-the query's read and write (which the model does anyway) and the cos/sin rows.
+program rotates its K rows in registers, rounds them to the key dtype as the unfused graph
+stores them, encodes them with the cache format's own code (:func:`.kv_write._store_dense` /
+:func:`.kv_write._store_nvfp4`, the same device functions as ``encode_and_cache_write``) and
+stores K and V at their slots (NVFP4: split over the page's data and scale regions, as
+``encode_and_cache_write`` stores them). A query program rotates its query rows into the
+returned tensor. Against ``rotate, then write`` this saves K's write and re-read and, for the
+query, one launch; against the write alone it adds the query's read and write (which the model
+does anyway) and the cos/sin rows.
+
+Two rotations, one result (``rotation=`` of the launcher; the default is the split one where it
+applies). Both write the same float32 expression per feature, and where the split form is used
+they give the same bits (:func:`split_rotation_applies` says why float32 rows are left out):
+
+- *split* (16-bit rows): each element is loaded once and its partner is another register of the
+  same thread. NeoX with ``R == BLOCK_D`` (rotary over the whole, power-of-two, tile): the two halves are
+  loaded as two ``[BLOCK_T, BLOCK_H, R/2]`` tiles of one layout, so that thread-for-thread
+  ``x1[j]`` and its partner ``x2[j] = x[j + R/2]`` sit together::
+
+      y[:R/2] = x1 * c1 + (-x2) * s1        y[R/2:] = x2 * c2 + x1 * s2
+
+  with ``c1, c2`` (``s1, s2``) the cos (sin) row's halves, or a half-width row for both; casts
+  and FP8 store each half where it belongs, NVFP4 and per-token-head encode the halves joined
+  back into rows (``tl.join``; the block scales and the row scale span both). GPT-J (any R):
+  the row is loaded whole and ``tl.split`` of its ``[.., BLOCK_D/2, 2]`` view gives the (even,
+  odd) pairs, adjacent features that one thread already holds; the same formula, joined back,
+  with features ``>= R`` passed through unchanged.
+- *gather*: the partner of feature ``i`` is a second load ``x[p(i)]`` of the same row (an L1
+  hit), and the sign and table column are selected per feature (the formula above). It serves
+  what the split form cannot express, NeoX partial rotary and head sizes that are not a power
+  of two (``R < BLOCK_D``), and float32 rows, for which the split form's FMA contraction is not
+  the gathered form's (:func:`split_rotation_applies`).
+
+The tables are read per (token, head, feature) through pointers broadcast over the heads, so
+that they take the rows' layout. A ``[BLOCK_T, 1, R]`` tile, read once per token, was tried: it
+got a layout of its own and shuffles through shared memory to meet the rows (sm_90 SASS, bf16
+cache at 4096 tokens: 14 barriers where there had been none), and it could not save loads anyway,
+since in the launch configurations' tiles each thread holds features of a single head.
 
 Floating-point contraction: the sum is written ``x * cos + rot * sin``, as Inductor writes
 ``q * cos + rotate_half(q) * sin``; Triton contracts both the same way unless ``fp_fusion=False``
@@ -95,7 +124,8 @@ def _rotate_pairs(x1, x2, c1, s1, c2, s2):
         y1 = x1 * c1 + (-x2) * s1        y2 = x2 * c2 + x1 * s2
 
     the gathered form's ``x * c + r * s`` term for term (``r = -x[p]`` for the first of a pair,
-    ``x[p]`` for the second), so that FMA contraction pairs the same products and the bits match."""
+    ``x[p]`` for the second), so that FMA contraction can fold the same products (it does for
+    16-bit rows; float32 ones are left to the gathered form, see :func:`split_rotation_applies`)."""
     return x1 * c1 + (-x2) * s1, x2 * c2 + x1 * s2
 
 
@@ -135,8 +165,8 @@ def _join_halves(y1, y2):
 def _gptj_split_values(src_ptr, row, e, rows_ok, cos_ptr, sin_ptr, cos_row, sin_row, D: tl.constexpr,
                        R: tl.constexpr, HALF_TABLE: tl.constexpr):
     """GPT-J rotation of ``[BLOCK_T, BLOCK_H, W]`` rows (features ``e``, ``[1, 1, W]``; ``rows_ok``
-    ``[BLOCK_T, BLOCK_H, 1]``), float32, unrounded: each row is loaded once and its (even, odd) pairs, adjacent in one
-    thread's registers, are taken apart with ``tl.split``. A full-width table's row is split the
+    ``[BLOCK_T, BLOCK_H, 1]``), float32, unrounded: each row is loaded once and its (even, odd)
+    pairs, adjacent in one thread's registers, are taken apart with ``tl.split``. A full-width table's row is split the
     same way (its pointers broadcast over heads, so that it shares the rows' layout); a
     half-width table's row ``[.., W/2]`` is column ``i // 2`` for both of a pair. Features
     ``>= R`` pass through."""
@@ -342,21 +372,28 @@ def _rope_encode_and_cache_write_kernel(
 ROTATIONS = ("split", "gather")
 
 
-def split_rotation_applies(is_neox: bool, rotary_dim: int, block_d: int) -> bool:
-    """Whether the split rotation can rotate rows held in a ``block_d``-wide tile: GPT-J pairs are
-    adjacent features, so always; NeoX halves are whole tiles only when ``rotary_dim`` fills the
-    tile (partial rotary, and head sizes that are no power of two, take the gathered form)."""
-    return not is_neox or rotary_dim == block_d
+def split_rotation_applies(is_neox: bool, rotary_dim: int, block_d: int, key_dtype: torch.dtype) -> bool:
+    """Whether the split rotation gives the gathered one's bits for rows held in a ``block_d``-wide
+    tile. GPT-J pairs are adjacent features, so any width; NeoX halves are whole tiles only when
+    ``rotary_dim`` fills the tile (partial rotary, and head sizes that are no power of two, take
+    the gathered form). Float32 rows keep the gathered form: loaded as float32 vectors, the split
+    form's subtract/add pairs are vectorised by LLVM into alternating vector ops, after which the
+    FMA contraction can fold the other product of ``x * c + r * s`` (an H100 run with fp fusion
+    on gave other bits than the gathered form for GPT-J float32 rows; 16-bit rows, widened
+    element by element, stay scalar and gave the same bits in every case run)."""
+    return (not is_neox or rotary_dim == block_d) and key_dtype in (torch.bfloat16, torch.float16)
 
 
-def _split_rotation(rotation: Optional[str], is_neox: bool, rotary_dim: int, block_d: int) -> bool:
-    applies = split_rotation_applies(is_neox, rotary_dim, block_d)
+def _split_rotation(rotation: Optional[str], is_neox: bool, rotary_dim: int, block_d: int,
+                    key_dtype: torch.dtype) -> bool:
+    applies = split_rotation_applies(is_neox, rotary_dim, block_d, key_dtype)
     if rotation is None:
         return applies
     if rotation not in ROTATIONS:
         raise ValueError(f"rotation={rotation!r}; allowed: {', '.join(map(repr, ROTATIONS))} or None")
     if rotation == "split" and not applies:
-        raise ValueError(f"rotation='split' cannot rotate NeoX rotary_dim={rotary_dim} in a {block_d}-wide tile; "
+        raise ValueError(f"rotation='split' does not apply to {'NeoX' if is_neox else 'GPT-J'} rotary_dim={rotary_dim} "
+                         f"of {key_dtype} rows in a {block_d}-wide tile (see split_rotation_applies); "
                          "allowed there: 'gather' or None")
     return rotation == "split"
 
@@ -382,7 +419,7 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
     mode = int(kv_quant_mode)
     block_t, block_h, block_d, num_warps = launch_config or _launch_config(
         int(num_tokens).bit_length(), num_heads, head_size, mode, key.element_size())
-    split = _split_rotation(rotation, bool(is_neox), int(rotary_dim), block_d)
+    split = _split_rotation(rotation, bool(is_neox), int(rotary_dim), block_d, key.dtype)
     kv_programs = triton.cdiv(num_heads, block_h)
     q_heads = query.shape[1] if query is not None else 0
     grid = (triton.cdiv(num_tokens, block_t), kv_programs + triton.cdiv(q_heads, block_h))
@@ -398,7 +435,8 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
         num_tokens, s[1], q.stride(0), key.stride(0), value.stride(0), s[0], s[2], cos.stride(0), sin.stride(0),
         HQ=max(q_heads, 1), H=num_heads, D=head_size, Q_STRIDE_H=q.stride(1), K_STRIDE_H=key.stride(1),
         V_STRIDE_H=value.stride(1), C_STRIDE_H=s[3], PAGE=kv_cache.shape[2], R=int(rotary_dim), NEOX=bool(is_neox),
-        HALF_TABLE=cos.shape[1] != rotary_dim, SPLIT=split, HAS_POS=positions is not None, KV_PROGRAMS=kv_programs, MODE=mode,
+        HALF_TABLE=cos.shape[1] != rotary_dim, SPLIT=split, HAS_POS=positions is not None, KV_PROGRAMS=kv_programs,
+        MODE=mode,
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUNDING=_soft_rounding(soft_rounding),
         SWIZZLE_V=swizzle_v, PAGE_ALIGN=align,
         K_SCALE_STRIDE_H=scale_head_stride(k_scale, mode), V_SCALE_STRIDE_H=scale_head_stride(v_scale, mode),
