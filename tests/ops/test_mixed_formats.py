@@ -242,6 +242,14 @@ def test_unfused_encode_and_cache_write_equals_the_fused_op(k, v, fmt):
     assert torch.equal(fused, unfused)
 
 
+def _fp8_nvfp4_write_case():
+    """(spec, (key, value, slots, k_scale, v_scale), cache, cache) of a small FP8-K/NVFP4-V write."""
+    spec = _spec("fp8", "nvfp4")
+    key, value = _inputs(7, 3, 64)
+    inputs = (key, value, _slots(7, 3, 16), *_scales(3, False))
+    return spec, inputs, _sentinel_cache(spec, 3, 16), _sentinel_cache(spec, 3, 16)
+
+
 def _triton_write(*args, **kwargs):
     from kvfuse.ops.triton import kv_write
 
@@ -272,11 +280,7 @@ def test_triton_write_fails_when_the_v_side_lands_elsewhere(monkeypatch):
 
     from kvfuse.ops.triton import kv_write
 
-    spec = _spec("fp8", "nvfp4")
-    key, value = _inputs(7, 3, 64)
-    slots = _slots(7, 3, 16)
-    k_scale, v_scale = _scales(3, False)
-    expected, got = _sentinel_cache(spec, 3, 16), _sentinel_cache(spec, 3, 16)
+    spec, (key, value, slots, k_scale, v_scale), expected, got = _fp8_nvfp4_write_case()
     ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, spec.kv_format.code)
     real = kv_write.mixed_page_layout
 
@@ -433,11 +437,7 @@ def test_the_op_hands_the_triton_write_a_code_it_reads():
     """The op passes a KVFormat to the registry's kernel; every kernel reads it as ``int(...)``."""
     from kvfuse.ops.triton import kv_write
 
-    spec = _spec("fp8", "nvfp4")
-    key, value = _inputs(7, 3, 64)
-    slots = _slots(7, 3, 16)
-    k_scale, v_scale = _scales(3, False)
-    by_code, by_format = _sentinel_cache(spec, 3, 16), _sentinel_cache(spec, 3, 16)
+    spec, (key, value, slots, k_scale, v_scale), by_code, by_format = _fp8_nvfp4_write_case()
     kv_write.encode_and_cache_write(key, value, by_code, slots, k_scale, v_scale, spec.kv_format.code)
     kv_write.encode_and_cache_write(key, value, by_format, slots, k_scale, v_scale, spec.kv_format)
     assert int(spec.kv_format) == 0o113 and torch.equal(by_code, by_format)
