@@ -146,32 +146,34 @@ class KVFormat:
         """Whether either side's k_scale / v_scale takes part in the math."""
         return self.key.has_static_scales or self.value.has_static_scales
 
+    @property
+    def narrowed(self) -> Union[KVQuantMode, "KVFormat"]:
+        """The :class:`KVQuantMode` when both sides agree, else this (mixed) format."""
+        return self if self.is_mixed else self.key
+
     @classmethod
     def of(cls, value: Union["KVFormat", KVQuantMode, int]) -> "KVFormat":
         """``value`` as a format: a :class:`KVFormat`, a :class:`KVQuantMode` (both sides), or a code."""
         if isinstance(value, KVFormat):
             return value
-        if isinstance(value, KVQuantMode):
-            return cls(value, value)
         return cls.from_code(value)
 
     @classmethod
     def from_code(cls, code: object) -> "KVFormat":
-        """Decode :attr:`code`; ValueError naming the value and what codes mean otherwise."""
+        """Decode :attr:`code` (or a :class:`KVQuantMode`: both sides); ValueError naming the value and
+        what codes mean otherwise. A dict lookup: ops decode their format on every call."""
         if type(code) is int or isinstance(code, KVQuantMode):
-            code = int(code)
-            if code in _MODE_VALUES:
-                return cls(KVQuantMode(code), KVQuantMode(code))
-            k, v = divmod(code - MIXED_FORMAT_BASE, 8)
-            if 0 <= k < 8 and k in _MODE_VALUES and v in _MODE_VALUES and k != v:
-                return cls(KVQuantMode(k), KVQuantMode(v))
+            found = _FORMATS_BY_CODE.get(int(code))
+            if found is not None:
+                return found
         raise ValueError(
             f"kv_quant_mode={code!r} is not one of {[f'{m.value} ({m.name})' for m in KVQuantMode]} (K and V "
             f"alike) nor a mixed format code {MIXED_FORMAT_BASE} + 8 * <K mode> + <V mode> with K != V (octal 0o1KV)"
         )
 
 
-_MODE_VALUES = frozenset(int(m) for m in KVQuantMode)
+#: Every format by its code (instances are frozen, so one of each serves every caller).
+_FORMATS_BY_CODE: dict[int, KVFormat] = {KVFormat(k, v).code: KVFormat(k, v) for k in KVQuantMode for v in KVQuantMode}
 
 
 class KVScaleGranularity(enum.Enum):
@@ -573,20 +575,12 @@ def cache_layout(kv_format: Union[KVFormat, KVQuantMode, int], kv_cache: torch.T
     return mixed_page_layout(fmt, kv_cache.shape[2], kv_cache.shape[3], head_size, native_dtype)
 
 
-def _uniform_mode(kv_cache: torch.Tensor, mode: CacheLayout) -> Optional[KVQuantMode]:
-    """The mode of a uniform layout (None: unknown, a uint8 cache is then NVFP4 pages)."""
-    if mode is None:
-        return None
-    if isinstance(mode, MixedPageLayout):
-        raise AssertionError("a mixed layout has no single mode")
-    return KVFormat.of(mode).key
-
-
-def _is_nvfp4_cache(kv_cache: torch.Tensor, mode: Optional[KVQuantMode] = None) -> bool:
-    """Whether ``kv_cache`` holds NVFP4 pages: by ``mode`` where given, else by its dtype (uint8
-    meant NVFP4 before FP8_PER_TOKEN_HEAD shared it; callers that may see both pass the mode)."""
+def _is_nvfp4_cache(kv_cache: torch.Tensor, mode: Union[KVQuantMode, KVFormat, int, None] = None) -> bool:
+    """Whether ``kv_cache`` holds NVFP4 pages: by the uniform ``mode`` (or format) where given, else
+    by its dtype (uint8 meant NVFP4 before FP8_PER_TOKEN_HEAD shared it; callers that may see both
+    pass the mode)."""
     if mode is not None:
-        return KVQuantMode(mode) is KVQuantMode.NVFP4
+        return KVFormat.of(mode).key is KVQuantMode.NVFP4
     return kv_cache.dtype == torch.uint8
 
 
@@ -602,7 +596,6 @@ def read_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch
         index = mode.side_index(side, kv_cache.device)
         raw = _flat_pages(kv_cache)[blocks.long()[:, None, None], index[offsets.long()]]
         return raw.view(mode.storage_dtype(side))
-    mode = _uniform_mode(kv_cache, mode)
     if not _is_nvfp4_cache(kv_cache, mode):
         return kv_cache[blocks.long(), side, offsets.long()]
     index = _page_index_for(kv_cache)[side]
@@ -618,7 +611,6 @@ def write_cache_rows(kv_cache: torch.Tensor, blocks: torch.Tensor, offsets: torc
         _flat_pages(kv_cache)[blocks.long()[:, None, None], index[offsets.long()]] = \
             rows.contiguous().view(torch.uint8)
         return
-    mode = _uniform_mode(kv_cache, mode)
     if not _is_nvfp4_cache(kv_cache, mode):
         kv_cache[blocks.long(), side, offsets.long()] = rows
         return
@@ -635,7 +627,6 @@ def logical_cache_rows(kv_cache: torch.Tensor, mode: CacheLayout = None) -> torc
     if isinstance(mode, MixedPageLayout):
         raise ValueError(f"a {mode.kv_format.name} cache keeps K and V rows of different widths; read it with "
                          f"logical_cache_sides")
-    mode = _uniform_mode(kv_cache, mode)
     if not _is_nvfp4_cache(kv_cache, mode):
         return kv_cache
     index = _page_index_for(kv_cache)

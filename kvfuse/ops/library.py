@@ -84,11 +84,8 @@ def _mode(op: str, layer_name: str, kv_quant_mode: int) -> KVQuantMode:
 def _format(op: str, layer_name: str, kv_quant_mode: int):
     """The :class:`KVQuantMode` of a uniform format code, or the :class:`KVFormat` of a mixed one
     (K and V in different modes; :meth:`KVFormat.code`)."""
-    mode = _MODES.get(kv_quant_mode) if type(kv_quant_mode) is int else None
-    if mode is not None:
-        return mode
     try:
-        return KVFormat.from_code(kv_quant_mode)
+        return KVFormat.from_code(kv_quant_mode).narrowed
     except ValueError as e:
         _fail(op, layer_name, str(e))
 

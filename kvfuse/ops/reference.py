@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import (KVFormat, KVQuantMode, cache_layout, fp8_keep_nan_sign, head_size_of_row_dim, fp8_max, fp8_per_token_head_dequantize_reference,
-                        fp8_per_token_head_quantize_reference, nvfp4_dequantize_reference, nvfp4_quantize_reference,
+from ..kv_cache import (KVFormat, KVQuantMode, cache_layout, fp8_keep_nan_sign, fp8_max,
+                        fp8_per_token_head_dequantize_reference, fp8_per_token_head_quantize_reference,
+                        head_size_of_row_dim, nvfp4_dequantize_reference, nvfp4_quantize_reference,
                         read_cache_rows, write_cache_rows)
 from .registry import ALL_MODES, OPS, AttentionCall, Implementation
 

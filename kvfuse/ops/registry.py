@@ -290,8 +290,7 @@ def choose(situation: Situation) -> Choice:
 def situation_mode(mode) -> Union[KVQuantMode, KVFormat]:
     """What a :class:`Situation` holds for a mode, format or format code: the :class:`KVQuantMode`
     when both sides agree, else the mixed :class:`KVFormat` (ValueError for an unknown code)."""
-    fmt = KVFormat.of(mode)
-    return fmt if fmt.is_mixed else fmt.key
+    return KVFormat.of(mode).narrowed
 
 
 def situation(op: str, device_type: str, mode: KVQuantMode, num_tokens: Optional[int] = None) -> Situation:
@@ -362,8 +361,7 @@ def route(op: str, device_type: str, mode_value: int, per_head: bool = False) ->
 def kernel(op: str, device_type: str, mode: Union[KVQuantMode, KVFormat], num_tokens: Optional[int] = None,
            per_head_scales: bool = False) -> Callable:
     """The kernel function that runs ``op`` now (the per-call path of the public ops)."""
-    code = mode.code if isinstance(mode, KVFormat) else int(mode)
-    return route(op, device_type, code, per_head_scales).pick(num_tokens).kernel
+    return route(op, device_type, int(mode), per_head_scales).pick(num_tokens).kernel
 
 
 def select(op: str, device_type: str, mode, num_tokens: Optional[int] = None,

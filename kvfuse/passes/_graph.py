@@ -48,10 +48,9 @@ class Site:
         """The layer's mode; a :class:`KVFormat` where K and V differ; the raw int if it is neither."""
         raw = int(self.args["kv_quant_mode"])
         try:
-            fmt = KVFormat.from_code(raw)
+            return KVFormat.from_code(raw).narrowed
         except ValueError:
             return raw
-        return fmt if fmt.is_mixed else fmt.key
 
 
 def _as_site(node: fx.Node) -> Optional[Site]:

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from ... import envs
-from ...kv_cache import MIXED_FORMAT_BASE, KVFormat, KVQuantMode, mixed_page_layout, nvfp4_v_scales_swizzled
+from ...kv_cache import KVFormat, KVQuantMode, mixed_page_layout, nvfp4_v_scales_swizzled
 from ..registry import AttentionCall
 
 __all__ = ["paged_attention", "Tile", "TileTable", "DEFAULT_TILES"]
@@ -941,15 +941,6 @@ def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
     return tile, decode
 
 
-def _side_modes(kv_quant_mode) -> tuple[KVQuantMode, Optional[KVQuantMode]]:
-    """(K side's mode, V side's mode where it differs, else None) of a call's ``kv_quant_mode``: a
-    :class:`KVQuantMode`, a :class:`KVFormat` or a format code."""
-    if isinstance(kv_quant_mode, KVFormat) or int(kv_quant_mode) >= MIXED_FORMAT_BASE:
-        fmt = KVFormat.of(kv_quant_mode)
-        return fmt.key, fmt.value if fmt.is_mixed else None
-    return KVQuantMode(kv_quant_mode), None
-
-
 def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, num_splits: Optional[int] = None,
                     inline_asm: bool = True, quant_dot_fp16: bool = True) -> torch.Tensor:
     """Varlen causal paged attention; semantics of :func:`kvfuse.ops.reference.paged_attention`.
@@ -966,8 +957,10 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     """
     query, kv_cache, k_scale, v_scale = call.query, call.kv_cache, call.k_scale, call.v_scale
     block_table, seq_lens, query_start_loc = call.block_table, call.seq_lens, call.query_start_loc
-    mode, v_mode = _side_modes(call.kv_quant_mode)
-    sides = (mode,) if v_mode is None else (mode, v_mode)
+    fmt = KVFormat.of(call.kv_quant_mode)
+    # v_mode: the V side's mode where it differs from the K side's (a mixed format), else None.
+    mode, v_mode = fmt.key, (fmt.value if fmt.is_mixed else None)
+    sides = fmt.sides
     sm_scale, sliding_window = call.sm_scale, call.sliding_window
     logit_softcap, sinks = call.logit_softcap, call.sinks
     interpret = envs.settings().triton_interpret
@@ -986,8 +979,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     if num_tokens == 0 or num_seqs == 0:
         return torch.zeros_like(query)
 
-    tile_mode = mode if v_mode is None else KVFormat(mode, v_mode)
-    cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, tile_mode, query.element_size(),
+    cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, fmt.narrowed, query.element_size(),
                                tiles=tiles, interpret=interpret)
     if num_splits is None and prefill.takes(call, decode):
         return prefill.new_token_prefill(call, tiles)
@@ -1006,7 +998,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         raise ValueError(f"num_splits={num_splits!r}: split-KV takes a count >= 1 and decode-sized batches "
                          f"(at most 4 query tokens per sequence), got {num_tokens} tokens for {num_seqs} sequences")
     if num_splits > 1:
-        cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, tile_mode, query.element_size(),
+        cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, fmt.narrowed, query.element_size(),
                                    split=True, tiles=tiles, interpret=interpret)
 
     out_dtype = query.dtype
@@ -1048,7 +1040,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         # rows of head_size / 2 bytes).
         row_align = _row_align((*cache.stride()[:4], *((head_size // 2,) if mode is KVQuantMode.NVFP4 else ())))
     else:
-        layout = mixed_page_layout(KVFormat(mode, v_mode), page, num_kv_heads, head_size, query.dtype)
+        layout = mixed_page_layout(fmt, page, num_kv_heads, head_size, query.dtype)
         # Each side's row offsets: page stride + side offset + rows of its data width.
         side_align = [_row_align((cache.stride(0), layout.side_offsets[side],
                                   head_size // 2 if side_mode is KVQuantMode.NVFP4 else layout.row_bytes[side]))

@@ -691,7 +691,7 @@ def _encode_and_cache_write_mixed(key, value, kv_cache, slot_mapping, k_scale, v
     # NVFP4 side bases are page starts plus a 16-byte aligned side offset (in bytes: NVFP4 views are uint8).
     align = min(_pow2_divisor(kv_cache.stride(0)), _pow2_divisor(layout.side_offsets[1]))
     # The launch shape of the costlier side's encoding (the tile sizes differ only by that).
-    tile_mode = int(fmt.value if fmt.key in (KVQuantMode.NONE,) else fmt.key)
+    tile_mode = int(fmt.value if fmt.key is KVQuantMode.NONE else fmt.key)
     block = launch_config or _launch_config(int(num_tokens).bit_length(), num_heads, head_size, tile_mode,
                                             key.element_size())
     _launch(key, value, k_view, v_view, slot_mapping, k_scale, v_scale, num_tokens, num_heads, head_size,
