@@ -349,44 +349,6 @@ def _mixed_side_base(blk, off, stride_blk, stride_off, side_off, MODE: tl.conste
         return blk * stride_blk + off * stride_off + side_off
 
 
-# |d| inside [2^-64, 2^64]: the premises of _divide_rn's reciprocal form (no under- or overflow
-# of its intermediate products for any quotient an FP8 encoding can tell apart).
-_RECIP_MIN = tl.constexpr(5.421010862427522e-20)
-_RECIP_MAX = tl.constexpr(1.8446744073709552e19)
-
-
-@triton.jit
-def _divide_rn(x, d, INTERPRETED: tl.constexpr):
-    """``x / d`` correctly rounded (``div.rn``, what PyTorch computes), for one divisor ``d``.
-
-    With ``r = rn(1/d)`` once, ``q0 = rn(x * r)`` is within an ulp of ``x / d``, the residual
-    ``fma(-q0, d, x)`` is exact, and one correction ``q1 = fma(residual, r, q0)`` is the correctly
-    rounded quotient (Markstein): two FMAs and a multiply per value where ``div.rn`` is a
-    subroutine of about ten instructions. The form is csrc/cuda/cache_write.cu's ``Divider``, with
-    its two fix-ups: ``q1`` takes ``q0``'s sign (a tiny quotient's signed zero), and where ``q1`` is
-    NaN while ``q0`` is not (``x`` infinite, or ``x / d`` beyond float range) ``q0`` is the
-    quotient. Divisors outside the premises' window, per-head divisors (a tensor; the branch
-    below needs one scalar) and the CPU interpreter take ``div.rn``.
-    """
-    PER_HEAD: tl.constexpr = d.type.is_block()
-    if INTERPRETED:
-        q = tl.math.div_rn(x, d)
-    elif PER_HEAD:
-        q = tl.math.div_rn(x, d)
-    else:
-        a = tl.abs(d)
-        if (a >= _RECIP_MIN) & (a <= _RECIP_MAX):
-            r = tl.math.div_rn(1.0, d)
-            q0 = x * r
-            q1 = tl.fma(tl.fma(-q0, d, x), r, q0)
-            signed = ((q1.to(tl.uint32, bitcast=True) & 0x7FFFFFFF)
-                      | (q0.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
-            q = tl.where(q1 != q1, q0, signed)
-        else:
-            q = tl.math.div_rn(x, d)
-    return q
-
-
 @triton.jit
 def _store_dense(x, dst, scale_ptr, ok, MODE: tl.constexpr, SOFT_ROUNDING: tl.constexpr):
     """Encode ``x`` (any shape) for a NONE / FP8 / COPY cache and store it at the pointers ``dst``;
@@ -411,7 +373,7 @@ def _store_dense(x, dst, scale_ptr, ok, MODE: tl.constexpr, SOFT_ROUNDING: tl.co
         else:
             fp8_max = 57344.0
         xf = x.to(tl.float32)
-        q = _divide_rn(xf, tl.load(scale_ptr), SOFT_ROUNDING)
+        q = tl.math.div_rn(xf, tl.load(scale_ptr))
         q_nan = q != q  # NaN input, or 0/0 and inf/inf: min/max below would drop the NaN
         q = tl.minimum(tl.maximum(q, -fp8_max), fp8_max)
         if SOFT_ROUNDING:

@@ -239,13 +239,12 @@ def _rope_encode_rows(src_ptr, dst_ptr, scale_ptr, cos_ptr, sin_ptr, src_tok, ds
             y1, y2 = _neox_halves(src_ptr, row, tok_ok[:, None, None] & h_ok[None, :, None], cos_ptr, sin_ptr,
                                   cos_row, sin_row, R, HALF_TABLE)
             half_ok = tok_ok[:, None, None] & h_ok[None, :, None] & (tl.arange(0, HALF_NB) < HALF_NB)[None, None, :]
-            for_blocks = (y1.shape[0], BLOCK_H, HALF_NB, 16)
-            _store_nvfp4(tl.reshape(_round_to(y1, src_ptr.dtype.element_ty, SOFT_ROUNDING), for_blocks), dst_ptr,
-                         scale_ptr, dst_tok, offs_h, half_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D // 2, dst_off, H,
-                         True, PAGE, False)
-            _store_nvfp4(tl.reshape(_round_to(y2, src_ptr.dtype.element_ty, SOFT_ROUNDING), for_blocks), dst_ptr,
-                         scale_ptr, dst_tok, offs_h, half_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D // 2, dst_off, H,
-                         True, PAGE, False, HALF_NB)
+            y1 = tl.reshape(_round_to(y1, src_ptr.dtype.element_ty, SOFT_ROUNDING), (y1.shape[0], BLOCK_H, HALF_NB, 16))
+            y2 = tl.reshape(_round_to(y2, src_ptr.dtype.element_ty, SOFT_ROUNDING), (y2.shape[0], BLOCK_H, HALF_NB, 16))
+            _store_nvfp4(y1, dst_ptr, scale_ptr, dst_tok, offs_h, half_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D // 2,
+                         dst_off, H, True, PAGE, False)
+            _store_nvfp4(y2, dst_ptr, scale_ptr, dst_tok, offs_h, half_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D // 2,
+                         dst_off, H, True, PAGE, False, HALF_NB)
         elif SPLIT:
             # Rotated as whole rows (a NeoX pair spans two 16-blocks when R = 16), then viewed as the blocks.
             y = _rope_rows(src_ptr, row, tok_ok[:, None, None] & h_ok[None, :, None], cos_ptr, sin_ptr, cos_row,
