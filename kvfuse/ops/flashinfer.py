@@ -204,7 +204,7 @@ def paged_attention(call: AttentionCall) -> torch.Tensor:
             "kvfuse's FlashInfer attention backend cannot run under CUDA-graph capture: its plan is fixed at "
             "capture time; use the triton backend (KVFUSE_ATTENTION_BACKEND=triton)"
         )
-    out = torch.zeros_like(query)
+    out = torch.zeros_like(query, memory_format=torch.contiguous_format)
     if plan.end_row <= plan.first_row:
         return out
     q = query[plan.first_row:plan.end_row]

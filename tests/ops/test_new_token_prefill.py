@@ -179,3 +179,20 @@ def test_gpu_softcap_sinks_fp16():
     args = make_case([700, 1300], [700, 300], 16, 4, 128, KVQuantMode.NONE, q_dtype=torch.float16, seed=41)
     sinks = torch.linspace(-2, 2, 16, device=DEVICE)
     check(args, logit_softcap=30.0, sinks=sinks)
+
+
+@pytest.mark.parametrize("with_step_kv", [True, False], ids=["new-token kernel", "paged kernel"])
+def test_head_major_query_gives_a_contiguous_output(with_step_kv):
+    """A query that is a transposed view (head-major storage, as ``q.transpose(1, 2)`` of a
+    [B, H, T, D] projection leaves it) still gets the row-major output the op's fake promises;
+    an output laid out like the query failed Inductor's stride assertion on the GPU."""
+    args = make_case([7, 33], [7, 33], 4, 2, 64, KVQuantMode.NONE, pad_rows=3, seed=34)
+    q = args["query"]
+    head_major = q.transpose(0, 1).contiguous().transpose(0, 1)
+    assert head_major.stride(0) == q.shape[2] and not head_major.is_contiguous()
+    args = dict(args, query=head_major)
+    key, value = step_kv(args) if with_step_kv else (None, None)
+    out = run(args, key, value)
+    assert out.shape == q.shape and out.stride() == q.contiguous().stride()
+    atol, rtol = TOL[q.dtype]
+    torch.testing.assert_close(out.cpu().float(), reference_out(args).float(), atol=atol, rtol=rtol)

@@ -977,7 +977,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         # Each nibble tile is head_pad / 2 wide and tl.dot needs K >= 16.
         head_pad = max(32, head_pad)
     if num_tokens == 0 or num_seqs == 0:
-        return torch.zeros_like(query)
+        return torch.zeros_like(query, memory_format=torch.contiguous_format)
 
     cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, fmt.narrowed, query.element_size(),
                                tiles=tiles, interpret=interpret)
@@ -1051,13 +1051,13 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     swizzle_v = (v_mode or mode) is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size)
     word_scales = KVQuantMode.NVFP4 in sides and cfg.WORD_SCALES and _words_inside_storage(kv_cache)
     if num_splits > 1:
-        out = torch.empty_like(query)
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
         pout = torch.empty((num_splits, num_tokens, num_q_heads, head_size), dtype=torch.float32,
                            device=query.device)
         plse = torch.empty((num_splits, num_tokens, num_q_heads), dtype=torch.float32, device=query.device)
     else:
         # Padding rows (outside query_start_loc) must read as zeros; no program owns them.
-        out = torch.zeros_like(query)
+        out = torch.zeros_like(query, memory_format=torch.contiguous_format)
         pout = out
         plse = out
     grid = (num_tiles, num_kv_heads, num_splits)

@@ -172,7 +172,9 @@ def new_token_prefill(call: AttentionCall, tiles: TileTable) -> torch.Tensor:
     if cfg.BLOCK_M % cfg.BLOCK_N:
         raise ValueError(f"new-token prefill tile {cfg}: BLOCK_M must be a multiple of BLOCK_N")
     row_align = _row_align(kv_cache.stride()[:4])
-    out = torch.zeros_like(query)  # rows outside query_start_loc (padding) read as zeros
+    # Contiguous whatever the query's layout, as the op's fake says; rows outside query_start_loc
+    # (padding) read as zeros.
+    out = torch.zeros_like(query, memory_format=torch.contiguous_format)
     softcap = float(call.logit_softcap) > 0
     cap = float(call.logit_softcap) * _LOG2E if softcap else 1.0
     grid = (num_tokens // cfg.BLOCK_M + num_seqs, num_q_heads)
