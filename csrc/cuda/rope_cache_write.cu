@@ -4,11 +4,12 @@
 // kvfuse_native::rope_encode_and_cache_write (CUDA only); kvfuse/ops/native.py calls it for the
 // calls it covers (native.rope_covers) and hands every other call to the Triton kernel.
 //
-// Work is cut into units of (token, head, j): the 16 features j*16.. of the row's first half and
-// their partners (D/2 + j*16..) in its second half, so that a thread holds both of every rotated
-// pair; a K unit also carries the same 32 features of V. Units run in row-major order over
-// (token, [K heads, then query heads], j), one per thread; each thread issues all its loads
-// (rows, slot, position, cos/sin row chunks) before any arithmetic.
+// Work is cut into units of (token, row, j): the 8 features j*8.. of a row's first half and their
+// partners (D/2 + j*8..) in its second half, so that a thread holds both of every rotated pair.
+// A token's units are its K rows' (rotated, encoded, stored), its V rows' (encoded, stored) and
+// its query rows' (rotated into q_out), heads x D/16 each, one unit per thread in row-major
+// order: small units, so that even a decode step's few tokens spread over many threads, whose
+// loads (rows, slot, position, cos/sin chunks) are all issued before any arithmetic.
 //
 // Numerics, per feature i < D/2 with partner p = i + D/2 (float32, as Inductor computes
 // `k * cos + rotate_half(k) * sin` on 16-bit inputs and as the Triton kernel does):
@@ -38,8 +39,8 @@ namespace {
 
 using at::cuda::detail::IntDivider;
 
-constexpr int kRopeThreads = 256;
-constexpr int kChunk = 16;  // features per half-chunk of a unit
+constexpr int kRopeThreads = 128;
+constexpr int kChunk = 8;  // features of each half of the row per unit
 
 // Byte strides throughout.
 struct RopeParams {
@@ -64,11 +65,11 @@ struct RopeParams {
   int head_size, num_q_heads;
 };
 
-// 16 consecutive elements of type T (float, or the 16-bit __nv_bfloat16 / __half) from a 16-byte
-// aligned address, widened to float. 16-bit values travel as their bits (a union member of the
-// CUDA half types would need their constructors).
+// kChunk consecutive elements of type T (float, or the 16-bit __nv_bfloat16 / __half) from a
+// 16-byte aligned address, widened to float. 16-bit values travel as their bits (a union member
+// of the CUDA half types would need their constructors).
 template <typename T, bool kStream>
-__device__ __forceinline__ void load16(const char* src, float (&out)[kChunk]) {
+__device__ __forceinline__ void load_chunk(const char* src, float (&out)[kChunk]) {
   constexpr int kWords = kChunk * sizeof(T) / 16;
   union {
     uint4 w[kWords];
@@ -100,11 +101,11 @@ __device__ __forceinline__ float round_to(float x) {
   }
 }
 
-// 16 values rounded to the 16-bit T, two 16-byte stores.
+// kChunk values rounded to the 16-bit T, one 16-byte store.
 template <typename T>
-__device__ __forceinline__ void store16(char* dst, const float (&v)[kChunk]) {
+__device__ __forceinline__ void store_chunk(char* dst, const float (&v)[kChunk]) {
   union {
-    uint4 w[2];
+    uint4 w;
     unsigned short e[kChunk];
   } u;
 #pragma unroll
@@ -115,22 +116,21 @@ __device__ __forceinline__ void store16(char* dst, const float (&v)[kChunk]) {
       u.e[k] = __half_as_ushort(__float2half_rn(v[k]));
     }
   }
-  __stcs(reinterpret_cast<uint4*>(dst), u.w[0]);
-  __stcs(reinterpret_cast<uint4*>(dst) + 1, u.w[1]);
+  __stcs(reinterpret_cast<uint4*>(dst), u.w);
 }
 
-// 16 values as 16 FP8 bytes, one 16-byte store.
+// kChunk values as FP8 bytes, one 8-byte store.
 template <typename Fp8, bool kFast>
 __device__ __forceinline__ void store_fp8(char* dst, const float (&v)[kChunk], const Divider div) {
-  uint32_t words[4];
+  uint32_t words[2];
 #pragma unroll
-  for (int w = 0; w < 4; ++w) {
+  for (int w = 0; w < 2; ++w) {
     Quotient q[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) q[k] = divide_parts<kFast>(v[4 * w + k], div);
     words[w] = fp8x4<Fp8>(q);
   }
-  __stcs(reinterpret_cast<uint4*>(dst), make_uint4(words[0], words[1], words[2], words[3]));
+  __stcs(reinterpret_cast<uint2*>(dst), make_uint2(words[0], words[1]));
 }
 
 // The pair (first-half chunk a, second-half chunk b) rotated in place, each rounded to In.
@@ -147,41 +147,16 @@ __device__ __forceinline__ void rotate(float (&a)[kChunk], float (&b)[kChunk], c
   }
 }
 
-template <typename In, typename Tab, typename Fp8, bool kFast>
-__device__ __forceinline__ void rope_unit(const RopeParams& p, uint32_t u, const Divider div_k, const Divider div_v) {
-  const auto tr = p.per_token.divmod(u);
-  const int64_t tok = tr.div;
-  const bool kv = tr.mod < p.kv_units;
-  const auto hc = p.chunks.divmod(kv ? tr.mod : tr.mod - p.kv_units);
-  const int head = static_cast<int>(hc.div);
-  const int j = static_cast<int>(hc.mod);
-  const int half_bytes = p.head_size / 2 * static_cast<int>(sizeof(In));
-  const int64_t col = int64_t{j} * kChunk * sizeof(In);
-
-  int64_t row = tok;
-  if (p.positions != nullptr) {
-    row = p.positions64 ? __ldg(static_cast<const int64_t*>(p.positions) + tok)
-                        : __ldg(static_cast<const int32_t*>(p.positions) + tok);
-  }
-  int64_t slot = -1;
-  float a[kChunk], b[kChunk], va[kChunk], vb[kChunk];
-  const char* src = kv ? p.key + tok * p.key_tok + head * p.key_head : p.query + tok * p.query_tok + head * p.query_head;
-  load16<In, true>(src + col, a);
-  load16<In, true>(src + half_bytes + col, b);
-  if (kv) {
-    slot = p.slots64 ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
-                     : __ldg(static_cast<const int32_t*>(p.slots) + tok);
-    const char* vsrc = p.value + tok * p.value_tok + head * p.value_head;
-    load16<In, true>(vsrc + col, va);
-    load16<In, true>(vsrc + half_bytes + col, vb);
-  }
-  // Table rows are shared by every head of a token: cached loads.
-  float c1[kChunk], s1[kChunk], c2[kChunk], s2[kChunk];
-  const int64_t tcol = int64_t{j} * kChunk * sizeof(Tab);
+// The rotary rows' table chunks of unit j: cos/sin features j*kChunk.. of the first half and
+// (a full-width table) of the second; a half-width table's chunk serves both.
+template <typename Tab>
+__device__ __forceinline__ void load_tables(const RopeParams& p, int64_t row, int j, float (&c1)[kChunk],
+                                            float (&s1)[kChunk], float (&c2)[kChunk], float (&s2)[kChunk]) {
+  const int64_t col = int64_t{j} * kChunk * sizeof(Tab);
   const char* crow = p.cos + row * p.cos_row;
   const char* srow = p.sin + row * p.sin_row;
-  load16<Tab, false>(crow + tcol, c1);
-  load16<Tab, false>(srow + tcol, s1);
+  load_chunk<Tab, false>(crow + col, c1);
+  load_chunk<Tab, false>(srow + col, s1);
   if (p.half_table) {
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
@@ -190,28 +165,62 @@ __device__ __forceinline__ void rope_unit(const RopeParams& p, uint32_t u, const
     }
   } else {
     const int64_t second = int64_t{p.head_size / 2} * sizeof(Tab);
-    load16<Tab, false>(crow + second + tcol, c2);
-    load16<Tab, false>(srow + second + tcol, s2);
+    load_chunk<Tab, false>(crow + second + col, c2);
+    load_chunk<Tab, false>(srow + second + col, s2);
   }
+}
 
-  rotate<In>(a, b, c1, s1, c2, s2);
-  if (!kv) {
+// One unit: features j*kChunk.. of the row's first half and their partners D/2 + j*kChunk.. of
+// a K row (rotated, encoded, stored), a V row (encoded, stored) or a query row (rotated, stored
+// to q_out), by the unit's place in its token: [K units, V units, query units], each heads x J.
+template <typename In, typename Tab, typename Fp8, bool kFast>
+__device__ __forceinline__ void rope_unit(const RopeParams& p, uint32_t u, const Divider div_k, const Divider div_v) {
+  const auto tr = p.per_token.divmod(u);
+  const int64_t tok = tr.div;
+  const int kind = tr.mod < p.kv_units ? 0 : tr.mod < 2 * p.kv_units ? 1 : 2;  // K, V, query
+  const auto hc = p.chunks.divmod(tr.mod - kind * p.kv_units);
+  const int head = static_cast<int>(hc.div);
+  const int j = static_cast<int>(hc.mod);
+  const int half_bytes = p.head_size / 2 * static_cast<int>(sizeof(In));
+  const int64_t col = int64_t{j} * kChunk * sizeof(In);
+  const char* src = kind == 0   ? p.key + tok * p.key_tok + head * p.key_head
+                    : kind == 1 ? p.value + tok * p.value_tok + head * p.value_head
+                                : p.query + tok * p.query_tok + head * p.query_head;
+  float a[kChunk], b[kChunk];
+  load_chunk<In, true>(src + col, a);
+  load_chunk<In, true>(src + half_bytes + col, b);
+  int64_t slot = -1;
+  if (kind < 2) {
+    slot = p.slots64 ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
+                     : __ldg(static_cast<const int32_t*>(p.slots) + tok);
+  }
+  if (kind != 1) {
+    int64_t row = tok;
+    if (p.positions != nullptr) {
+      row = p.positions64 ? __ldg(static_cast<const int64_t*>(p.positions) + tok)
+                          : __ldg(static_cast<const int32_t*>(p.positions) + tok);
+    }
+    float c1[kChunk], s1[kChunk], c2[kChunk], s2[kChunk];
+    load_tables<Tab>(p, row, j, c1, s1, c2, s2);
+    rotate<In>(a, b, c1, s1, c2, s2);
+  }
+  if (kind == 2) {
     const int64_t q_row = (tok * p.num_q_heads + head) * int64_t{p.head_size} * sizeof(In);
-    store16<In>(p.q_out + q_row + col, a);
-    store16<In>(p.q_out + q_row + half_bytes + col, b);
+    store_chunk<In>(p.q_out + q_row + col, a);
+    store_chunk<In>(p.q_out + q_row + half_bytes + col, b);
     return;
   }
   if (slot < 0 || slot >= p.capacity) return;
   const auto bo = p.page.divmod(static_cast<uint32_t>(slot));
-  char* dst = p.dst + int64_t{bo.div} * p.dst_block + int64_t{bo.mod} * p.dst_off + head * p.dst_head + j * kChunk;
-  store_fp8<Fp8, kFast>(dst, a, div_k);
-  store_fp8<Fp8, kFast>(dst + p.head_size / 2, b, div_k);
-  store_fp8<Fp8, kFast>(dst + p.dst_kv, va, div_v);
-  store_fp8<Fp8, kFast>(dst + p.dst_kv + p.head_size / 2, vb, div_v);
+  char* dst = p.dst + int64_t{bo.div} * p.dst_block + int64_t{bo.mod} * p.dst_off + head * p.dst_head +
+              j * kChunk + (kind == 1 ? p.dst_kv : 0);
+  const Divider div = kind == 1 ? div_v : div_k;
+  store_fp8<Fp8, kFast>(dst, a, div);
+  store_fp8<Fp8, kFast>(dst + p.head_size / 2, b, div);
 }
 
 template <typename In, typename Tab, typename Fp8>
-__global__ void __launch_bounds__(kRopeThreads, 2) rope_fp8_kernel(const RopeParams p) {
+__global__ void __launch_bounds__(kRopeThreads) rope_fp8_kernel(const RopeParams p) {
   const uint32_t u = blockIdx.x * kRopeThreads + threadIdx.x;
   if (u >= p.units) return;
   const Divider div_k = make_divider(__ldg(p.scale[0]));
@@ -254,7 +263,7 @@ void check_rope(const std::optional<at::Tensor>& query, const at::Tensor& key, c
   TORCH_CHECK_VALUE(mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2,
                     "the native rotary write covers FP8 caches only, got ", mode_name(mode));
   TORCH_CHECK_VALUE(is_neox && rotary_dim == d && d % (2 * kChunk) == 0,
-                    "the native rotary write covers NeoX rotation of whole heads whose size is a multiple of 32");
+                    "the native rotary write covers NeoX rotation of whole heads whose size is a multiple of 16");
   TORCH_CHECK_VALUE(key.scalar_type() == at::ScalarType::BFloat16 || key.scalar_type() == at::ScalarType::Half,
                     "the native rotary write takes bfloat16 or float16 rows");
   TORCH_CHECK_VALUE(k_scale.numel() == 1 && v_scale.numel() == 1, "the native rotary write takes per-tensor scales");
@@ -290,7 +299,7 @@ at::Tensor rope_encode_and_cache_write_cuda(const std::optional<at::Tensor>& que
   const int64_t heads = key.size(1);
   const int64_t q_heads = query.has_value() ? query->size(1) : 0;
   const int64_t chunks = key.size(2) / (2 * kChunk);
-  const int64_t units = tokens * (heads + q_heads) * chunks;
+  const int64_t units = tokens * (2 * heads + q_heads) * chunks;
   if (units == 0) return q_out;
   TORCH_CHECK_VALUE(units < (int64_t{1} << 31) && kv_cache.size(0) * kv_cache.size(2) <= INT32_MAX,
                     "too large for the native rotary write: ", units, " units");
@@ -328,7 +337,7 @@ at::Tensor rope_encode_and_cache_write_cuda(const std::optional<at::Tensor>& que
   p.scale[0] = k_scale.const_data_ptr<float>();
   p.scale[1] = v_scale.const_data_ptr<float>();
   p.kv_units = static_cast<uint32_t>(heads * chunks);
-  p.per_token = IntDivider<uint32_t>(static_cast<uint32_t>((heads + q_heads) * chunks));
+  p.per_token = IntDivider<uint32_t>(static_cast<uint32_t>((2 * heads + q_heads) * chunks));
   p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(chunks));
   p.page = IntDivider<uint32_t>(static_cast<uint32_t>(kv_cache.size(2)));
   p.units = static_cast<uint32_t>(units);

@@ -259,11 +259,11 @@ def rope_covers(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.T
                 k_scale: torch.Tensor, v_scale: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 rotary_dim: int, is_neox: bool) -> Optional[str]:
     """None if csrc/cuda/rope_cache_write.cu takes this (validated, FP8) call, else why not: NeoX
-    rotation of whole heads whose size is a multiple of 32, 16-bit rows, per-tensor scales and
+    rotation of whole heads whose size is a multiple of 16, 16-bit rows, per-tensor scales and
     16-byte aligned rows, tables and cache rows (its 16-byte vector loads and stores)."""
     head_size = key.shape[-1]
-    if not is_neox or rotary_dim != head_size or head_size % 32:
-        return (f"it rotates whole heads NeoX-style with head_size % 32 == 0, not is_neox={is_neox} "
+    if not is_neox or rotary_dim != head_size or head_size % 16:
+        return (f"it rotates whole heads NeoX-style with head_size % 16 == 0, not is_neox={is_neox} "
                 f"rotary_dim={rotary_dim} head_size={head_size}")
     if key.dtype not in (torch.bfloat16, torch.float16):
         return f"it takes bfloat16 or float16 rows, not {key.dtype}"

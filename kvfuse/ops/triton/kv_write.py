@@ -224,7 +224,6 @@ def _store_nvfp4(
     PAGED: tl.constexpr,
     PAGE: tl.constexpr,
     SWIZZLE: tl.constexpr,
-    B0: tl.constexpr = 0,  # the row's 16-block that x's first block is (a rotation's second half)
 ):
     """NVFP4-encode ``x`` (block scales + packed E2M1) and store it (:func:`_put_nvfp4`); see the kernel docstring."""
     BLOCK_NB: tl.constexpr = BLOCK_D // 16
@@ -266,7 +265,7 @@ def _store_nvfp4(
     lo, hi = tl.split(pairs)
     packed = (lo | (hi << 4)).to(tl.uint8)
     _put_nvfp4(packed, s_code, dst_ptr, dst_tok, dst_off, offs_h, row_ok, DST_STRIDE_H, H, D, BLOCK_NB,
-               PAGED, PAGE, SWIZZLE, B0)
+               PAGED, PAGE, SWIZZLE)
 
 
 @triton.jit
@@ -285,7 +284,6 @@ def _put_nvfp4(
     PAGED: tl.constexpr,
     PAGE: tl.constexpr,
     SWIZZLE: tl.constexpr,
-    B0: tl.constexpr = 0,  # the row's 16-block that the tiles' first block is
 ):
     """Store NVFP4 rows: dense ``[D/2 data | D/16 scales]`` rows, or split over a page side
     (:func:`kvfuse.kv_cache.nvfp4_page_index`, ``T = PAGE``, ``S = D/16``)::
@@ -294,7 +292,7 @@ def _put_nvfp4(
         scale (t, h, j) at side + T*H*D/2 + (t*H + h) * S + j                       (K, SWIZZLE off)
                         at side + T*H*D/2 + (4*(t//4) + j//(S/4))*H*S + h*S + 4*(j % (S/4)) + t%4   (V)
     """
-    offs_b = B0 + tl.arange(0, BLOCK_NB)
+    offs_b = tl.arange(0, BLOCK_NB)
     offs_j = tl.arange(0, 8)
     S: tl.constexpr = D // 16
     if PAGED:

@@ -231,33 +231,18 @@ def _rope_encode_rows(src_ptr, dst_ptr, scale_ptr, cos_ptr, sin_ptr, src_tok, ds
         BLOCK_NB: tl.constexpr = BLOCK_D // 16
         offs_b = tl.arange(0, BLOCK_NB)
         row_ok = tok_ok[:, None, None] & h_ok[None, :, None] & (offs_b < D // 16)[None, None, :]
-        if SPLIT and NEOX and R % 32 == 0:
-            # Each half is whole 16-blocks (the split form has R = BLOCK_D = D): encoded and
-            # stored as blocks 0.. and R/32.. of the row, never joined (a join moves every value
-            # between threads, through shared memory).
-            HALF_NB: tl.constexpr = BLOCK_NB // 2
-            y1, y2 = _neox_halves(src_ptr, row, tok_ok[:, None, None] & h_ok[None, :, None], cos_ptr, sin_ptr,
-                                  cos_row, sin_row, R, HALF_TABLE)
-            half_ok = tok_ok[:, None, None] & h_ok[None, :, None] & (tl.arange(0, HALF_NB) < HALF_NB)[None, None, :]
-            y1 = tl.reshape(_round_to(y1, src_ptr.dtype.element_ty, SOFT_ROUNDING), (y1.shape[0], BLOCK_H, HALF_NB, 16))
-            y2 = tl.reshape(_round_to(y2, src_ptr.dtype.element_ty, SOFT_ROUNDING), (y2.shape[0], BLOCK_H, HALF_NB, 16))
-            _store_nvfp4(y1, dst_ptr, scale_ptr, dst_tok, offs_h, half_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D // 2,
-                         dst_off, H, True, PAGE, False)
-            _store_nvfp4(y2, dst_ptr, scale_ptr, dst_tok, offs_h, half_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D // 2,
-                         dst_off, H, True, PAGE, False, HALF_NB)
-        elif SPLIT:
-            # Rotated as whole rows (a NeoX pair spans two 16-blocks when R = 16), then viewed as the blocks.
+        if SPLIT:
+            # Rotated as whole rows (a pair may span two 16-blocks), then viewed as the blocks.
             y = _rope_rows(src_ptr, row, tok_ok[:, None, None] & h_ok[None, :, None], cos_ptr, sin_ptr, cos_row,
                            sin_row, D, R, NEOX, HALF_TABLE, True, BLOCK_D)
             y = tl.reshape(y, (y.shape[0], BLOCK_H, BLOCK_NB, 16))
-            _store_nvfp4(_round_to(y, src_ptr.dtype.element_ty, SOFT_ROUNDING), dst_ptr, scale_ptr, dst_tok, offs_h,
-                         row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D, dst_off, H, True, PAGE, False)
         else:
             e = (offs_b * 16)[None, None, :, None] + tl.arange(0, 16)[None, None, None, :]
             y = _rope_values(src_ptr, row[:, :, :, None], e, row_ok[:, :, :, None], cos_ptr, sin_ptr,
                              cos_row[:, :, :, None], sin_row[:, :, :, None], R, NEOX, HALF_TABLE)
-            _store_nvfp4(_round_to(y, src_ptr.dtype.element_ty, SOFT_ROUNDING), dst_ptr, scale_ptr, dst_tok, offs_h,
-                         row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D, dst_off, H, True, PAGE, False)
+        y = _round_to(y, src_ptr.dtype.element_ty, SOFT_ROUNDING)
+        _store_nvfp4(y, dst_ptr, scale_ptr, dst_tok, offs_h, row_ok, DST_STRIDE_H, D, BLOCK_H, BLOCK_D,
+                     dst_off, H, True, PAGE, False)
     elif SPLIT and NEOX and MODE != _FP8_PTH:
         # Elementwise encodings store each half where it belongs: the rows are never joined,
         # which would move every value between threads.
