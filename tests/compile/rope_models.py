@@ -62,8 +62,11 @@ class RopeModel(nn.Module):
     ``configs`` gives each layer's KVCacheConfig (a skip layer beside FP8 and NVFP4 layers...).
     """
 
-    def __init__(self, styles, configs, head_size=32, rotary_dim=None, seed=0, theta=10000.0):
+    def __init__(self, styles, configs, head_size=32, rotary_dim=None, seed=0, theta=10000.0, chain=True):
         super().__init__()
+        # chain=False: every layer reads the model's input (their outputs are summed), so that each
+        # layer's cache depends on its own rotation and write only, not on earlier layers' attention.
+        self.chain = chain
         g = torch.Generator().manual_seed(seed)
         self.styles = tuple(styles)
         self.head_size = head_size
@@ -88,7 +91,11 @@ class RopeModel(nn.Module):
     def forward(self, x, caches, md, positions):
         T = x.shape[0]
         hs = self.head_size
+        x0 = x
         for i, (style, attn) in enumerate(zip(self.styles, self.attn)):
+            if not self.chain:
+                x_in, x = x, x0
+
             q, k, v = torch.mm(x, self.w_qkv[i]).split([HQ * hs, HKV * hs, HKV * hs], dim=-1)
             if style == "demo":
                 q = apply_rotary(q.reshape(T, HQ, hs), positions, self.inv_freq)
@@ -117,5 +124,5 @@ class RopeModel(nn.Module):
                 q = qh.transpose(1, 2).reshape(T, HQ, hs)
                 k = kh.transpose(1, 2).reshape(T, HKV, hs)
             o = attn(q, k, v.reshape(T, HKV, hs), caches[i], md)
-            x = x + o.reshape(T, HQ * hs)
+            x = (x if self.chain else x_in) + o.reshape(T, HQ * hs)
         return x
