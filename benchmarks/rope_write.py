@@ -8,9 +8,7 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 - ``write``: ``kvfuse::encode_and_cache_write`` of an already rotated K (the floor);
 - ``rope_k+write``: ``kvfuse::rope_encode_and_cache_write`` without a query (the issue's goal:
   <= 1.1x ``write``);
-- ``rope_k+write (triton)``: the Triton kernel whatever the registry picks (FP8 caches take the
-  native kernel of ``csrc/cuda/rope_cache_write.cu`` in the row above);
-- ``rope_k+write (gather)``: the Triton kernel with the earlier rotation (each feature's partner
+- ``rope_k+write (gather)``: the same kernel with the earlier rotation (each feature's partner
   by a second load, ``rotation="gather"`` of the Triton launcher), to time both in one run;
 - ``rotate_k, write``: the same function compiled without the rotary fusion (Inductor's rotation
   kernel, then the write);
@@ -105,17 +103,13 @@ def _fused(case: Case, with_query: bool):
                            "l") for i in range(len(case.sets))]
 
 
-def _fused_triton(case: Case, with_query: bool, rotation=None):
+def _fused_gather(case: Case, with_query: bool):
     from kvfuse.ops.triton import rope_kv_write
 
     return [lambda i=i: rope_kv_write.rope_encode_and_cache_write(
         case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache, case.slots[i],
-        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, rotation=rotation)
+        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, rotation="gather")
         for i in range(len(case.sets))]
-
-
-def _fused_gather(case: Case, with_query: bool):
-    return _fused_triton(case, with_query, "gather")
 
 
 def _compiled(case: Case, with_query: bool):
@@ -209,7 +203,6 @@ def _check(case: Case) -> None:
 VARIANTS = {
     "write": _write,
     "rope_k+write": lambda c: _fused(c, False),
-    "rope_k+write (triton)": lambda c: _fused_triton(c, False),
     "rope_k+write (gather)": lambda c: _fused_gather(c, False),
     "rotate_k, write": lambda c: _compiled(c, False),
     "rope_qk+write": lambda c: _fused(c, True),

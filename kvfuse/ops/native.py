@@ -19,8 +19,7 @@ body to C++. Importing this module compiles nothing and does not touch CUDA.
   override a launch constant of ``csrc/cuda/cache_write.cu``; such a build gets its own directory
   (``benchmarks/native_sweep.py`` uses this).
 
-Functions :func:`encode_kv`, :func:`cache_write`, :func:`encode_and_cache_write` and (CUDA, FP8
-caches; :func:`rope_covers` says which calls) :func:`rope_encode_and_cache_write` take the
+Functions :func:`encode_kv`, :func:`cache_write` and :func:`encode_and_cache_write` take the
 argument lists of :mod:`kvfuse.ops.reference`; arguments are validated by the op layer before
 they get here (the C++ side re-checks only what memory safety needs).
 
@@ -47,7 +46,7 @@ import torch
 
 from .. import envs
 from ..kv_cache import KVQuantMode
-from .registry import ALL_MODES, CACHE_OPS, ROPE_OPS, Implementation, Situation
+from .registry import ALL_MODES, CACHE_OPS, Implementation, Situation
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +54,6 @@ __all__ = [
     "encode_kv",
     "cache_write",
     "encode_and_cache_write",
-    "rope_encode_and_cache_write",
-    "rope_covers",
     "unavailable_reason",
     "build_info",
     "mode_values",
@@ -64,7 +61,7 @@ __all__ = [
 ]
 
 _CPU_SOURCES = ("registration.cpp", "cpu/cache_write.cpp")
-_CUDA_SOURCES = ("cuda/cache_write.cu", "cuda/rope_cache_write.cu")
+_CUDA_SOURCES = ("cuda/cache_write.cu",)
 # Numerics depend on IEEE division and no flush-to-zero: say so explicitly instead of relying
 # on nvcc's defaults.
 _NVCC_FLAGS = ("-O3", "--prec-div=true", "--ftz=false")
@@ -189,7 +186,7 @@ def _ensure_built() -> dict[str, Any]:
                 break
             state["seconds"] = round(time.perf_counter() - start, 1)
         if state["library"] is not None:
-            for op in CACHE_OPS + (ROPE_OPS if state["cuda"] else ()):
+            for op in CACHE_OPS:
                 _ops[op] = getattr(torch.ops.kvfuse_native, op).default
             logger.info("kvfuse native kernels loaded from %s (%s, %.1f s)", state["library"],
                         "CPU+CUDA " + state["gencode"] if state["cuda"] else "CPU only", state["seconds"])
@@ -199,17 +196,10 @@ def _ensure_built() -> dict[str, Any]:
         return _state
 
 
-#: The formats of csrc/cuda/rope_cache_write.cu (the other formats' rotary writes are Triton's).
-ROPE_MODES = frozenset({KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2})
-
-
 def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
     """None if the native backend can run ``op`` on ``device_type``; else why not (may build first)."""
     if _disabled():
         return "it is disabled by KVFUSE_NATIVE=0"
-    if op in ROPE_OPS and (device_type != "cuda" or mode not in ROPE_MODES):
-        return (f"its rotary write runs on CUDA for {', '.join(sorted(m.name for m in ROPE_MODES))} caches, "
-                f"not {getattr(mode, 'name', mode)} on {device_type}")
     state = _ensure_built()
     if state["library"] is None:
         return state["error"]
@@ -246,57 +236,6 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
                            kv_quant_mode: int) -> None:
     """:func:`kvfuse.ops.reference.encode_and_cache_write`, natively, in one pass over memory."""
     _require("encode_and_cache_write")(key, value, kv_cache, slot_mapping, k_scale, v_scale, int(kv_quant_mode))
-
-
-def _aligned_rows(t: torch.Tensor) -> bool:
-    """Rows of ``t [tokens, heads, D]`` (or a 2-D table) start 16-byte aligned and are contiguous."""
-    es = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((st * es) % 16 == 0 for st in t.stride()[:-1]))
-
-
-def rope_covers(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                k_scale: torch.Tensor, v_scale: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                rotary_dim: int, is_neox: bool) -> Optional[str]:
-    """None if csrc/cuda/rope_cache_write.cu takes this (validated, FP8) call, else why not: NeoX
-    rotation of whole heads whose size is a multiple of 16, 16-bit rows, per-tensor scales and
-    16-byte aligned rows, tables and cache rows (its 16-byte vector loads and stores)."""
-    head_size = key.shape[-1]
-    if not is_neox or rotary_dim != head_size or head_size % 16:
-        return (f"it rotates whole heads NeoX-style with head_size % 16 == 0, not is_neox={is_neox} "
-                f"rotary_dim={rotary_dim} head_size={head_size}")
-    if key.dtype not in (torch.bfloat16, torch.float16):
-        return f"it takes bfloat16 or float16 rows, not {key.dtype}"
-    if k_scale.numel() != 1 or v_scale.numel() != 1:
-        return "it takes per-tensor scales"
-    rows = [key, value, cos, sin, kv_cache] + ([query] if query is not None else [])
-    if not all(_aligned_rows(t) for t in rows):
-        return "its vector loads and stores need 16-byte aligned rows"
-    if key.device.type != "cuda":
-        return f"it runs on CUDA, not {key.device.type}"
-    return None
-
-
-def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.Tensor,
-                                kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor,
-                                v_scale: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                                positions: Optional[torch.Tensor], rotary_dim: int, is_neox: bool,
-                                kv_quant_mode: int) -> torch.Tensor:
-    """:func:`kvfuse.ops.reference.rope_encode_and_cache_write` for FP8 caches on CUDA, natively
-    (csrc/cuda/rope_cache_write.cu). Calls outside :func:`rope_covers` run the Triton kernel;
-    with the native backend forced they are refused instead, with the reason."""
-    reason = rope_covers(query, key, value, kv_cache, k_scale, v_scale, cos, sin, rotary_dim, is_neox)
-    if reason is not None:
-        if envs.settings().forced_backend("cache") == "native":
-            raise ValueError(f"rope_encode_and_cache_write: the native backend is forced but {reason}")
-        logger.debug("native rotary write passes the call to Triton: %s", reason)
-        from .triton import rope_kv_write
-
-        return rope_kv_write.rope_encode_and_cache_write(query, key, value, kv_cache, slot_mapping, k_scale,
-                                                         v_scale, cos, sin, positions, rotary_dim, is_neox,
-                                                         kv_quant_mode)
-    return _require("rope_encode_and_cache_write")(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos,
-                                                   sin, positions, int(rotary_dim), bool(is_neox), int(kv_quant_mode))
 
 
 # ----------------------------------------------------------------------------- eager routing on CUDA
@@ -395,7 +334,7 @@ def _rank(situation: Situation) -> Optional[int]:
 
 
 IMPLEMENTATION = Implementation(
-    name="native", module=__name__, ops=frozenset(CACHE_OPS + ROPE_OPS), devices=frozenset({"cpu", "cuda"}),
+    name="native", module=__name__, ops=frozenset(CACHE_OPS), devices=frozenset({"cpu", "cuda"}),
     # csrc/ does not implement FP8_PER_TOKEN_HEAD (its entry points refuse it): Triton / the reference write it.
     modes=ALL_MODES - {KVQuantMode.FP8_PER_TOKEN_HEAD},
     # CPU only: on CUDA a refusal thrown from check_cache has crashed the process (seen on the H100,

@@ -492,16 +492,15 @@ def _kernel_problem(site: Site, device_type: str) -> Optional[str]:
     return None
 
 
-def _backend_problem(device_type: str, code: int) -> Optional[str]:
-    """Why not fuse when a cache backend is forced that cannot run the fused op here; None otherwise."""
+def _backend_problem() -> Optional[str]:
     forced = envs.settings().forced_backend("cache")
     if forced is None:
         return None
     from ..ops import registry
 
-    reason = registry.unavailable_reason(forced, "rope_encode_and_cache_write", device_type, code)
-    if reason is not None:
-        return f"the cache backend is forced to {forced!r}, which cannot run rope_encode_and_cache_write: {reason}"
+    impl = registry.implementations().get(forced)
+    if impl is None or "rope_encode_and_cache_write" not in impl.ops:
+        return f"the cache backend is forced to {forced!r}, which has no rope_encode_and_cache_write"
     return None
 
 
@@ -597,6 +596,7 @@ def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None) -> l
     if len(sites) != len(records) or any(s.layer_name != r.layer_name for s, r in zip(sites, records)):
         logger.debug("%s: %d sites but %d records; rotary fusion skipped", NAME, len(sites), len(records))
         return records
+    backend_problem = _backend_problem()
     needs_sort = False
     for i, site in enumerate(sites):
         record = records[i]
@@ -622,8 +622,7 @@ def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None) -> l
             note(f"not fused: key: {key_rot.reason}")
             continue
         device_type = getattr(val(key_rot.x), "device", torch.device("cpu")).type
-        problem = (_refusal(key_rot, device_type) or _backend_problem(device_type, int(site.args["kv_quant_mode"]))
-                   or _kernel_problem(site, device_type))
+        problem = _refusal(key_rot, device_type) or backend_problem or _kernel_problem(site, device_type)
         if problem:
             note(f"not fused: {problem}")
             continue

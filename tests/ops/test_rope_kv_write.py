@@ -8,14 +8,11 @@ tables, per-token rows and position-indexed tables, padding slots and poisoned c
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
 from kvfuse.kv_cache import KVQuantMode, logical_cache_rows, row_dim_for
 from kvfuse.ops import reference
-from kvfuse import envs as kvfuse_envs
 from kvfuse.ops import registry
 
 from _cache_formats import FORMATS, FORMAT_IDS, SENTINEL, sentinel_cache
@@ -235,57 +232,12 @@ def test_op_through_forced_triton(monkeypatch):
         registry.clear_cache()
 
 
-@pytest.mark.parametrize("device,mode", [("cpu", KVQuantMode.FP8_E4M3), ("cuda", KVQuantMode.NVFP4),
-                                         ("cuda", KVQuantMode.NONE)])
-def test_native_rotary_write_is_cuda_fp8_only(device, mode):
-    reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", device, mode)
-    assert reason == (f"its rotary write runs on CUDA for FP8_E4M3, FP8_E5M2 caches, not {mode.name} on {device}")
-
-
-def test_native_rotary_write_covers_cuda_only():
+def test_native_is_not_claimed():
     from kvfuse.ops import native
 
-    c = _case(5, 2, 2, 32, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, seed=4)
-    assert native.rope_covers(c["query"], c["key"], c["value"], c["kv_cache"], c["k_scale"], c["v_scale"], c["cos"],
-                              c["sin"], 32, True) == "it runs on CUDA, not cpu"
-
-
-@pytest.mark.parametrize("change,why", [
-    (dict(is_neox=False), "rotates whole heads NeoX-style with head_size % 16 == 0, not is_neox=False rotary_dim=32"),
-    (dict(rotary_dim=16), "not is_neox=True rotary_dim=16 head_size=32"),
-    (dict(in_dtype=torch.float32), "takes bfloat16 or float16 rows, not torch.float32"),
-    (dict(head_scales=True), "takes per-tensor scales"),
-    (dict(misaligned=True), "need 16-byte aligned rows"),
-])
-def test_native_rotary_write_outside_its_cover(change, why, monkeypatch):
-    """Calls csrc/ does not cover run the Triton kernel (bit for bit the reference here, on CPU),
-    or, with the native backend forced, are refused with the reason."""
-    from kvfuse.ops import native
-
-    c = _case(5, 2, 2, 32, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, in_dtype=change.get("in_dtype", torch.bfloat16),
-              rotary_dim=change.get("rotary_dim"), seed=4)
-    if change.get("head_scales"):
-        c["k_scale"] = torch.tensor([0.5, 0.75])
-        c["v_scale"] = torch.tensor([1.5, 0.25])
-    if change.get("misaligned"):
-        rows = torch.randn(5, 2 * 32 + 1).bfloat16()
-        c["key"] = rows[:, 1:].view(5, 2, 32)
-    is_neox = change.get("is_neox", True)
-    assert why in native.rope_covers(c["query"], c["key"], c["value"], c["kv_cache"], c["k_scale"], c["v_scale"],
-                                     c["cos"], c["sin"], c["rotary_dim"], is_neox)
-    ref = _clone(c)
-    want_q = _call(reference.rope_encode_and_cache_write, ref, is_neox, KVQuantMode.FP8_E4M3)
-    got_q = _call(native.rope_encode_and_cache_write, c, is_neox, KVQuantMode.FP8_E4M3)
-    _bytes_equal(got_q, want_q, "query")
-    _bytes_equal(c["kv_cache"], ref["kv_cache"], "cache")
-    monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
-    kvfuse_envs.reload()
-    try:
-        with pytest.raises(ValueError, match=re.escape(why)):
-            _call(native.rope_encode_and_cache_write, c, is_neox, KVQuantMode.FP8_E4M3)
-    finally:
-        monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND")
-        kvfuse_envs.reload()
+    assert "rope_encode_and_cache_write" not in native.IMPLEMENTATION.ops
+    reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cpu", KVQuantMode.NONE)
+    assert "not rope_encode_and_cache_write" in reason
 
 
 def _bad(c, **changes):
@@ -365,54 +317,6 @@ def test_gpu_bit_exact_without_contraction(mode, cache_dtype, is_neox, half, tab
               device="cuda", num_blocks=T // BLOCK + 8)
     _triton_vs_reference(_clone(c), is_neox, mode, device="cuda", fp_fusion=False)
     _triton_vs_reference(_clone(c), is_neox, mode, device="cuda", fp_fusion=False, soft_rounding=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode,cache_dtype", [(KVQuantMode.FP8_E4M3, torch.float8_e4m3fn),
-                                              (KVQuantMode.FP8_E5M2, torch.float8_e5m2)], ids=["e4m3", "e5m2"])
-@pytest.mark.parametrize("in_dtype,table_dtype", [(torch.bfloat16, None), (torch.float16, None),
-                                                  (torch.bfloat16, torch.float32)], ids=["bf16", "fp16", "f32-tables"])
-@pytest.mark.parametrize("half,table", [(False, False), (True, True)], ids=["per-token", "half-table+positions"])
-@pytest.mark.parametrize("T,d", [(1, 128), (7, 64), (533, 128), (64, 256), (4099, 80)])
-def test_gpu_native_equals_triton(mode, cache_dtype, in_dtype, table_dtype, half, table, T, d):
-    """csrc/cuda/rope_cache_write.cu against the Triton kernel (contraction on, as both run in a
-    model), byte for byte: the query, the cache, the sentinel bytes of padding slots; with and
-    without the query; every division on its fast path and, with a tiny scale, off it."""
-    from kvfuse.ops import native
-    from kvfuse.ops.triton import rope_kv_write
-
-    c = _case(T, 32, 8, d, mode, cache_dtype, in_dtype=in_dtype, half=half, table=table, seed=T + d,
-              device="cuda", num_blocks=T // BLOCK + 8)
-    if table_dtype is not None:
-        c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
-    assert native.rope_covers(c["query"], c["key"], c["value"], c["kv_cache"], c["k_scale"], c["v_scale"], c["cos"],
-                              c["sin"], c["rotary_dim"], True) is None
-    for with_query, v_scale in ((True, None), (False, 2.0 ** -70)):
-        got, want = _clone(c), _clone(c)
-        if not with_query:
-            got["query"] = want["query"] = None
-        if v_scale is not None:
-            got["v_scale"] = want["v_scale"] = torch.tensor(v_scale, device="cuda")
-        got_q = _call(native.rope_encode_and_cache_write, got, True, mode)
-        want_q = _call(rope_kv_write.rope_encode_and_cache_write, want, True, mode)
-        _bytes_equal(got_q, want_q, "query")
-        _bytes_equal(got["kv_cache"], want["kv_cache"], "cache")
-    assert (c["kv_cache"].view(torch.uint8) == SENTINEL).any()
-
-
-@pytest.mark.gpu
-def test_gpu_op_runs_native_for_fp8():
-    from kvfuse.ops import native
-
-    assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3).name == "native"
-    assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.NVFP4).name == "triton"
-    c = _case(64, 32, 8, 128, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, device="cuda", seed=3)
-    ref = _clone(c)
-    got_q = OP(c["query"], c["key"], c["value"], c["kv_cache"], c["slot_mapping"], c["k_scale"], c["v_scale"],
-               c["cos"], c["sin"], c["positions"], 128, True, int(KVQuantMode.FP8_E4M3), "l0")
-    want_q = _call(native.rope_encode_and_cache_write, ref, True, KVQuantMode.FP8_E4M3)
-    _bytes_equal(got_q, want_q, "query")
-    _bytes_equal(c["kv_cache"], ref["kv_cache"], "cache")
 
 
 @pytest.mark.gpu
