@@ -91,12 +91,10 @@ class RopeModel(nn.Module):
     def forward(self, x, caches, md, positions):
         T = x.shape[0]
         hs = self.head_size
-        x0 = x
+        hidden = x
         for i, (style, attn) in enumerate(zip(self.styles, self.attn)):
-            if not self.chain:
-                x_in, x = x, x0
-
-            q, k, v = torch.mm(x, self.w_qkv[i]).split([HQ * hs, HKV * hs, HKV * hs], dim=-1)
+            layer_in = hidden if self.chain else x
+            q, k, v = torch.mm(layer_in, self.w_qkv[i]).split([HQ * hs, HKV * hs, HKV * hs], dim=-1)
             if style == "demo":
                 q = apply_rotary(q.reshape(T, HQ, hs), positions, self.inv_freq)
                 k = apply_rotary(k.reshape(T, HKV, hs), positions, self.inv_freq)
@@ -124,5 +122,5 @@ class RopeModel(nn.Module):
                 q = qh.transpose(1, 2).reshape(T, HQ, hs)
                 k = kh.transpose(1, 2).reshape(T, HKV, hs)
             o = attn(q, k, v.reshape(T, HKV, hs), caches[i], md)
-            x = (x if self.chain else x_in) + o.reshape(T, HQ * hs)
-        return x
+            hidden = hidden + o.reshape(T, HQ * hs)
+        return hidden
