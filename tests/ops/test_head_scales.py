@@ -10,7 +10,6 @@ orders, so a kernel reading one scale for all heads fails.
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
@@ -29,9 +28,7 @@ from kvfuse.ops.checks import checked  # noqa: E402
 from kvfuse.ops.registry import AttentionCall, Situation  # noqa: E402
 
 from _cache_formats import SENTINEL, sentinel_cache  # noqa: E402
-
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
+from test_triton_attention import DEVICE, scattered_block_table  # noqa: E402
 QUANTIZED = [(KVQuantMode.FP8_E4M3, torch.float8_e4m3fn), (KVQuantMode.FP8_E5M2, torch.float8_e5m2),
              (KVQuantMode.NVFP4, torch.uint8)]
 QUANT_IDS = ["e4m3", "e5m2", "nvfp4"]
@@ -285,14 +282,7 @@ def attention_case(mode, seq_lens, q_lens, num_q_heads=6, num_kv_heads=3, head_s
                    page=8, seed=0, device=DEVICE):
     """A NaN-poisoned paged cache written through the reference with per-head scales."""
     g = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [max(1, math.ceil(s / page)) for s in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 2
-    perm = torch.randperm(num_blocks, generator=g)
-    block_table = torch.full((len(seq_lens), max(blocks_per_seq) + 1), 10**6, dtype=torch.int32)
-    i = 0
-    for b, n in enumerate(blocks_per_seq):
-        block_table[b, :n] = perm[i:i + n].to(torch.int32)
-        i += n
+    num_blocks, block_table = scattered_block_table(seq_lens, page, 2, g)
     cache = torch.empty((num_blocks, 2, page, num_kv_heads, row_dim_for(mode, head_size)),
                         dtype=storage_dtype(mode, q_dtype))
     if mode is KVQuantMode.NVFP4:

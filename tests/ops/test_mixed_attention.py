@@ -27,11 +27,9 @@ from kvfuse.ops import reference  # noqa: E402
 from kvfuse.ops import registry  # noqa: E402
 from kvfuse.ops.registry import AttentionCall  # noqa: E402
 
-triton = pytest.importorskip("triton")
+from test_triton_attention import DEVICE, ON_GPU, gpu, scattered_block_table  # noqa: E402
 
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
-gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+triton = pytest.importorskip("triton")
 
 #: (k_cache_dtype, v_cache_dtype) by test id; "auto" keeps a side in the model dtype.
 PAIRS = {
@@ -58,14 +56,7 @@ def make_case(pair, seq_lens, q_lens, num_q_heads, num_kv_heads, head_size, *, p
     spec = cfg.layer_spec("model.layers.0.self_attn.attn", num_kv_heads, head_size, q_dtype)
     fmt = spec.kv_format
     assert fmt.is_mixed, fmt
-    blocks_per_seq = [max(1, math.ceil(s / page)) for s in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 3  # three pages nobody owns
-    perm = torch.randperm(num_blocks, generator=gen)
-    block_table = torch.full((len(seq_lens), max(blocks_per_seq) + 1), 10 ** 6, dtype=torch.int32)
-    first = 0
-    for b, n in enumerate(blocks_per_seq):
-        block_table[b, :n] = perm[first:first + n].to(torch.int32)
-        first += n
+    num_blocks, block_table = scattered_block_table(seq_lens, page, 3, gen)
     cache = kvfuse.allocate_kv_cache(spec, num_blocks, page)
     cache.fill_(0xFF)
     # NVFP4 global scales around 1/8 keep the e4m3 block scales of N(0, 4) data in their normal range.

@@ -39,21 +39,27 @@ def nan_fill(cache: torch.Tensor, mode: KVQuantMode) -> None:
         cache.view(torch.uint8).fill_(0xFF)  # NaN in bf16/fp16/fp32/e4m3/e5m2
 
 
+def scattered_block_table(seq_lens, page, spare_blocks, gen):
+    """``(num_blocks, block_table)``: each sequence's pages drawn from one permutation of the
+    cache's blocks (``spare_blocks`` of them owned by nobody), and every entry past a sequence's
+    last page out of range on purpose, so that a kernel reading one faults or reads garbage."""
+    blocks_per_seq = [max(1, math.ceil(s / page)) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + spare_blocks
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_table = torch.full((len(seq_lens), max(blocks_per_seq) + 1), 10**6, dtype=torch.int32)
+    first = 0
+    for b, n in enumerate(blocks_per_seq):
+        block_table[b, :n] = perm[first:first + n].to(torch.int32)
+        first += n
+    return num_blocks, block_table
+
+
 def make_case(seq_lens, q_lens, num_q_heads, num_kv_heads, head_size, mode, *, page=16, q_dtype=torch.bfloat16,
               cache_native=None, pad_rows=0, device=DEVICE, scale=(0.7, 1.3), seed=0):
     """A scattered, NaN-poisoned paged cache holding exactly ``seq_lens`` tokens per sequence."""
     gen = torch.Generator().manual_seed(seed)
     mode = KVQuantMode(mode)
-    num_seqs = len(seq_lens)
-    blocks_per_seq = [max(1, math.ceil(s / page)) for s in seq_lens]
-    max_blocks = max(blocks_per_seq) + 1
-    num_blocks = sum(blocks_per_seq) + 3
-    perm = torch.randperm(num_blocks, generator=gen)
-    block_table = torch.full((num_seqs, max_blocks), 10**6, dtype=torch.int32)  # out of range on purpose
-    i = 0
-    for b, n in enumerate(blocks_per_seq):
-        block_table[b, :n] = perm[i:i + n].to(torch.int32)
-        i += n
+    num_blocks, block_table = scattered_block_table(seq_lens, page, 3, gen)
     cdtype = storage_dtype(mode, cache_native or q_dtype)
     cache = torch.empty((num_blocks, 2, page, num_kv_heads, row_dim_for(mode, head_size)), dtype=cdtype)
     nan_fill(cache, mode)
