@@ -22,6 +22,7 @@ import datetime
 import json
 import math
 import os
+import statistics
 import dataclasses
 import traceback
 
@@ -36,6 +37,9 @@ from kvfuse.ops.registry import AttentionCall
 TILES = None
 # --sweep-new-tokens: time NEW_TOKEN_SWEEP's tiles at bf16 prefill.
 SWEEP_NEW_TOKENS = False
+# --rounds: prefill and append cases time every implementation this many times, round-robin, and
+# report the median (a long run of compute-bound kernels lowers the clock for whatever runs next).
+ROUNDS = 1
 
 HQ, HKV, HEAD, PAGE = 32, 8, 128, 16
 MODES = {"bf16": KVQuantMode.NONE, "fp8": KVQuantMode.FP8_E4M3, "nvfp4": KVQuantMode.NVFP4,
@@ -85,9 +89,10 @@ def _kvfuse_rows(args, impls, new, sweep=False):
     return fns
 
 
-#: New-token prefill tiles timed by --sweep-new-tokens: (BLOCK_M, BLOCK_N, num_warps, num_stages).
-NEW_TOKEN_SWEEP = ((128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 8, 4),
-                   (64, 64, 4, 3), (64, 32, 4, 4), (128, 64, 8, 4))
+#: New-token prefill tiles timed by --sweep-new-tokens: (BLOCK_M, BLOCK_N, num_warps, num_stages,
+#: other Tile fields).
+NEW_TOKEN_SWEEP = ((128, 64, 8, 4, {}), (64, 64, 4, 3, {}), (64, 64, 4, 3, {"TMA": True}),
+                   (128, 64, 8, 3, {"TMA": True}), (128, 128, 8, 3, {"TMA": True}))
 
 
 def _new_token_variants(args, key, value):
@@ -98,12 +103,13 @@ def _new_token_variants(args, key, value):
 
     base = TILES or ta.DEFAULT_TILES
     fns = {}
-    for bm, bn, warps, stages in NEW_TOKEN_SWEEP:
+    for bm, bn, warps, stages, fields in NEW_TOKEN_SWEEP:
         tile = dataclasses.replace(base.new_tokens["small"], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-                                   num_stages=stages)
+                                   num_stages=stages, **{"TMA": False, **fields})
         tiles = dataclasses.replace(base, new_tokens={**base.new_tokens, "small": tile})
         call = AttentionCall(*args, key=key, value=value)
-        fns[f"kvfuse m{bm} n{bn} w{warps} s{stages}"] = (
+        flags = "".join(f" {name.lower()}" for name, on in fields.items() if on)
+        fns[f"kvfuse m{bm} n{bn} w{warps} s{stages}{flags}"] = (
             (lambda call=call, tiles=tiles: ta.paged_attention(call, tiles=tiles)), True)
     return fns
 
@@ -305,18 +311,32 @@ def run_prefill(tokens, mode_name, impls, rows, copy_bw):
 
 
 def _time_flops(fns, case, flops, nbytes, rows, copy_bw):
-    """Time each ``fns[impl] = (fn, graph)`` and append its row: us, TFLOP/s, GB/s of KV read and
-    the fraction of copy bandwidth; a failing implementation records its error and the rest go on."""
-    for impl, (fn, graph) in fns.items():
+    """Time each ``fns[impl] = (fn, graph)`` ROUNDS times, round-robin, and append its row: the
+    median us (and every round's), TFLOP/s, GB/s of KV read and the fraction of copy bandwidth; a
+    failing implementation records its error and the rest go on."""
+    times = {impl: [] for impl in fns}
+    errors, hows = {}, {}
+    for _ in range(ROUNDS):
+        for impl, (fn, graph) in fns.items():
+            if impl in errors:
+                continue
+            try:
+                us, hows[impl] = bench_us(fn, reps=10, graph=graph)
+                times[impl].append(us)
+            except Exception as e:
+                errors[impl] = f"{type(e).__name__}: {str(e)[:200]}"
+                traceback.print_exc()
+    for impl in fns:
         row = dict(case, impl=impl, kv_bytes=nbytes)
-        try:
-            us, how = bench_us(fn, reps=10, graph=graph)
-            row.update(us=round(us, 2), tflops=round(flops / (us * 1e-6) / 1e12, 1), timing=how,
+        if impl in errors:
+            row.update(error=errors[impl])
+        else:
+            us = statistics.median(times[impl])
+            row.update(us=round(us, 2), tflops=round(flops / (us * 1e-6) / 1e12, 1), timing=hows[impl],
                        gb_s=round(nbytes / (us * 1e-6) / 1e9, 1),
                        frac_copy=round(nbytes / (us * 1e-6) / 1e9 / copy_bw, 3))
-        except Exception as e:
-            row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
-            traceback.print_exc()
+            if ROUNDS > 1:
+                row["us_rounds"] = [round(t, 2) for t in times[impl]]
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -340,7 +360,7 @@ def run_extend(case, mode_name, impls, rows, copy_bw):
     args = (query, cache, scale, scale, block_table, seq_lens, qsl, int(mode), 1 / math.sqrt(HEAD), None)
     flops = 4 * HQ * HEAD * batch * new * (prefix + (new + 1) / 2)
     nbytes = kv_bytes(mode, batch, context)
-    fns = _kvfuse_rows(args, impls, new)
+    fns = _kvfuse_rows(args, impls, new, sweep=SWEEP_NEW_TOKENS)
     if "flashinfer" in impls and mode in (KVQuantMode.NONE, KVQuantMode.FP8_E4M3):
         import flashinfer
 
@@ -610,11 +630,17 @@ def main():
                         help="which parts of the matrix to run (comma-separated: decode, prefill, extend)")
     parser.add_argument("--prefills", default=None,
                         help="prefill token counts (comma-separated; default 4096 with --quick, else 4096,16384)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="prefill/append cases: time every implementation this many times, round-robin, "
+                             "and report the median")
     parser.add_argument("--sweep-new-tokens", action="store_true",
                         help="also time the new-token prefill kernel at every NEW_TOKEN_SWEEP tile (bf16 prefill)")
     args = parser.parse_args()
-    global SWEEP_NEW_TOKENS
+    global SWEEP_NEW_TOKENS, ROUNDS
     SWEEP_NEW_TOKENS = args.sweep_new_tokens
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: must be >= 1")
+    ROUNDS = args.rounds
     if args.tile:
         global TILES
         from kvfuse.ops.triton import attention as ta

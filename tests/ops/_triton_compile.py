@@ -504,6 +504,11 @@ def _specialise(launch: Launch):
             signature[name] = "constexpr"
             constexprs[name] = None
             continue
+        elif type(value).__name__ == "TensorDescriptor":
+            # A host-side tensor descriptor (TMA): its element type and block shape are its type.
+            shape = ",".join(str(n) for n in value.block_shape)
+            signature[name] = f"tensordesc<{_pointer_type(value.base)[1:]}[{shape}]>"
+            continue
         else:
             raise TypeError(f"{launch.name}: argument {name}={value!r} of type {type(value).__name__} "
                             f"has no specialisation rule")

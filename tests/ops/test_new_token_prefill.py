@@ -41,16 +41,31 @@ def step_kv(args):
 def run(args, key, value, **options):
     from kvfuse.ops.triton.attention import paged_attention
 
-    poison_allocator(8 * args["query"].numel() * 4 * 32)
+    # No split-KV buffers here, so a few times the output's bytes (at D=256, 4099 + 1652 tokens and
+    # 32 heads, the paged kernel's 1024x would poison 40 GiB).
+    poison_allocator(16 * args["query"].numel())
     call = AttentionCall(**args, key=key, value=value)
     return paged_attention(call, **options)
 
 
-def check(args, **call_fields):
+def tiles_reading(through_descriptors: bool):
+    """The default tile table with the new-token tiles (and the interpreter's) reading the query
+    and the step's K/V through tensor descriptors or through pointers."""
+    import dataclasses
+
+    from kvfuse.ops.triton.attention import DEFAULT_TILES
+
+    tiles = DEFAULT_TILES
+    return dataclasses.replace(
+        tiles, interpret=dataclasses.replace(tiles.interpret, TMA=through_descriptors),
+        new_tokens={k: dataclasses.replace(t, TMA=through_descriptors) for k, t in tiles.new_tokens.items()})
+
+
+def check(args, tiles=None, **call_fields):
     args = dict(args, **call_fields)
     key, value = step_kv(args)
     expected = reference_out(args)
-    out = run(args, key, value)
+    out = run(args, key, value, **({"tiles": tiles} if tiles is not None else {}))
     atol, rtol = TOL[args["query"].dtype]
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=atol, rtol=rtol)
     covered = int(args["query_start_loc"][-1])
@@ -65,12 +80,53 @@ CPU_CASES = {
 }
 
 
+@pytest.mark.parametrize("reads", ["descriptors", "pointers"])
 @pytest.mark.parametrize("case", CPU_CASES)
 @pytest.mark.parametrize("heads,head_size", [((4, 2), 64), ((2, 2), 80), ((6, 2), 32)], ids=str)
-def test_matches_reference(case, heads, head_size):
+def test_matches_reference(case, heads, head_size, reads):
+    from kvfuse.ops.triton import prefill
+
     seq_lens, q_lens = CPU_CASES[case]
     args = make_case(seq_lens, q_lens, heads[0], heads[1], head_size, KVQuantMode.NONE, pad_rows=3, seed=31)
-    check(args)
+    tiles = tiles_reading(reads == "descriptors")
+    key, value = step_kv(args)
+    used = prefill.descriptors(AttentionCall(**args, key=key, value=value), tiles.interpret, head_size) is not None
+    assert used == (reads == "descriptors" and head_size != 80)  # 80: no power of two, pointers
+    check(args, tiles)
+
+
+def test_descriptors_only_for_layouts_they_describe():
+    """Descriptors cover row-major [tokens, heads * head_size] views with 16-byte aligned rows and
+    base, including K/V sliced out of a fused QKV projection; anything else reads through pointers,
+    and both give the reference's output."""
+    import dataclasses
+
+    from kvfuse.ops.triton import prefill
+
+    tile = tiles_reading(True).interpret
+    args = make_case([7, 33], [7, 33], 4, 2, 64, KVQuantMode.NONE, pad_rows=3, seed=39)
+    key, value = step_kv(args)
+    qkv = torch.cat([args["query"], key, value], dim=1)  # [T, 4 + 2 + 2, 64], one projection's output
+    fused = dict(args, query=qkv[:, :4])
+    call = AttentionCall(**fused, key=qkv[:, 4:6], value=qkv[:, 6:])
+    assert prefill.descriptors(call, tile, 64) is not None
+    torch.testing.assert_close(run(fused, qkv[:, 4:6], qkv[:, 6:], tiles=tiles_reading(True)).cpu().float(),
+                               reference_out(args).float(), atol=3e-2, rtol=3e-2)
+
+    head_major = args["query"].transpose(0, 1).contiguous().transpose(0, 1)
+    shifted = torch.empty(key.numel() + 4, dtype=key.dtype, device=key.device)[4:].view(key.shape)  # 8-byte base
+    shifted.copy_(key)
+    refused = {
+        "head-major query": AttentionCall(**dict(args, query=head_major), key=key, value=value),
+        "misaligned key base": AttentionCall(**args, key=shifted, value=value),
+        "no tokens": AttentionCall(**dict(args, query=args["query"][:0]), key=key[:0], value=value[:0]),
+    }
+    for why, refused_call in refused.items():
+        assert prefill.descriptors(refused_call, tile, 64) is None, why
+    assert prefill.descriptors(AttentionCall(**args, key=key, value=value), dataclasses.replace(tile, TMA=False),
+                               64) is None
+    torch.testing.assert_close(run(args, shifted, value, tiles=tiles_reading(True)).cpu().float(),
+                               reference_out(args).float(), atol=3e-2, rtol=3e-2)
 
 
 def test_reads_new_keys_from_the_step_and_the_prefix_from_pages():
@@ -93,10 +149,11 @@ def test_reads_new_keys_from_the_step_and_the_prefix_from_pages():
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=3e-2, rtol=3e-2)
 
 
-def test_softcap_and_sinks():
+@pytest.mark.parametrize("reads", ["descriptors", "pointers"])
+def test_softcap_and_sinks(reads):
     args = make_case([29, 40], [29, 9], 4, 2, 64, KVQuantMode.NONE, seed=33)
     sinks = torch.tensor([0.5, -1.0, 2.0, float("-inf")], device=DEVICE)
-    check(args, logit_softcap=5.0, sinks=sinks)
+    check(args, tiles_reading(reads == "descriptors"), logit_softcap=5.0, sinks=sinks)
 
 
 def test_fp16_queries():
@@ -166,11 +223,12 @@ def test_opcheck_with_step_kv():
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("reads", ["descriptors", "pointers"])
 @pytest.mark.parametrize("head_size", [64, 80, 128, 256])
-def test_gpu_fresh_and_chunked(head_size):
+def test_gpu_fresh_and_chunked(head_size, reads):
     args = make_case([4099, 533, 7, 1100], [4099, 533, 7, 512], 32, 8, head_size, KVQuantMode.NONE, pad_rows=5,
                      seed=40)
-    check(args)
+    check(args, tiles_reading(reads == "descriptors"))
 
 
 @gpu

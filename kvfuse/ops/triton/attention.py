@@ -73,7 +73,9 @@ class Tile:
     instead of broadcast in registers (see :func:`_nvfp4_tile`); ``WORD_SCALES``: NVFP4 block
     scales read through 32-bit words (see :func:`_scale_bytes`); ``PREFETCH_PAGES``: the key loop
     reads the next tile's block-table entries one iteration ahead (see :func:`_tile_pages`);
-    ``LONGEST_FIRST``: query tiles run in reverse order, the causally longest first."""
+    ``LONGEST_FIRST``: query tiles run in reverse order, the causally longest first; ``TMA``: the
+    new-token prefill kernel reads the query and the step's K/V through tensor descriptors (where
+    their layout allows, see :func:`kvfuse.ops.triton.prefill.descriptors`)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -85,6 +87,7 @@ class Tile:
     WORD_SCALES: bool = False
     PREFETCH_PAGES: bool = False
     LONGEST_FIRST: bool = False
+    TMA: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,8 @@ class TileTable:
 # The new-token prefill kernel's tiles (BLOCK_M a multiple of BLOCK_N): `small` picked by
 # `benchmarks/attention.py --sweep-new-tokens` on an H100 (BENCHMARKS.md, prefill); `large` untuned.
 _NEW_TOKEN_TILES = {
-    "small": Tile(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4, PREFETCH_PAGES=True, LONGEST_FIRST=True),
+    "small": Tile(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, PREFETCH_PAGES=True, LONGEST_FIRST=True,
+                  TMA=True),
     "large": Tile(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, PREFETCH_PAGES=True, LONGEST_FIRST=True),
 }
 
@@ -142,7 +146,7 @@ DEFAULT_TILES = TileTable(
         "small_fp8_pth": Tile(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, LONGEST_FIRST=True),
         "large": Tile(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, LONGEST_FIRST=True),
     },
-    interpret=Tile(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1),
+    interpret=Tile(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1, TMA=True),
 )
 # Split-KV aims for this many programs per SM; more splits only add reduction traffic.
 _PROGRAMS_PER_SM = 4
