@@ -173,6 +173,47 @@ def test_prefill_and_mixed_batch(pair, head_size):
     check(make_case(pair, [7, 43, 20], [7, 33, 1], 2, 1, head_size, seed=2))
 
 
+def attention_float64(args, window=None) -> torch.Tensor:
+    """Causal attention in float64 over every side decoded exactly (:func:`_decoded_sides`): the
+    value the kernel approximates, independent of the reference's float32 arithmetic."""
+    k_all, v_all = (t.double() for t in _decoded_sides(args))
+    query = args["query"].double()
+    out = torch.zeros_like(query)
+    qsl, lens = args["query_start_loc"].tolist(), args["seq_lens"].tolist()
+    group = query.shape[1] // k_all.shape[1]
+    first = 0
+    for b, seq_len in enumerate(lens):
+        k, v = (t[first:first + seq_len].repeat_interleave(group, dim=1) for t in (k_all, v_all))
+        first += seq_len
+        q = query[qsl[b]:qsl[b + 1]]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * args["sm_scale"]
+        qpos = torch.arange(seq_len - q.shape[0], seq_len, device=q.device)[:, None]
+        kpos = torch.arange(seq_len, device=q.device)[None, :]
+        allowed = (kpos <= qpos) & ((qpos - kpos) < window if window else True)
+        out[qsl[b]:qsl[b + 1]] = torch.einsum("hqk,khd->qhd", torch.softmax(scores.masked_fill(~allowed, -torch.inf),
+                                                                             -1), v)
+    return out
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_against_float64(pair):
+    """Every K/V format pair against float64 attention over the exactly decoded sides, within the
+    bound :func:`tolerances` states (P's rounding to the dot dtype, float32 scores and sums, the
+    output's rounding); a decode row, a fresh prefill and a chunk over a cached prefix, GQA."""
+    from kvfuse.ops.triton.attention import paged_attention
+
+    args = dict(make_case(pair, [7, 43, 20], [7, 33, 1], 4, 2, 64, seed=9), sliding_window=None)
+    exact = attention_float64(args)
+    atol, rtol = tolerances(args, int(args["seq_lens"].max()))
+    covered = int(args["query_start_loc"][-1])
+    out = paged_attention(AttentionCall(**args))
+    torch.testing.assert_close(out[:covered].double(), exact[:covered], atol=atol, rtol=rtol)
+    # The bound is tight enough to tell the formats apart: the other side's decoding is far outside it.
+    swapped = dict(args, k_scale=args["v_scale"], v_scale=args["k_scale"])
+    if not torch.equal(args["k_scale"], args["v_scale"]):
+        assert not torch.allclose(attention_float64(swapped)[:covered], exact[:covered], atol=atol, rtol=rtol)
+
+
 def test_sliding_window():
     check(make_case("fp8-nvfp4", [7, 43, 20], [7, 33, 1], 4, 2, 64, seed=3), window=9)
 
