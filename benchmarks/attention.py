@@ -181,6 +181,11 @@ def run_decode(batch, context, mode_name, impls, rows, copy_bw):
     fns = {}
     if "kvfuse" in impls:
         fns["kvfuse"] = (_kvfuse(args), True)
+    if "kvfuse_native" in impls and mode in (KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4):
+        from kvfuse.ops import native
+
+        call = AttentionCall(*args)
+        fns["kvfuse_native"] = (lambda: native.paged_attention(call), True)
     if mode not in (KVQuantMode.NVFP4, KVQuantMode.FP8_PER_TOKEN_HEAD):  # FlashInfer has neither
         if "kvfuse_flashinfer" in impls:
             from kvfuse.ops import flashinfer as fib
@@ -615,7 +620,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="batch 64 / context 4096 decode + 4k prefill only")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    parser.add_argument("--impls", default="kvfuse,kvfuse_flashinfer,flashinfer,flashinfer_tc,torch_sdpa")
+    parser.add_argument("--impls", default="kvfuse,kvfuse_native,kvfuse_flashinfer,flashinfer,flashinfer_tc,torch_sdpa",
+                        help="kvfuse: the Triton kernels; kvfuse_native: csrc/'s decode kernel (FP8, NVFP4)")
+    parser.add_argument("--decode-cases", default=None, metavar="B:CTX,...",
+                        help="decode (batch, context) pairs to time instead of the default grid")
     parser.add_argument("--modes", default="bf16,fp8,nvfp4,fp8_pth")
     parser.add_argument("--mixed-modes", default=",".join(MIXED_MODES),
                         help=f"mixed K/V formats timed at decode (comma-separated, of {list(MIXED_MODES)}; "
@@ -673,10 +681,15 @@ def main():
         parser.error(f"--mixed-modes {args.mixed_modes!r}: allowed names are {list(MIXED_MODES)}")
     rows = []
     meta = _meta(args, copy_bw, tuned)
+    decode_cases = [(b, c) for b in batches for c in contexts]
+    if args.decode_cases:
+        try:
+            decode_cases = [tuple(int(x) for x in pair.split(":")) for pair in args.decode_cases.split(",")]
+        except ValueError:
+            parser.error(f"--decode-cases {args.decode_cases!r}: expected BATCH:CONTEXT pairs, comma-separated")
     for mode_name in args.modes.split(",") if "decode" in parts else ():
-        for batch in batches:
-            for context in contexts:
-                run_decode(batch, context, mode_name, impls, rows, copy_bw)
+        for batch, context in decode_cases:
+            run_decode(batch, context, mode_name, impls, rows, copy_bw)
         write_results(rows, meta, args.out)  # partial results survive a timeout
     for name in mixed_modes if "decode" in parts else ():
         run_mixed_decode(name, impls, rows, copy_bw)

@@ -23,6 +23,13 @@ Functions :func:`encode_kv`, :func:`cache_write` and :func:`encode_and_cache_wri
 argument lists of :mod:`kvfuse.ops.reference`; arguments are validated by the op layer before
 they get here (the C++ side re-checks only what memory safety needs).
 
+:func:`paged_attention` (CUDA, FP8 and NVFP4 caches) runs ``csrc/cuda/decode_attention.cu``, a
+decode kernel that decodes the cache bytes straight into warp-level tensor-core fragments. It
+takes decode-shaped calls (at most :data:`DECODE_TOKENS_PER_SEQUENCE` query tokens per sequence,
+on average) that it supports (:func:`decode_refusal`); the others run Triton's kernel, which
+covers every call. With the native backend forced (``KVFUSE_ATTENTION_BACKEND=native``) every
+call it supports runs natively, prefill-shaped ones included, and the rest raise.
+
 NVFP4 caches are written in the page layout of :func:`kvfuse.kv_cache.nvfp4_page_index`
 (``csrc/nvfp4_page.h`` restates it): both cache ops split each encoded row over its page's data
 and block-scale regions, while ``encode_kv`` returns dense ``[data | scales]`` rows. An NVFP4
@@ -45,12 +52,14 @@ from typing import Any, Optional
 import torch
 
 from .. import envs
-from ..kv_cache import KVQuantMode
-from .registry import ALL_MODES, CACHE_OPS, Implementation, Situation
+from ..kv_cache import KVFormat, KVQuantMode
+from .registry import ALL_MODES, CACHE_OPS, AttentionCall, Implementation, Situation
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "paged_attention",
+    "decode_refusal",
     "encode_kv",
     "cache_write",
     "encode_and_cache_write",
@@ -61,7 +70,7 @@ __all__ = [
 ]
 
 _CPU_SOURCES = ("registration.cpp", "cpu/cache_write.cpp")
-_CUDA_SOURCES = ("cuda/cache_write.cu",)
+_CUDA_SOURCES = ("cuda/cache_write.cu", "cuda/decode_attention.cu")
 # Numerics depend on IEEE division and no flush-to-zero: say so explicitly instead of relying
 # on nvcc's defaults.
 _NVCC_FLAGS = ("-O3", "--prec-div=true", "--ftz=false")
@@ -200,6 +209,12 @@ def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
     """None if the native backend can run ``op`` on ``device_type``; else why not (may build first)."""
     if _disabled():
         return "it is disabled by KVFUSE_NATIVE=0"
+    if op == "paged_attention":
+        if device_type != "cuda":
+            return f"its attention kernel runs on CUDA, not on {device_type}"
+        if mode not in _ATTENTION_MODES:
+            return (f"its attention kernel reads {', '.join(m.name for m in sorted(_ATTENTION_MODES))} caches, "
+                    f"not {KVQuantMode(mode).name}")
     state = _ensure_built()
     if state["library"] is None:
         return state["error"]
@@ -236,6 +251,86 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
                            kv_quant_mode: int) -> None:
     """:func:`kvfuse.ops.reference.encode_and_cache_write`, natively, in one pass over memory."""
     _require("encode_and_cache_write")(key, value, kv_cache, slot_mapping, k_scale, v_scale, int(kv_quant_mode))
+
+
+# ----------------------------------------------------------------------------- decode attention
+
+_ATTENTION_MODES = frozenset({KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4})
+_ATTENTION_HEAD_SIZES = (64, 128, 256)
+#: Calls with more query tokens than this per sequence (on average) are prefill-shaped: Triton's
+#: kernel takes them unless the native backend is forced (the native kernel re-reads the keys
+#: for every few query tokens).
+DECODE_TOKENS_PER_SEQUENCE = 4
+# Split-KV: blocks of 4 warps per SM the launch aims for when the batch alone does not fill the
+# GPU (the kernel is built for 4 resident blocks per SM), and the most splits.
+_BLOCKS_PER_SM = 4
+_MAX_SPLITS = 32
+
+
+def decode_refusal(call: AttentionCall, prefill_shaped_ok: bool = False) -> Optional[str]:
+    """None if the native decode kernel can run ``call``; else why not, as a sentence.
+
+    ``prefill_shaped_ok``: do not refuse a call for having more than
+    :data:`DECODE_TOKENS_PER_SEQUENCE` query tokens per sequence (the kernel is correct for any
+    query length, only not built for long ones)."""
+    query, kv_cache = call.query, call.kv_cache
+    fmt = KVFormat.of(call.kv_quant_mode)
+    if fmt.is_mixed:
+        return f"kv_quant_mode={fmt.name}: K and V in different formats take the Triton kernel"
+    mode = fmt.key
+    if mode not in _ATTENTION_MODES:
+        return f"kv_quant_mode={mode.name}: it reads FP8_E4M3, FP8_E5M2 and NVFP4 caches"
+    if query.device.type != "cuda":
+        return f"query is on {query.device.type}: it runs on CUDA"
+    if query.dtype not in (torch.bfloat16, torch.float16):
+        return f"query dtype {query.dtype}: it takes bfloat16 or float16 queries"
+    num_tokens, num_q_heads, head_size = query.shape
+    if head_size not in _ATTENTION_HEAD_SIZES:
+        return f"head_size={head_size}: it is built for head sizes {_ATTENTION_HEAD_SIZES}"
+    group = num_q_heads // kv_cache.shape[3]
+    if group > 16:
+        return f"{group} query heads per KV head: it takes at most 16"
+    num_seqs = call.block_table.shape[0]
+    if not prefill_shaped_ok and num_tokens > DECODE_TOKENS_PER_SEQUENCE * max(num_seqs, 1):
+        return (f"{num_tokens} query tokens for {num_seqs} sequences: more than {DECODE_TOKENS_PER_SEQUENCE} per "
+                f"sequence is prefill")
+    if query.data_ptr() % 16 or query.stride(0) % 8 or query.stride(1) % 8:
+        return f"query strides {tuple(query.stride())} / address: its rows must start 16-byte aligned"
+    if kv_cache.data_ptr() % 16 or kv_cache.stride(0) % 16 or kv_cache.stride(1) % 16:
+        return f"kv_cache strides {tuple(kv_cache.stride())} / address: its pages must start 16-byte aligned"
+    if mode is not KVQuantMode.NVFP4 and (kv_cache.stride(2) % 16 or kv_cache.stride(3) % 16):
+        return f"kv_cache strides {tuple(kv_cache.stride())}: FP8 rows must start 16-byte aligned"
+    return None
+
+
+def _num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
+    blocks = max(1, num_seqs * num_kv_heads)
+    target = _BLOCKS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    # Whole waves: more blocks than fit at once would leave a partial second wave.
+    return 1 if blocks >= target // 2 else min(_MAX_SPLITS, target // blocks)
+
+
+def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) -> torch.Tensor:
+    """:func:`kvfuse.ops.reference.paged_attention` by the native decode kernel, for the calls it
+    takes (see the module docstring); ``num_splits`` overrides the split-KV count (tests, benchmarks).
+    Rows whose sequence has no allowed key are zeros, as in the Triton kernel."""
+    forced = envs.settings().forced_backend("attention") == "native"
+    reason = decode_refusal(call, prefill_shaped_ok=forced)
+    if reason is not None:
+        if forced:
+            raise ValueError(f"the native attention backend was forced but cannot run this call: {reason}")
+        from .triton.attention import paged_attention as triton_attention
+
+        return triton_attention(call)
+    fn = _ops.get("paged_decode_attention")
+    if fn is None:
+        _require("encode_kv")
+        fn = _ops["paged_decode_attention"] = torch.ops.kvfuse_native.paged_decode_attention.default
+    if num_splits is None:
+        num_splits = _num_splits(call.block_table.shape[0], call.kv_cache.shape[3], call.query.device)
+    return fn(call.query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,
+              call.query_start_loc, call.sinks, KVFormat.of(call.kv_quant_mode).code, float(call.sm_scale),
+              int(call.sliding_window or 0), float(call.logit_softcap), int(num_splits))
 
 
 # ----------------------------------------------------------------------------- eager routing on CUDA
@@ -326,6 +421,9 @@ def build_info(build: bool = False) -> dict[str, Any]:
 
 
 def _rank(situation: Situation) -> Optional[int]:
+    if situation.op == "paged_attention":
+        # Before Triton for the caches its decode kernel reads (CUDA only): BENCHMARKS.md.
+        return 0 if situation.device_type == "cuda" else None
     # CUDA: first for small writes; after Triton for bulk ones and for the formats whose Triton
     # kernel wins under capture (the registry sets `captured` only for those): see .tuning.
     if situation.device_type == "cuda" and (situation.size_class == "bulk" or situation.captured):
@@ -334,14 +432,15 @@ def _rank(situation: Situation) -> Optional[int]:
 
 
 IMPLEMENTATION = Implementation(
-    name="native", module=__name__, ops=frozenset(CACHE_OPS), devices=frozenset({"cpu", "cuda"}),
+    name="native", module=__name__, ops=frozenset(CACHE_OPS) | {"paged_attention"}, devices=frozenset({"cpu", "cuda"}),
     # csrc/ does not implement FP8_PER_TOKEN_HEAD (its entry points refuse it): Triton / the reference write it.
     modes=ALL_MODES - {KVQuantMode.FP8_PER_TOKEN_HEAD},
     # CPU only: on CUDA a refusal thrown from check_cache has crashed the process (seen on the H100,
     # not understood yet), so CUDA calls are validated in Python, or pre-checked without throwing by
     # the eager router (fits_encode_and_write).
     available=unavailable_reason, rank=_rank, checks_inputs=frozenset({"cpu"}),
-    # The CUDA kernels hold one divider per K and V for a whole block (csrc/cuda/cache_write.cu) and
-    # refuse per-KV-head scales; those calls take the Triton kernels.
-    per_head_scale_devices=frozenset({"cpu"}),
+    # The CUDA write kernels hold one divider per K and V for a whole block (csrc/cuda/cache_write.cu)
+    # and refuse per-KV-head scales; those calls take the Triton kernels. The decode attention
+    # kernel reads its KV head's scale.
+    per_head_scale_devices=frozenset({"cpu"}), per_head_scale_ops=frozenset({"paged_attention"}),
 )

@@ -173,6 +173,8 @@ class Implementation:
     #: Device types on which its kernels take per-KV-head scales (None: every device it runs on); on
     #: the others a call with per-head scales goes to the next implementation.
     per_head_scale_devices: Optional[frozenset] = None
+    #: Ops that take per-KV-head scales on every device it runs them on (whatever ``per_head_scale_devices`` says).
+    per_head_scale_ops: frozenset = frozenset()
     #: The ops it runs for mixed formats (a K side and a V side in different modes, each in ``modes``).
     mixed_format_ops: frozenset = frozenset()
 
@@ -194,7 +196,8 @@ class Implementation:
                 return f"{self.name} does not support {mode.name} (K/V) caches for {op}"
         elif mode not in self.modes:
             return f"{self.name} does not support {mode.name} caches for {op}"
-        if per_head_scales and self.per_head_scale_devices is not None and device_type not in self.per_head_scale_devices:
+        if (per_head_scales and self.per_head_scale_devices is not None and device_type not in self.per_head_scale_devices
+                and op not in self.per_head_scale_ops):
             return f"{self.name} takes only per-tensor scales for {op} on {device_type}, not one per KV head"
         return None
 

@@ -10,6 +10,7 @@ read the slots' logical rows.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -366,8 +367,37 @@ def test_failed_build_falls_back_with_reason(monkeypatch):
 
 
 def test_native_rejects_other_ops_and_devices():
-    assert "paged_attention" in backends.unavailable_reason("native", "paged_attention", "cpu", 0)
+    assert "runs on CUDA, not on cpu" in backends.unavailable_reason("native", "paged_attention", "cpu", 3)
     assert "mps" in backends.unavailable_reason("native", "encode_kv", "mps", 0)
+    # Its attention kernel reads quantized caches only; bf16 and per-token-head caches take Triton.
+    for mode in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TOKEN_HEAD):
+        assert mode.name in backends.unavailable_reason("native", "paged_attention", "cuda", int(mode))
+
+
+def test_native_attention_refusals_name_the_argument():
+    """What the decode kernel does not take is refused with the argument, its value and what is allowed."""
+    from kvfuse.ops.registry import AttentionCall
+
+    def call(mode=KVQuantMode.NVFP4, dtype=torch.bfloat16, head_size=128, q_heads=32, tokens=4, seqs=4):
+        query = torch.zeros(tokens, q_heads, head_size, dtype=dtype)
+        cache = torch.zeros(8, 2, 16, 8, row_dim_for(mode, head_size), dtype=storage_dtype(mode, torch.bfloat16))
+        return AttentionCall(query, cache, torch.tensor(1.0), torch.tensor(1.0), torch.zeros(seqs, 2, dtype=torch.int32),
+                             torch.ones(seqs, dtype=torch.int32), torch.arange(seqs + 1, dtype=torch.int32), mode,
+                             0.1, None)
+
+    assert "query is on cpu" in native.decode_refusal(call())
+    assert "kv_quant_mode=NONE" in native.decode_refusal(call(mode=KVQuantMode.NONE))
+    # The remaining checks come after the device check: look at them through a CUDA-looking query.
+    for kwargs, expected in (({"dtype": torch.float32}, "query dtype torch.float32"),
+                             ({"head_size": 80}, "head_size=80"),
+                             ({"q_heads": 8 * 17}, "17 query heads per KV head"),
+                             ({"tokens": 17}, "17 query tokens for 4 sequences")):
+        c = call(**kwargs)
+        fake = type("FakeCuda", (), {"type": "cuda"})()
+        query = type("Q", (), {"device": fake, "dtype": c.query.dtype, "shape": c.query.shape,
+                               "data_ptr": lambda self: 0, "stride": lambda self: c.query.stride()})()
+        reason = native.decode_refusal(dataclasses.replace(c, query=query))
+        assert reason is not None and expected in reason, (kwargs, reason)
 
 
 def test_import_builds_nothing():

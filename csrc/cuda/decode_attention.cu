@@ -1,0 +1,840 @@
+// Paged decode attention over FP8 (e4m3, e5m2) and NVFP4 caches with warp-level tensor-core MMA
+// (mma.sync m16n8k16, fp16 inputs, fp32 accumulators), the cache bytes decoded straight into
+// the MMA's register fragments: no shared-memory staging of K/V tiles, 8- and 16-byte loads of
+// whole row chunks, and the E2M1 / e4m3 expansion done with integer ops, byte permutes and the
+// hardware fp8x2 -> f16x2 convert.
+//
+// Semantics: kvfuse/ops/reference.py paged_attention (kvfuse.ops.native.paged_attention is the
+// entry point, and says which calls come here). Per query row at position p, keys j <= p (and
+// p - j < W with a sliding window), base-2 online softmax:
+//
+//   s_j = (q . k_j) * sm_scale * k_scale * log2(e)   [c * tanh(s_j / c) with a soft-cap c]
+//   o   = v_scale * sum_j 2^(s_j - m) v_j / (sum_j 2^(s_j - m) [+ 2^(sink - m)])
+//
+// NVFP4 values enter the MMA as e2m1 * block scale * 2^-6 in fp16 (exact: a 2-bit by 4-bit
+// mantissa product, exponents inside fp16's range); the 2^6 is folded into k_scale / v_scale.
+// FP8 values enter as themselves (fp8 -> fp16 is exact). A bf16 query is converted to fp16,
+// scaled down by a power of two first when its tile exceeds 2^15 (the scores are scaled back).
+//
+// Work split: a block of kWarps warps owns one (sequence, KV head, split). Its query tile is up to
+// kRows rows = (query token, query head of the KV head's group) pairs; for decode with a GQA group
+// of 4 that is 4 live rows of 8. The warps take interleaved 16-key chunks of the split's key range,
+// each with its own running max / sum / accumulator, merged through shared memory at the end.
+// With more splits than one, the block writes a normalised partial output and its log2-sum-exp,
+// and decode_attention_reduce_kernel merges the splits.
+//
+// Fragment plan (g = lane / 4, t = lane % 4; the MMA's own layouts, PTX ISA "m16n8k16"):
+//   S = Q K^T   A = Q (rows x 16 head dims), B = K^T (16 dims x 8 keys); two key tiles per chunk.
+//               Head dims are permuted identically in Q and K so that thread t's B operands are
+//               one contiguous run of its key row: bytes [t R/4, (t+1) R/4) of the row's R bytes.
+//   O^T = V^T P^T  A = V^T (16 dims x 16 keys), B = P^T (16 keys x 8 rows): P^T's fragment is
+//               exactly S's accumulator fragment, so P never leaves the registers. Output dims are
+//               permuted so that thread g's A operands are one contiguous run of each of its four
+//               keys' rows (bytes [g R/8, (g+1) R/8)), and its accumulators hold rows 2t, 2t+1
+//               over dims [g D/8, (g+1) D/8): one contiguous store per row.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+
+#include "../kv_quant_mode.h"
+#include "../nvfp4_page.h"
+
+namespace kvfuse {
+namespace {
+
+enum class DecodeFmt { kNvfp4, kE4m3, kE5m2 };
+
+// Resident blocks per SM the register budget is set for (head sizes <= 128): 4 x 4 warps at 128
+// registers lets a batch-64, 8-KV-head decode (512 blocks) run in one wave on 132 SMs.
+#ifndef KVFUSE_DECODE_MIN_BLOCKS
+#define KVFUSE_DECODE_MIN_BLOCKS 4
+#endif
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunk = 16;  // keys per warp per iteration
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct DecodeParams {
+  const void* query;
+  const uint8_t* cache;
+  const float* k_scale;
+  const float* v_scale;
+  const int32_t* block_table;
+  const int32_t* seq_lens;
+  const int32_t* query_start_loc;
+  const float* sinks;  // nullptr: none
+  void* out;           // [tokens, q_heads, D], the query's dtype (no split)
+  float* part_out;     // [splits, tokens, q_heads, D] (split)
+  float* part_lse;     // [splits, tokens, q_heads] (split)
+  int64_t stride_qt, stride_qh;
+  int64_t stride_cb;                                   // bytes
+  int stride_ckv, stride_cs, stride_ch;                 // bytes, inside one page
+  int64_t stride_bt;
+  int64_t num_tokens;
+  int num_seqs, num_kv_heads, group, page, window, num_splits;
+  int k_scale_stride, v_scale_stride;  // 0: one scale for every KV head
+  float qk_scale;                      // sm_scale * log2(e)
+  float cap;                           // soft-cap * log2(e), 0: none
+  float inv_cap;                       // 1 / cap
+  int page_shift;                      // log2(page) for pages of 16 << k tokens, else -1
+  bool v_scales_swizzled;              // NVFP4: vLLM's 4-token interleave of the V block scales
+  bool query_fp16;
+};
+
+// ----------------------------------------------------------------------------- register math
+
+template <DecodeFmt F>
+__device__ __forceinline__ void fp8x4_to_f16x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  // Bytes 0, 1 -> lo and 2, 3 -> hi; the lower byte of each pair lands in the lower half.
+  if constexpr (F == DecodeFmt::kE5m2) {
+    asm("{.reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e5m2x2 %0, a;\n cvt.rn.f16x2.e5m2x2 %1, b;\n}"
+        : "=r"(lo), "=r"(hi) : "r"(w));
+  } else {
+    asm("{.reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}"
+        : "=r"(lo), "=r"(hi) : "r"(w));
+  }
+}
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// An e4m3 block-scale byte as the f16x2 (s, s).
+__device__ __forceinline__ uint32_t e4m3_pair(uint32_t byte) {
+  uint32_t lo, hi;
+  fp8x4_to_f16x2<DecodeFmt::kE4m3>(byte * 0x0101u, lo, hi);
+  return lo;
+}
+
+// Four packed E2M1 bytes -> four f16x2 (byte j: low nibble in the low half), each value
+// e2m1 * scale * 2^-6. The nibble's exponent and mantissa bits are placed where an e4m3 byte
+// keeps them (exponent bias 7 against E2M1's 1: the 2^-6), so the hardware convert does the rest.
+__device__ __forceinline__ void e2m1x8_to_f16x2(uint32_t w, uint32_t scale2, uint32_t (&out)[4]) {
+  const uint32_t lo8 = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);
+  const uint32_t hi8 = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+  uint32_t a, b, c, d;
+  fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(lo8, hi8, 0x5140), a, b);
+  fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(lo8, hi8, 0x7362), c, d);
+  out[0] = hmul2(a, scale2);
+  out[1] = hmul2(b, scale2);
+  out[2] = hmul2(c, scale2);
+  out[3] = hmul2(d, scale2);
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+// W 32-bit words from an address aligned to min(16, 4 W) bytes; the cache is read once.
+template <int W>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[W]) {
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < W / 4; ++i) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (W == 2) {
+    const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    static_assert(W == 1, "row runs are 4, 8 or a multiple of 16 bytes");
+    w[0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
+  }
+}
+
+// Byte j of word w of the run of a row that lane part `part` (of PARTS) holds. Runs of up to 16
+// bytes are contiguous; longer ones are 16-byte segments PARTS * 16 bytes apart, so that every load
+// instruction of the warp reads whole 32-byte sectors.
+template <int WORDS, int PARTS>
+__host__ __device__ constexpr int run_byte(int part, int w, int j) {
+  return WORDS <= 4 ? part * WORDS * 4 + w * 4 + j : (w / 4) * PARTS * 16 + part * 16 + (w % 4) * 4 + j;
+}
+
+template <int WORDS, int PARTS>
+__device__ __forceinline__ void load_run(const uint8_t* row, int part, uint32_t (&w)[WORDS]) {
+  if constexpr (WORDS <= 4) {
+    load_words(row + run_byte<WORDS, PARTS>(part, 0, 0), w);
+  } else {
+#pragma unroll
+    for (int s = 0; s < WORDS / 4; ++s) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(row + run_byte<WORDS, PARTS>(part, 4 * s, 0)));
+      w[4 * s] = v.x, w[4 * s + 1] = v.y, w[4 * s + 2] = v.z, w[4 * s + 3] = v.w;
+    }
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void zero_words(uint32_t (&w)[W]) {
+#pragma unroll
+  for (int i = 0; i < W; ++i) w[i] = 0;
+}
+
+// ----------------------------------------------------------------------------- the cache's bytes
+
+template <DecodeFmt F, int D>
+struct Layout {
+  static constexpr bool kNvfp4 = F == DecodeFmt::kNvfp4;
+  static constexpr int kRowBytes = kNvfp4 ? D / 2 : D;  // packed data bytes per (token, head)
+  static constexpr int kKWords = kRowBytes / 16;        // per thread per key row: a quarter of the row
+  static constexpr int kVWords = kRowBytes / 32;        // per thread per key: an eighth of the row
+  static constexpr int kBlocks = D / 16;                // NVFP4 block scales per row
+  static constexpr int kKScales = kNvfp4 ? (D / 64) : 0;          // block scales of a K run
+  static constexpr int kVScales = kNvfp4 ? (D >= 128 ? D / 128 : 1) : 0;  // of a V run
+};
+
+// One chunk's raw bytes, as a thread holds them: K rows g and g + 8 (its quarter of each), V rows
+// 2t, 2t+1, 2t+8, 2t+9 (its eighth of each) and, for NVFP4, their block scales (bytes, packed).
+template <DecodeFmt F, int D>
+struct ChunkBytes {
+  using L = Layout<F, D>;
+  uint32_t k[2][L::kKWords];
+  uint32_t v[4][L::kVWords];
+  uint32_t k_scales[2];  // NVFP4: kKScales bytes each
+  uint32_t v_scales[4];  // NVFP4: kVScales bytes each
+};
+
+// Key i of a chunk for this thread: K rows g, g + 8 (i = 0, 1), V rows 2t, 2t+1, 2t+8, 2t+9 (i = 2..5).
+__device__ __forceinline__ int chunk_key(int i, int g, int t) {
+  return i < 2 ? g + 8 * i : 2 * t + ((i - 2) & 1) + 8 * ((i - 2) >> 1);
+}
+
+// CHECKED: some keys of the chunk may lie outside [lo, hi) (their bytes read as zeros, their pages
+// never looked up), or its keys span pages; else the chunk is one page's run of in-range keys.
+template <DecodeFmt F, int D, bool CHECKED>
+__device__ __forceinline__ void load_chunk(const DecodeParams& p, const int32_t* bt_row, int kvh, int start, int lo,
+                                           int hi, int g, int t, ChunkBytes<F, D>& c) {
+  using L = Layout<F, D>;
+  const int H = p.num_kv_heads;
+  const uint8_t* side[6];
+  int slot[6];
+  if constexpr (CHECKED) {
+#pragma unroll
+    for (int i = 0; i < 6; ++i) {
+      const int pos = start + chunk_key(i, g, t);
+      side[i] = nullptr;
+      slot[i] = 0;
+      if (pos >= lo && pos < hi) {
+        const int block = __ldg(bt_row + pos / p.page);
+        side[i] = p.cache + static_cast<int64_t>(block) * p.stride_cb + (i < 2 ? 0 : p.stride_ckv);
+        slot[i] = pos % p.page;
+      }
+    }
+  } else {
+    const int block = __ldg(bt_row + (start >> p.page_shift));
+    const uint8_t* k_side = p.cache + static_cast<int64_t>(block) * p.stride_cb;
+    const int first = start & (p.page - 1);
+#pragma unroll
+    for (int i = 0; i < 6; ++i) {
+      side[i] = i < 2 ? k_side : k_side + p.stride_ckv;
+      slot[i] = first + chunk_key(i, g, t);
+    }
+  }
+  // Offsets inside a page side fit in 32 bits (the host checks the page's size).
+  const int scales_at = p.page * H * L::kRowBytes;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (CHECKED && side[r] == nullptr) {
+      zero_words(c.k[r]);
+      c.k_scales[r] = 0;
+      continue;
+    }
+    if constexpr (L::kNvfp4) {
+      const int row = slot[r] * H + kvh;
+      load_run<L::kKWords, 4>(side[r] + row * L::kRowBytes, t, c.k[r]);
+      // The blocks of the run's words, two words (8 bytes) per block: word w's is byte w / 2.
+      const uint8_t* sc = side[r] + scales_at + row * L::kBlocks;
+      if constexpr (L::kKScales == 1) {
+        c.k_scales[r] = __ldg(sc + run_byte<L::kKWords, 4>(t, 0, 0) / 8);
+      } else {
+        c.k_scales[r] = 0;
+#pragma unroll
+        for (int s = 0; s < L::kKScales / 2; ++s) {
+          const int block = run_byte<L::kKWords, 4>(t, 4 * s, 0) / 8;
+          c.k_scales[r] |= static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(sc + block))) << (16 * s);
+        }
+      }
+    } else {
+      load_run<L::kKWords, 4>(side[r] + slot[r] * p.stride_cs + kvh * p.stride_ch, t, c.k[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    if (CHECKED && side[2 + r] == nullptr) {
+      zero_words(c.v[r]);
+      c.v_scales[r] = 0;
+      continue;
+    }
+    const int sl = slot[2 + r];
+    if constexpr (L::kNvfp4) {
+      const int row = sl * H + kvh;
+      load_run<L::kVWords, 8>(side[2 + r] + row * L::kRowBytes, g, c.v[r]);
+      const uint8_t* scales = side[2 + r] + scales_at;
+      c.v_scales[r] = 0;
+#pragma unroll
+      for (int j = 0; j < L::kVScales; ++j) {
+        const int block = run_byte<L::kVWords, 8>(g, 2 * j, 0) / 8;
+        int at;
+        if (p.v_scales_swizzled) {
+          constexpr int per_group = L::kBlocks / 4 > 0 ? L::kBlocks / 4 : 1;
+          at = (((sl & ~3) + block / per_group) * H + kvh) * L::kBlocks + 4 * (block % per_group) + (sl & 3);
+        } else {
+          at = row * L::kBlocks + block;
+        }
+        c.v_scales[r] |= static_cast<uint32_t>(__ldg(scales + at)) << (8 * j);
+      }
+    } else {
+      load_run<L::kVWords, 8>(side[2 + r] + sl * p.stride_cs + kvh * p.stride_ch, g, c.v[r]);
+    }
+  }
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ----------------------------------------------------------------------------- the kernel
+
+// Per-row output of one warp (or one block) before normalisation.
+template <int D, int ROWS>
+struct RowState {
+  static constexpr int kRowTiles = ROWS / 8;  // P^T column tiles: rows 0-7, 8-15
+  float m[2];                                 // running max of rows g, g + 8 (quad-uniform)
+  float l[2];                                 // this thread's partial sums of rows g, g + 8
+  float acc[D / 16][kRowTiles][4];            // O^T tiles: dims x rows (2t, 2t+1)
+};
+
+template <DecodeFmt F, int D, int ROWS>
+__device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkBytes<F, D>& c,
+                                             const uint32_t (&qa)[D / 16][4], int start, int key_lo, int key_hi,
+                                             bool masked, const int (&qpos)[2], const bool (&row_ok)[2],
+                                             float qk_scale, int t, int lane, RowState<D, ROWS>& st) {
+  using L = Layout<F, D>;
+  // S = Q K^T over two 8-key tiles: keys start + g + 8 j for the B operand, start + 8 j + 2t (+1)
+  // in the accumulator.
+  float s[2][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    if constexpr (L::kNvfp4) {
+#pragma unroll
+      for (int w = 0; w < L::kKWords; ++w) {
+        uint32_t k4[4];
+        e2m1x8_to_f16x2(c.k[j][w], e4m3_pair((c.k_scales[j] >> (8 * (w / 2))) & 0xFF), k4);
+        mma_16816(s[j], qa[2 * w][0], qa[2 * w][1], qa[2 * w][2], qa[2 * w][3], k4[0], k4[1]);
+        mma_16816(s[j], qa[2 * w + 1][0], qa[2 * w + 1][1], qa[2 * w + 1][2], qa[2 * w + 1][3], k4[2], k4[3]);
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < L::kKWords; ++w) {
+        uint32_t b0, b1;
+        fp8x4_to_f16x2<F>(c.k[j][w], b0, b1);
+        mma_16816(s[j], qa[w][0], qa[w][1], qa[w][2], qa[w][3], b0, b1);
+      }
+    }
+  }
+  // Scale, soft-cap, mask; running max per row (rows g and g + 8: accumulator halves 0-1 and 2-3).
+  float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[j][e] * qk_scale;
+      if (p.cap > 0.f) x = p.cap * tanhf(x * p.inv_cap);
+      const int half = e / 2;
+      if (masked) {
+        const int key = start + 8 * j + 2 * t + (e & 1);
+        const bool ok = row_ok[half] && key >= key_lo && key < key_hi && key <= qpos[half] &&
+                        (p.window <= 0 || qpos[half] - key < p.window);
+        x = ok ? x : -INFINITY;
+      }
+      s[j][e] = x;
+      row_max[half] = fmaxf(row_max[half], x);
+    }
+  }
+  float alpha[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = row_max[half];
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(st.m[half], mx);
+    const float base = m_new == -INFINITY ? 0.f : m_new;
+    alpha[half] = fast_exp2(st.m[half] - base);
+    st.m[half] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        s[j][e] = fast_exp2(s[j][e] - base);
+        sum += s[j][e];
+      }
+    }
+    st.l[half] = st.l[half] * alpha[half] + sum;
+  }
+  // P^T fragments (rows g / g + 8 of the accumulators, keys 2t, 2t+1 and 8 + 2t, 8 + 2t + 1).
+  uint32_t pb[RowState<D, ROWS>::kRowTiles][2];
+#pragma unroll
+  for (int rt = 0; rt < RowState<D, ROWS>::kRowTiles; ++rt) {
+    pb[rt][0] = pack_f16x2(s[0][2 * rt], s[0][2 * rt + 1]);
+    pb[rt][1] = pack_f16x2(s[1][2 * rt], s[1][2 * rt + 1]);
+  }
+  // The accumulators hold rows 2t, 2t+1 (+ 8): their alphas live in lanes 4 (2t) and 4 (2t+1).
+  float acc_alpha[RowState<D, ROWS>::kRowTiles][2];
+#pragma unroll
+  for (int rt = 0; rt < RowState<D, ROWS>::kRowTiles; ++rt) {
+    acc_alpha[rt][0] = __shfl_sync(0xffffffffu, alpha[rt], 8 * t);
+    acc_alpha[rt][1] = __shfl_sync(0xffffffffu, alpha[rt], 8 * t + 4);
+  }
+  (void)lane;
+  // V^T fragments: keys (2t, 2t+1) and (2t+8, 2t+9) paired per dim.
+  constexpr int kDimTilesPerWord = L::kNvfp4 ? 4 : 2;
+#pragma unroll
+  for (int w = 0; w < L::kVWords; ++w) {
+    uint32_t va[4][kDimTilesPerWord][2];  // [key r][dim tile][dim g / g+8]
+    if constexpr (L::kNvfp4) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        uint32_t d4[4];
+        const int scale_index = L::kVScales > 1 ? w / 2 : 0;
+        e2m1x8_to_f16x2(c.v[r][w], e4m3_pair((c.v_scales[r] >> (8 * scale_index)) & 0xFF), d4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) va[r][i][0] = d4[i];
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) va[r][0][0] = c.v[r][w];
+    }
+#pragma unroll
+    for (int i = 0; i < kDimTilesPerWord; ++i) {
+      const int tile = kDimTilesPerWord * w + i;
+      uint32_t a[4];
+      if constexpr (L::kNvfp4) {
+        // (low, high) halves = dims g, g + 8 of the tile, per key: pair the two keys per dim.
+        a[0] = __byte_perm(va[0][i][0], va[1][i][0], 0x5410);
+        a[1] = __byte_perm(va[0][i][0], va[1][i][0], 0x7632);
+        a[2] = __byte_perm(va[2][i][0], va[3][i][0], 0x5410);
+        a[3] = __byte_perm(va[2][i][0], va[3][i][0], 0x7632);
+      } else {
+        // Bytes 2i, 2i+1 of the word = dims g, g + 8 of the tile: pair the two keys' bytes, convert.
+        const uint32_t sel = i == 0 ? 0x5140 : 0x7362;
+        fp8x4_to_f16x2<F>(__byte_perm(va[0][0][0], va[1][0][0], sel), a[0], a[1]);
+        fp8x4_to_f16x2<F>(__byte_perm(va[2][0][0], va[3][0][0], sel), a[2], a[3]);
+      }
+#pragma unroll
+      for (int rt = 0; rt < RowState<D, ROWS>::kRowTiles; ++rt) {
+        float(&o)[4] = st.acc[tile][rt];
+        o[0] *= acc_alpha[rt][0];
+        o[1] *= acc_alpha[rt][1];
+        o[2] *= acc_alpha[rt][0];
+        o[3] *= acc_alpha[rt][1];
+        mma_16816(o, a[0], a[1], a[2], a[3], pb[rt][0], pb[rt][1]);
+      }
+    }
+  }
+}
+
+template <DecodeFmt F, int D, int ROWS>
+__global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS : 1) decode_attention_kernel(const __grid_constant__ DecodeParams p) {
+  using L = Layout<F, D>;
+  using State = RowState<D, ROWS>;
+  extern __shared__ float smem[];
+  float* sm_m = smem;                          // [kWarps][ROWS]
+  float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
+  float* sm_o = sm_l + kWarps * ROWS;          // [kWarps][ROWS][D]
+
+  const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int q_start = __ldg(p.query_start_loc + b);
+  const int q_len = __ldg(p.query_start_loc + b + 1) - q_start;
+  const int seq_len = __ldg(p.seq_lens + b);
+  const int G = p.group;
+  const int tile_tokens = ROWS / G;
+  const int32_t* bt_row = p.block_table + static_cast<int64_t>(b) * p.stride_bt;
+  float k_scale = __ldg(p.k_scale + kvh * p.k_scale_stride);
+  float v_scale = __ldg(p.v_scale + kvh * p.v_scale_stride);
+  if constexpr (L::kNvfp4) {
+    k_scale *= 64.f;  // decoded values are e2m1 * block scale * 2^-6
+    v_scale *= 64.f;
+  }
+
+  for (int q0 = 0; q0 < q_len; q0 += tile_tokens) {
+    const int n_tok = min(tile_tokens, q_len - q0);
+    const int first_pos = seq_len - q_len + q0, last_pos = first_pos + n_tok - 1;
+    // Keys of the tile, then of this split, in whole chunks.
+    const int hi = min(seq_len, last_pos + 1);
+    const int lo = p.window > 0 ? max(first_pos - p.window + 1, 0) : 0;
+    const int c_first = lo / kChunk, c_end_all = hi > lo ? (hi + kChunk - 1) / kChunk : c_first;
+    const int per_split = (c_end_all - c_first + p.num_splits - 1) / p.num_splits;
+    const int c_begin = min(c_first + split * per_split, c_end_all);
+    const int c_end = min(c_begin + per_split, c_end_all);
+    // Keys every row may see: no per-row mask in chunks inside [full_lo, full_hi).
+    const int full_hi = min(hi, first_pos + 1);
+    const int full_lo = p.window > 0 ? max(lo, last_pos - p.window + 1) : lo;
+
+    // This thread's query rows g, g + 8: (token, head) = (r / G, r % G).
+    int qpos[2];
+    bool row_ok[2];
+    const uint8_t* q_row[2];
+    float amax = 0.f;
+    // Per k-step c, the 4 consecutive head dims that the K run's bytes for that step hold.
+    float qf[2][D / 4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = g + 8 * half;
+      const int tok = r / G;
+      row_ok[half] = r < ROWS && tok < n_tok;
+      qpos[half] = first_pos + tok;
+      const int64_t row = q_start + q0 + tok;
+      q_row[half] = static_cast<const uint8_t*>(p.query) + (row * p.stride_qt + (kvh * G + r % G) * p.stride_qh) * 2;
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) {
+        const int dim = L::kNvfp4 ? 2 * run_byte<L::kKWords, 4>(t, c / 2, (c % 2) * 2) : run_byte<L::kKWords, 4>(t, c, 0);
+        uint2 v = make_uint2(0, 0);
+        if (row_ok[half] && (half == 0 || ROWS > 8)) v = __ldg(reinterpret_cast<const uint2*>(q_row[half] + 2 * dim));
+        const uint32_t words[2] = {v.x, v.y};
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float lo_f, hi_f;
+          if (p.query_fp16) {
+            const __half2 h = *reinterpret_cast<const __half2*>(&words[k]);
+            lo_f = __low2float(h), hi_f = __high2float(h);
+          } else {
+            lo_f = __uint_as_float(words[k] << 16), hi_f = __uint_as_float(words[k] & 0xFFFF0000u);
+          }
+          qf[half][4 * c + 2 * k] = lo_f, qf[half][4 * c + 2 * k + 1] = hi_f;
+          amax = fmaxf(amax, fmaxf(fabsf(lo_f), fabsf(hi_f)));
+        }
+      }
+    }
+    // Every warp loads the same tile, so a warp-wide max is the tile's.
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float q_mul = amax > 32768.f ? exp2f(-ceilf(log2f(amax / 32768.f))) : 1.f;
+    const float qk_scale = p.qk_scale * k_scale / q_mul;
+    uint32_t qa[D / 16][4];
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) {
+      qa[c][0] = pack_f16x2(qf[0][4 * c] * q_mul, qf[0][4 * c + 1] * q_mul);
+      qa[c][1] = ROWS > 8 ? pack_f16x2(qf[1][4 * c] * q_mul, qf[1][4 * c + 1] * q_mul) : 0u;
+      qa[c][2] = pack_f16x2(qf[0][4 * c + 2] * q_mul, qf[0][4 * c + 3] * q_mul);
+      qa[c][3] = ROWS > 8 ? pack_f16x2(qf[1][4 * c + 2] * q_mul, qf[1][4 * c + 3] * q_mul) : 0u;
+    }
+
+    State st;
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i)
+#pragma unroll
+      for (int rt = 0; rt < State::kRowTiles; ++rt) st.acc[i][rt][0] = st.acc[i][rt][1] = st.acc[i][rt][2] = st.acc[i][rt][3] = 0.f;
+
+    // Chunks whose keys are all in [lo, hi) and on one page load without per-key checks.
+    auto load = [&](int chunk, ChunkBytes<F, D>& into) {
+      const int start = chunk * kChunk;
+      if (p.page_shift >= 4 && start >= lo && start + kChunk <= hi) {
+        load_chunk<F, D, false>(p, bt_row, kvh, start, lo, hi, g, t, into);
+      } else {
+        load_chunk<F, D, true>(p, bt_row, kvh, start, lo, hi, g, t, into);
+      }
+    };
+    int c = c_begin + warp;
+    if (c < c_end) {
+      ChunkBytes<F, D> cur;
+      load(c, cur);
+      for (; c < c_end; c += kWarps) {
+        ChunkBytes<F, D> next;
+        const bool more = c + kWarps < c_end;
+        if (more) load(c + kWarps, next);
+        const int start = c * kChunk;
+        const bool masked = start < full_lo || start + kChunk > full_hi;
+        attend_chunk<F, D, ROWS>(p, cur, qa, start, lo, hi, masked, qpos, row_ok, qk_scale, t, lane, st);
+        if (more) cur = next;
+      }
+    }
+
+    // Per-row sums over the quad, then the block-wide merge of the warps (and the sink).
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      st.l[half] += __shfl_xor_sync(0xffffffffu, st.l[half], 1);
+      st.l[half] += __shfl_xor_sync(0xffffffffu, st.l[half], 2);
+    }
+    if (t == 0) {
+      sm_m[warp * ROWS + g] = st.m[0];
+      sm_l[warp * ROWS + g] = st.l[0];
+      if (ROWS > 8) {
+        sm_m[warp * ROWS + g + 8] = st.m[1];
+        sm_l[warp * ROWS + g + 8] = st.l[1];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+#pragma unroll
+      for (int rt = 0; rt < State::kRowTiles; ++rt) {
+        // Accumulator (dims dim, dim + 1: the V run's bytes of tile i) x (rows 8 rt + 2t, + 1).
+        const int dim = L::kNvfp4 ? 2 * run_byte<L::kVWords, 8>(g, i / 4, i % 4)
+                                  : run_byte<L::kVWords, 8>(g, i / 2, 2 * (i % 2));
+        float* row0 = sm_o + (warp * ROWS + 8 * rt + 2 * t) * D + dim;
+        float* row1 = row0 + D;
+        *reinterpret_cast<float2*>(row0) = make_float2(st.acc[i][rt][0], st.acc[i][rt][2]);
+        *reinterpret_cast<float2*>(row1) = make_float2(st.acc[i][rt][1], st.acc[i][rt][3]);
+      }
+    }
+    __syncthreads();
+    const bool split_out = p.num_splits > 1;
+    for (int e = threadIdx.x * 4; e < ROWS * D; e += kThreads * 4) {
+      const int r = e / D, dim = e % D;
+      const int tok = r / G;
+      if (tok >= n_tok) continue;
+      const int head = kvh * G + r % G;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * ROWS + r]);
+      float sink = -INFINITY;
+      if (p.sinks != nullptr && split == 0) sink = __ldg(p.sinks + head) * kLog2e;
+      M = fmaxf(M, sink);
+      const float base = M == -INFINITY ? 0.f : M;
+      float Lsum = sink == -INFINITY ? 0.f : exp2f(sink - base);
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float wgt = exp2f(sm_m[w * ROWS + r] - base);
+        Lsum += sm_l[w * ROWS + r] * wgt;
+        const float4 x = *reinterpret_cast<const float4*>(sm_o + (w * ROWS + r) * D + dim);
+        o.x += x.x * wgt, o.y += x.y * wgt, o.z += x.z * wgt, o.w += x.w * wgt;
+      }
+      const float inv = Lsum > 0.f ? v_scale / Lsum : 0.f;
+      o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+      const int64_t row = q_start + q0 + tok;
+      if (split_out) {
+        float* dst = p.part_out + ((static_cast<int64_t>(split) * p.num_tokens + row) * (p.num_kv_heads * G) + head) * D + dim;
+        *reinterpret_cast<float4*>(dst) = o;
+        if (dim == 0) {
+          p.part_lse[(static_cast<int64_t>(split) * p.num_tokens + row) * (p.num_kv_heads * G) + head] =
+              Lsum > 0.f ? base + log2f(Lsum) : -INFINITY;
+        }
+      } else {
+        uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * (p.num_kv_heads * G) + head) * D + dim) * 2;
+        uint2 packed;
+        if (p.query_fp16) {
+          const __half2 a = __floats2half2_rn(o.x, o.y), c2 = __floats2half2_rn(o.z, o.w);
+          packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
+        } else {
+          const __nv_bfloat162 a = __floats2bfloat162_rn(o.x, o.y), c2 = __floats2bfloat162_rn(o.z, o.w);
+          packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
+        }
+        *reinterpret_cast<uint2*>(dst) = packed;
+      }
+    }
+    __syncthreads();  // the next query tile reuses the shared buffers
+  }
+}
+
+// Merge split partials of one (token, head): o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
+// Writes every row of out; rows outside query_start_loc (padding) get zeros.
+__global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodeParams p, int num_q_heads, int head_size) {
+  const int64_t row = blockIdx.x;
+  const int head = blockIdx.y;
+  const bool covered = row >= __ldg(p.query_start_loc) && row < __ldg(p.query_start_loc + p.num_seqs);
+  float M = -INFINITY;
+  if (covered) {
+    for (int s = 0; s < p.num_splits; ++s)
+      M = fmaxf(M, p.part_lse[(static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head]);
+  }
+  const float base = M == -INFINITY ? 0.f : M;
+  for (int dim = threadIdx.x; dim < head_size; dim += blockDim.x) {
+    float total = 0.f, o = 0.f;
+    if (covered) {
+      for (int s = 0; s < p.num_splits; ++s) {
+        const int64_t at = (static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head;
+        const float wgt = exp2f(p.part_lse[at] - base);
+        total += wgt;
+        o += wgt * p.part_out[at * head_size + dim];
+      }
+    }
+    o = total > 0.f ? o / total : 0.f;
+    uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * num_q_heads + head) * head_size + dim) * 2;
+    if (p.query_fp16) {
+      *reinterpret_cast<__half*>(dst) = __float2half_rn(o);
+    } else {
+      *reinterpret_cast<__nv_bfloat16*>(dst) = __float2bfloat16_rn(o);
+    }
+  }
+}
+
+template <DecodeFmt F, int D, int ROWS>
+void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+  const size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
+  auto kernel = decode_attention_kernel<F, D, ROWS>;
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  kernel<<<dim3(num_seqs, p.num_kv_heads, p.num_splits), kThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <DecodeFmt F, int D>
+void launch_rows(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+  if (p.group <= 8) {
+    launch_decode<F, D, 8>(p, num_seqs, stream);
+  } else {
+    launch_decode<F, D, 16>(p, num_seqs, stream);
+  }
+}
+
+template <DecodeFmt F>
+void launch_head_size(const DecodeParams& p, int head_size, int num_seqs, cudaStream_t stream) {
+  switch (head_size) {
+    case 64: return launch_rows<F, 64>(p, num_seqs, stream);
+    case 128: return launch_rows<F, 128>(p, num_seqs, stream);
+    case 256: return launch_rows<F, 256>(p, num_seqs, stream);
+    default: TORCH_CHECK_VALUE(false, "paged_decode_attention: head_size=", head_size, " (allowed: 64, 128, 256)");
+  }
+}
+
+bool aligned16(const at::Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0; }
+
+// The Python entry (kvfuse.ops.native.paged_attention) validates the call as the op does and
+// checks decode_attention_supports(); these checks only guard memory safety.
+at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& k_scale,
+                                       const at::Tensor& v_scale, const at::Tensor& block_table,
+                                       const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                                       const std::optional<at::Tensor>& sinks, int64_t kv_quant_mode, double sm_scale,
+                                       int64_t sliding_window, double logit_softcap, int64_t num_splits) {
+  TORCH_CHECK_VALUE(is_valid_mode(kv_quant_mode), "paged_decode_attention: kv_quant_mode=", kv_quant_mode);
+  const auto mode = static_cast<KVQuantMode>(kv_quant_mode);
+  TORCH_CHECK_VALUE(mode == KVQuantMode::NVFP4 || is_fp8(mode), "paged_decode_attention: kv_quant_mode=",
+                    mode_name(mode), " (allowed: FP8_E4M3, FP8_E5M2, NVFP4)");
+  TORCH_CHECK_VALUE(query.dim() == 3 && (query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf),
+                    "paged_decode_attention: query must be [tokens, heads, head_size] bfloat16 or float16, got ",
+                    query.scalar_type(), " with ", query.dim(), " dims");
+  TORCH_CHECK_VALUE(kv_cache.dim() == 5 && kv_cache.element_size() == 1 && kv_cache.stride(4) == 1,
+                    "paged_decode_attention: kv_cache must be a 5-d byte-wide cache with a contiguous last dim");
+  const int64_t head_size = query.size(2), num_q_heads = query.size(1), num_tokens = query.size(0);
+  const int64_t num_kv_heads = kv_cache.size(3), num_seqs = block_table.size(0);
+  TORCH_CHECK_VALUE(num_kv_heads > 0 && num_q_heads % num_kv_heads == 0 && num_q_heads / num_kv_heads <= 16,
+                    "paged_decode_attention: ", num_q_heads, " query heads over ", num_kv_heads,
+                    " KV heads (a group of at most 16 query heads per KV head)");
+  TORCH_CHECK_VALUE(query.stride(2) == 1 && query.stride(0) % 8 == 0 && query.stride(1) % 8 == 0 && aligned16(query),
+                    "paged_decode_attention: query rows must be 16-byte aligned with a contiguous last dim");
+  TORCH_CHECK_VALUE(kv_cache.stride(0) % 16 == 0 && kv_cache.stride(1) % 16 == 0 && aligned16(kv_cache),
+                    "paged_decode_attention: kv_cache pages must be 16-byte aligned");
+  // In-page offsets are 32-bit: a page (both sides) must span less than 2 GiB.
+  TORCH_CHECK_VALUE(kv_cache.stride(1) * 2 < (int64_t{1} << 31) && kv_cache.stride(2) * kv_cache.size(2) < (int64_t{1} << 31),
+                    "paged_decode_attention: kv_cache pages of 2 GiB or more");
+  if (mode != KVQuantMode::NVFP4) {
+    TORCH_CHECK_VALUE(kv_cache.size(4) == head_size && kv_cache.stride(2) % 16 == 0 && kv_cache.stride(3) % 16 == 0,
+                      "paged_decode_attention: FP8 rows must be head_size bytes, 16-byte aligned");
+  } else {
+    TORCH_CHECK_VALUE(kv_cache.size(4) * 16 == head_size * 9 && kv_cache.stride(3) == kv_cache.size(4) &&
+                          kv_cache.stride(2) == kv_cache.size(3) * kv_cache.size(4),
+                      "paged_decode_attention: NVFP4 pages must be contiguous rows of 9 * head_size / 16 bytes");
+  }
+  TORCH_CHECK_VALUE(block_table.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
+                        query_start_loc.scalar_type() == at::kInt && block_table.stride(1) == 1 &&
+                        seq_lens.is_contiguous() && query_start_loc.is_contiguous(),
+                    "paged_decode_attention: int32 metadata with contiguous rows");
+  TORCH_CHECK_VALUE(k_scale.scalar_type() == at::kFloat && v_scale.scalar_type() == at::kFloat,
+                    "paged_decode_attention: float32 scales");
+  TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= 256, "paged_decode_attention: num_splits=", num_splits);
+  c10::cuda::CUDAGuard guard(query.device());
+  auto out = num_splits > 1 ? at::empty({num_tokens, num_q_heads, head_size}, query.options())
+                            : at::zeros({num_tokens, num_q_heads, head_size}, query.options());
+  if (num_tokens == 0 || num_seqs == 0) return out;
+  at::Tensor part_out, part_lse;
+  if (num_splits > 1) {
+    part_out = at::empty({num_splits, num_tokens, num_q_heads, head_size}, query.options().dtype(at::kFloat));
+    part_lse = at::empty({num_splits, num_tokens, num_q_heads}, query.options().dtype(at::kFloat));
+  }
+  DecodeParams p{};
+  p.query = query.data_ptr();
+  p.cache = static_cast<const uint8_t*>(kv_cache.data_ptr());
+  p.k_scale = k_scale.data_ptr<float>();
+  p.v_scale = v_scale.data_ptr<float>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.query_start_loc = query_start_loc.data_ptr<int32_t>();
+  p.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
+  p.out = out.data_ptr();
+  p.part_out = num_splits > 1 ? part_out.data_ptr<float>() : nullptr;
+  p.part_lse = num_splits > 1 ? part_lse.data_ptr<float>() : nullptr;
+  p.stride_qt = query.stride(0);
+  p.stride_qh = query.stride(1);
+  p.stride_cb = kv_cache.stride(0);
+  p.stride_ckv = static_cast<int>(kv_cache.stride(1));
+  p.stride_cs = static_cast<int>(kv_cache.stride(2));
+  p.stride_ch = static_cast<int>(kv_cache.stride(3));
+  p.stride_bt = block_table.stride(0);
+  p.num_tokens = num_tokens;
+  p.num_seqs = static_cast<int>(num_seqs);
+  p.num_kv_heads = static_cast<int>(num_kv_heads);
+  p.group = static_cast<int>(num_q_heads / num_kv_heads);
+  p.page = static_cast<int>(kv_cache.size(2));
+  p.window = static_cast<int>(sliding_window > 0 ? sliding_window : 0);
+  p.num_splits = static_cast<int>(num_splits);
+  p.k_scale_stride = k_scale.numel() > 1 ? static_cast<int>(k_scale.stride(0)) : 0;
+  p.v_scale_stride = v_scale.numel() > 1 ? static_cast<int>(v_scale.stride(0)) : 0;
+  p.qk_scale = static_cast<float>(sm_scale) * kLog2e;
+  p.cap = logit_softcap > 0 ? static_cast<float>(logit_softcap) * kLog2e : 0.f;
+  p.inv_cap = logit_softcap > 0 ? 1.f / p.cap : 0.f;
+  const int64_t page = kv_cache.size(2);
+  p.page_shift = -1;
+  for (int k = 4; k < 31; ++k) {
+    if (page == (int64_t{1} << k)) p.page_shift = k;
+  }
+  p.v_scales_swizzled = mode == KVQuantMode::NVFP4 && nvfp4_v_scales_swizzled(page, head_size);
+  p.query_fp16 = query.scalar_type() == at::kHalf;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int seqs = static_cast<int>(num_seqs);
+  switch (mode) {
+    case KVQuantMode::NVFP4: launch_head_size<DecodeFmt::kNvfp4>(p, head_size, seqs, stream); break;
+    case KVQuantMode::FP8_E5M2: launch_head_size<DecodeFmt::kE5m2>(p, head_size, seqs, stream); break;
+    default: launch_head_size<DecodeFmt::kE4m3>(p, head_size, seqs, stream); break;
+  }
+  if (num_splits > 1) {
+    decode_attention_reduce_kernel<<<dim3(num_tokens, num_q_heads), 128, 0, stream>>>(
+        p, static_cast<int>(num_q_heads), static_cast<int>(head_size));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace kvfuse
+
+TORCH_LIBRARY_FRAGMENT(kvfuse_native, m) {
+  m.def("paged_decode_attention(Tensor query, Tensor kv_cache, Tensor k_scale, Tensor v_scale, Tensor block_table, "
+        "Tensor seq_lens, Tensor query_start_loc, Tensor? sinks, int kv_quant_mode, float sm_scale, "
+        "int sliding_window, float logit_softcap, int num_splits) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kvfuse_native, CUDA, m) {
+  m.impl("paged_decode_attention", TORCH_FN(kvfuse::paged_decode_attention_cuda));
+}
