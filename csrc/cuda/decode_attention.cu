@@ -24,14 +24,15 @@
 // and decode_attention_reduce_kernel merges the splits.
 //
 // Fragment plan (g = lane / 4, t = lane % 4; the MMA's own layouts, PTX ISA "m16n8k16"):
-//   S = Q K^T   A = Q (rows x 16 head dims), B = K^T (16 dims x 8 keys); two key tiles per chunk.
-//               Head dims are permuted identically in Q and K so that thread t's B operands are
-//               one contiguous run of its key row: bytes [t R/4, (t+1) R/4) of the row's R bytes.
-//   O^T = V^T P^T  A = V^T (16 dims x 16 keys), B = P^T (16 keys x 8 rows): P^T's fragment is
-//               exactly S's accumulator fragment, so P never leaves the registers. Output dims are
-//               permuted so that thread g's A operands are one contiguous run of each of its four
-//               keys' rows (bytes [g R/8, (g+1) R/8)), and its accumulators hold rows 2t, 2t+1
-//               over dims [g D/8, (g+1) D/8): one contiguous store per row.
+//   S^T = K Q^T   A = K (keys g, g + 8 of the chunk x 16 head dims), B = Q^T (16 dims x 8 query
+//               rows): every MMA row is a real key and the tile's rows fill the 8-wide N side.
+//               Head dims are permuted identically in K and Q so that lane t's A operands are one
+//               run of its key row (run_byte: whole 16-byte segments, rows read in full sectors).
+//   O^T = V^T P^T  A = V^T (16 dims x 16 keys), B = P^T (16 keys x 8 rows): S^T's accumulator
+//               holds keys g, g + 8 x rows 2t, 2t + 1; one movmatrix per 8x8 tile turns it into
+//               P^T's fragment, and the O^T accumulators hold the same rows 2t, 2t + 1, so the
+//               softmax rescale needs no exchange between lanes. Output dims are permuted so that
+//               lane g's A operands are one run of each of its four keys' rows.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -313,150 +314,268 @@ __device__ __forceinline__ void load_chunk(const DecodeParams& p, const int32_t*
   }
 }
 
+// Byte offsets inside a page side of this lane's rows of a chunk that starts at a page's slot 0
+// (computed once per query tile); a chunk starting at slot `first` adds first * data_row1 to the
+// data offsets and first * scale_row1 to the scale offsets.
+struct ChunkOffsets {
+  uint32_t k_data, v_data;    // K row g (this lane's run), V row 2t (its run)
+  uint32_t data_row1;         // one slot further
+  uint32_t k_scale, v_scale;  // NVFP4: the run's first block scale of K row g, of V row 2t
+  uint32_t scale_row1;        // NVFP4: one slot further (linear scales)
+  uint32_t v_scale_next;      // NVFP4: V row 2t + 1's scale relative to row 2t's (1 when interleaved)
+  uint32_t v_scale_block;     // NVFP4: the next block's scale relative to the first (4 when interleaved)
+};
+
+template <DecodeFmt F, int D>
+__device__ __forceinline__ ChunkOffsets chunk_offsets(const DecodeParams& p, int kvh, int g, int t) {
+  using L = Layout<F, D>;
+  const uint32_t H = p.num_kv_heads;
+  ChunkOffsets o{};
+  if constexpr (L::kNvfp4) {
+    o.data_row1 = H * L::kRowBytes;
+    o.k_data = (g * H + kvh) * L::kRowBytes + run_byte<L::kKWords, 4>(t, 0, 0);
+    o.v_data = (2 * t * H + kvh) * L::kRowBytes + run_byte<L::kVWords, 8>(g, 0, 0);
+    const uint32_t scales_at = p.page * H * L::kRowBytes;
+    o.scale_row1 = H * L::kBlocks;
+    o.k_scale = scales_at + (g * H + kvh) * L::kBlocks + run_byte<L::kKWords, 4>(t, 0, 0) / 8;
+    const int block = run_byte<L::kVWords, 8>(g, 0, 0) / 8;
+    if (p.v_scales_swizzled) {
+      constexpr int per_group = L::kBlocks / 4 > 0 ? L::kBlocks / 4 : 1;
+      o.v_scale = scales_at + (((2 * t) & ~3) + block / per_group) * H * L::kBlocks + kvh * L::kBlocks +
+                  4 * (block % per_group) + ((2 * t) & 3);
+      o.v_scale_next = 1;
+      o.v_scale_block = 4;
+    } else {
+      o.v_scale = scales_at + (2 * t * H + kvh) * L::kBlocks + block;
+      o.v_scale_next = o.scale_row1;
+      o.v_scale_block = 1;
+    }
+  } else {
+    o.data_row1 = p.stride_cs;
+    o.k_data = g * p.stride_cs + kvh * p.stride_ch + run_byte<L::kKWords, 4>(t, 0, 0);
+    o.v_data = 2 * t * p.stride_cs + kvh * p.stride_ch + run_byte<L::kVWords, 8>(g, 0, 0);
+  }
+  return o;
+}
+
+// A chunk of in-range keys on one page (pages of 16 << k tokens): one block-table read, then the
+// precomputed offsets.
+template <DecodeFmt F, int D>
+__device__ __forceinline__ void load_chunk_in_page(const DecodeParams& p, const int32_t* bt_row, int start,
+                                                   const ChunkOffsets& o, ChunkBytes<F, D>& c) {
+  using L = Layout<F, D>;
+  const int block = __ldg(bt_row + (start >> p.page_shift));
+  const uint8_t* k_side = p.cache + static_cast<int64_t>(block) * p.stride_cb;
+  const uint8_t* v_side = k_side + p.stride_ckv;
+  const uint32_t first = start & (p.page - 1);
+  const uint32_t shift = first * o.data_row1, row8 = 8 * o.data_row1;
+  // Relative offsets of V rows 2t, 2t+1, 2t+8, 2t+9 and their runs' other segments (run_byte).
+  const uint32_t v_rows[4] = {0, o.data_row1, row8, row8 + o.data_row1};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint8_t* row = k_side + (o.k_data + shift + r * row8);
+    if constexpr (L::kKWords <= 4) {
+      load_words(row, c.k[r]);
+    } else {
+#pragma unroll
+      for (int s = 0; s < L::kKWords / 4; ++s) {
+        const uint4 v = __ldcs(reinterpret_cast<const uint4*>(row + s * 64));
+        c.k[r][4 * s] = v.x, c.k[r][4 * s + 1] = v.y, c.k[r][4 * s + 2] = v.z, c.k[r][4 * s + 3] = v.w;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint8_t* row = v_side + (o.v_data + shift + v_rows[r]);
+    if constexpr (L::kVWords <= 4) {
+      load_words(row, c.v[r]);
+    } else {
+#pragma unroll
+      for (int s = 0; s < L::kVWords / 4; ++s) {
+        const uint4 v = __ldcs(reinterpret_cast<const uint4*>(row + s * 128));
+        c.v[r][4 * s] = v.x, c.v[r][4 * s + 1] = v.y, c.v[r][4 * s + 2] = v.z, c.v[r][4 * s + 3] = v.w;
+      }
+    }
+  }
+  if constexpr (L::kNvfp4) {
+    const uint32_t scale_shift = first * o.scale_row1, scale_row8 = 8 * o.scale_row1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint8_t* sc = k_side + (o.k_scale + scale_shift + r * scale_row8);
+      if constexpr (L::kKScales == 1) {
+        c.k_scales[r] = __ldg(sc);
+      } else {
+        c.k_scales[r] = 0;
+#pragma unroll
+        for (int s = 0; s < L::kKScales / 2; ++s)  // run segments are 64 bytes = 8 blocks apart
+          c.k_scales[r] |= static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(sc + 8 * s))) << (16 * s);
+      }
+    }
+    const uint32_t v_scale_rows[4] = {0, o.v_scale_next, scale_row8, scale_row8 + o.v_scale_next};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* sc = v_side + (o.v_scale + scale_shift + v_scale_rows[r]);
+      c.v_scales[r] = __ldg(sc);
+      if constexpr (L::kVScales > 1) c.v_scales[r] |= static_cast<uint32_t>(__ldg(sc + o.v_scale_block)) << 8;
+    }
+  }
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
-  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  // Results below 2^-126 flush to zero: a probability that small does not move an fp32 sum.
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
 // ----------------------------------------------------------------------------- the kernel
 
-// Per-row output of one warp (or one block) before normalisation.
+// Per-row running state of one warp: rows 8 rt + 2t, 8 rt + 2t + 1 of each row tile rt (every
+// lane with the same t holds the same rows: the S^T accumulator columns and the O^T ones agree).
 template <int D, int ROWS>
 struct RowState {
-  static constexpr int kRowTiles = ROWS / 8;  // P^T column tiles: rows 0-7, 8-15
-  float m[2];                                 // running max of rows g, g + 8 (quad-uniform)
-  float l[2];                                 // this thread's partial sums of rows g, g + 8
-  float acc[D / 16][kRowTiles][4];            // O^T tiles: dims x rows (2t, 2t+1)
+  static constexpr int kRowTiles = ROWS / 8;
+  float m[kRowTiles][2];           // running max (replicated over g)
+  float l[kRowTiles][2];           // this lane's partial sums (its keys g, g + 8 of each chunk)
+  float acc[D / 16][kRowTiles][4]; // O^T tiles: dims x rows (2t, 2t+1)
 };
 
+__device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// One 16-key chunk: S^T = K Q^T (K rows g, g + 8 as the A operand, so every MMA row is a real key
+// and the query tile is the 8-wide B operand), online softmax, O^T += V^T P^T (P^T's fragment is
+// S^T's accumulator transposed in registers by movmatrix).
 template <DecodeFmt F, int D, int ROWS>
 __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkBytes<F, D>& c,
-                                             const uint32_t (&qa)[D / 16][4], int start, int key_lo, int key_hi,
-                                             bool masked, const int (&qpos)[2], const bool (&row_ok)[2],
-                                             float qk_scale, int t, int lane, RowState<D, ROWS>& st) {
+                                             const uint32_t (&qb)[D / 16][ROWS / 8][2], int start, int key_lo,
+                                             int key_hi, bool masked, const int (&qpos)[ROWS / 8][2],
+                                             const bool (&row_ok)[ROWS / 8][2], float qk_scale, int g,
+                                             RowState<D, ROWS>& st) {
   using L = Layout<F, D>;
-  // S = Q K^T over two 8-key tiles: keys start + g + 8 j for the B operand, start + 8 j + 2t (+1)
-  // in the accumulator.
-  float s[2][4];
+  constexpr int RT = ROWS / 8;
+  // NVFP4: two accumulators over alternate k-steps halve the chain of dependent MMAs.
+  float s[RT][4], s2[RT][4];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-    if constexpr (L::kNvfp4) {
+  for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-      for (int w = 0; w < L::kKWords; ++w) {
-        uint32_t k4[4];
-        e2m1x8_to_f16x2(c.k[j][w], e4m3_pair((c.k_scales[j] >> (8 * (w / 2))) & 0xFF), k4);
-        mma_16816(s[j], qa[2 * w][0], qa[2 * w][1], qa[2 * w][2], qa[2 * w][3], k4[0], k4[1]);
-        mma_16816(s[j], qa[2 * w + 1][0], qa[2 * w + 1][1], qa[2 * w + 1][2], qa[2 * w + 1][3], k4[2], k4[3]);
+    for (int e = 0; e < 4; ++e) s[rt][e] = s2[rt][e] = 0.f;
+  if constexpr (L::kNvfp4) {
+#pragma unroll
+    for (int w = 0; w < L::kKWords; ++w) {
+      uint32_t k0[4], k1[4];
+      const uint32_t shift = 8 * (w / 2);
+      e2m1x8_to_f16x2(c.k[0][w], e4m3_pair((c.k_scales[0] >> shift) & 0xFF), k0);
+      e2m1x8_to_f16x2(c.k[1][w], e4m3_pair((c.k_scales[1] >> shift) & 0xFF), k1);
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        mma_16816(s[rt], k0[0], k1[0], k0[1], k1[1], qb[2 * w][rt][0], qb[2 * w][rt][1]);
+        mma_16816(s2[rt], k0[2], k1[2], k0[3], k1[3], qb[2 * w + 1][rt][0], qb[2 * w + 1][rt][1]);
       }
-    } else {
+    }
+  } else {
 #pragma unroll
-      for (int w = 0; w < L::kKWords; ++w) {
-        uint32_t b0, b1;
-        fp8x4_to_f16x2<F>(c.k[j][w], b0, b1);
-        mma_16816(s[j], qa[w][0], qa[w][1], qa[w][2], qa[w][3], b0, b1);
+    for (int w = 0; w < L::kKWords; ++w) {
+      uint32_t a0, a2, a1, a3;
+      fp8x4_to_f16x2<F>(c.k[0][w], a0, a2);
+      fp8x4_to_f16x2<F>(c.k[1][w], a1, a3);
+#pragma unroll
+      // One chain here: a second accumulator costs the FP8 path spills at its register cap.
+      for (int rt = 0; rt < RT; ++rt) mma_16816(s[rt], a0, a1, a2, a3, qb[w][rt][0], qb[w][rt][1]);
+    }
+  }
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[rt][e] += s2[rt][e];
+  // s[rt][e]: key g + 8 (e / 2), row 8 rt + 2t + (e % 2).
+  if (p.cap > 0.f) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[rt][e] = p.cap * tanhf(s[rt][e] * qk_scale * p.inv_cap);
+  } else {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[rt][e] *= qk_scale;
+  }
+  if (masked) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = start + g + 8 * (e / 2), j = e % 2;
+        const bool ok = row_ok[rt][j] & (key >= key_lo) & (key < key_hi) & (key <= qpos[rt][j]) &
+                        ((p.window <= 0) | (qpos[rt][j] - key < p.window));
+        s[rt][e] = ok ? s[rt][e] : -INFINITY;
       }
     }
   }
-  // Scale, soft-cap, mask; running max per row (rows g and g + 8: accumulator halves 0-1 and 2-3).
-  float row_max[2] = {-INFINITY, -INFINITY};
+  uint32_t pb[RT][2];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x = s[j][e] * qk_scale;
-      if (p.cap > 0.f) x = p.cap * tanhf(x * p.inv_cap);
-      const int half = e / 2;
-      if (masked) {
-        const int key = start + 8 * j + 2 * t + (e & 1);
-        const bool ok = row_ok[half] && key >= key_lo && key < key_hi && key <= qpos[half] &&
-                        (p.window <= 0 || qpos[half] - key < p.window);
-        x = ok ? x : -INFINITY;
-      }
-      s[j][e] = x;
-      row_max[half] = fmaxf(row_max[half], x);
-    }
-  }
-  float alpha[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float mx = row_max[half];
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(st.m[half], mx);
-    const float base = m_new == -INFINITY ? 0.f : m_new;
-    alpha[half] = fast_exp2(st.m[half] - base);
-    st.m[half] = m_new;
-    float sum = 0.f;
+  for (int rt = 0; rt < RT; ++rt) {
+    float alpha[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
+      float mx = fmaxf(s[rt][j], s[rt][j + 2]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(st.m[rt][j], mx);
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      alpha[j] = fast_exp2(st.m[rt][j] - base);
+      st.m[rt][j] = m_new;
+      s[rt][j] = fast_exp2(s[rt][j] - base);
+      s[rt][j + 2] = fast_exp2(s[rt][j + 2] - base);
+      st.l[rt][j] = st.l[rt][j] * alpha[j] + s[rt][j] + s[rt][j + 2];
+    }
+    // Once the running maxima settle, most chunks leave them as they are: skip the rescale then.
+    if (__any_sync(0xffffffffu, (alpha[0] != 1.f) | (alpha[1] != 1.f))) {
 #pragma unroll
-      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-        s[j][e] = fast_exp2(s[j][e] - base);
-        sum += s[j][e];
+      for (int i = 0; i < D / 16; ++i) {
+        st.acc[i][rt][0] *= alpha[0];
+        st.acc[i][rt][1] *= alpha[1];
+        st.acc[i][rt][2] *= alpha[0];
+        st.acc[i][rt][3] *= alpha[1];
       }
     }
-    st.l[half] = st.l[half] * alpha[half] + sum;
+    // [key][row] 8x8 tiles (keys 0-7, 8-15) -> [row][key]: rows g, keys 2t, 2t+1 (+ 8).
+    pb[rt][0] = transpose_8x8(pack_f16x2(s[rt][0], s[rt][1]));
+    pb[rt][1] = transpose_8x8(pack_f16x2(s[rt][2], s[rt][3]));
   }
-  // P^T fragments (rows g / g + 8 of the accumulators, keys 2t, 2t+1 and 8 + 2t, 8 + 2t + 1).
-  uint32_t pb[RowState<D, ROWS>::kRowTiles][2];
-#pragma unroll
-  for (int rt = 0; rt < RowState<D, ROWS>::kRowTiles; ++rt) {
-    pb[rt][0] = pack_f16x2(s[0][2 * rt], s[0][2 * rt + 1]);
-    pb[rt][1] = pack_f16x2(s[1][2 * rt], s[1][2 * rt + 1]);
-  }
-  // The accumulators hold rows 2t, 2t+1 (+ 8): their alphas live in lanes 4 (2t) and 4 (2t+1).
-  float acc_alpha[RowState<D, ROWS>::kRowTiles][2];
-#pragma unroll
-  for (int rt = 0; rt < RowState<D, ROWS>::kRowTiles; ++rt) {
-    acc_alpha[rt][0] = __shfl_sync(0xffffffffu, alpha[rt], 8 * t);
-    acc_alpha[rt][1] = __shfl_sync(0xffffffffu, alpha[rt], 8 * t + 4);
-  }
-  (void)lane;
   // V^T fragments: keys (2t, 2t+1) and (2t+8, 2t+9) paired per dim.
   constexpr int kDimTilesPerWord = L::kNvfp4 ? 4 : 2;
 #pragma unroll
   for (int w = 0; w < L::kVWords; ++w) {
-    uint32_t va[4][kDimTilesPerWord][2];  // [key r][dim tile][dim g / g+8]
+    uint32_t va[4][kDimTilesPerWord];  // NVFP4: [key r][dim tile] (dims g, g + 8 as halves)
     if constexpr (L::kNvfp4) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        uint32_t d4[4];
         const int scale_index = L::kVScales > 1 ? w / 2 : 0;
-        e2m1x8_to_f16x2(c.v[r][w], e4m3_pair((c.v_scales[r] >> (8 * scale_index)) & 0xFF), d4);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) va[r][i][0] = d4[i];
+        e2m1x8_to_f16x2(c.v[r][w], e4m3_pair((c.v_scales[r] >> (8 * scale_index)) & 0xFF), va[r]);
       }
-    } else {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) va[r][0][0] = c.v[r][w];
     }
 #pragma unroll
     for (int i = 0; i < kDimTilesPerWord; ++i) {
       const int tile = kDimTilesPerWord * w + i;
       uint32_t a[4];
       if constexpr (L::kNvfp4) {
-        // (low, high) halves = dims g, g + 8 of the tile, per key: pair the two keys per dim.
-        a[0] = __byte_perm(va[0][i][0], va[1][i][0], 0x5410);
-        a[1] = __byte_perm(va[0][i][0], va[1][i][0], 0x7632);
-        a[2] = __byte_perm(va[2][i][0], va[3][i][0], 0x5410);
-        a[3] = __byte_perm(va[2][i][0], va[3][i][0], 0x7632);
+        a[0] = __byte_perm(va[0][i], va[1][i], 0x5410);
+        a[1] = __byte_perm(va[0][i], va[1][i], 0x7632);
+        a[2] = __byte_perm(va[2][i], va[3][i], 0x5410);
+        a[3] = __byte_perm(va[2][i], va[3][i], 0x7632);
       } else {
         // Bytes 2i, 2i+1 of the word = dims g, g + 8 of the tile: pair the two keys' bytes, convert.
         const uint32_t sel = i == 0 ? 0x5140 : 0x7362;
-        fp8x4_to_f16x2<F>(__byte_perm(va[0][0][0], va[1][0][0], sel), a[0], a[1]);
-        fp8x4_to_f16x2<F>(__byte_perm(va[2][0][0], va[3][0][0], sel), a[2], a[3]);
+        fp8x4_to_f16x2<F>(__byte_perm(c.v[0][w], c.v[1][w], sel), a[0], a[1]);
+        fp8x4_to_f16x2<F>(__byte_perm(c.v[2][w], c.v[3][w], sel), a[2], a[3]);
       }
 #pragma unroll
-      for (int rt = 0; rt < RowState<D, ROWS>::kRowTiles; ++rt) {
-        float(&o)[4] = st.acc[tile][rt];
-        o[0] *= acc_alpha[rt][0];
-        o[1] *= acc_alpha[rt][1];
-        o[2] *= acc_alpha[rt][0];
-        o[3] *= acc_alpha[rt][1];
-        mma_16816(o, a[0], a[1], a[2], a[3], pb[rt][0], pb[rt][1]);
-      }
+      for (int rt = 0; rt < RT; ++rt) mma_16816(st.acc[tile][rt], a[0], a[1], a[2], a[3], pb[rt][0], pb[rt][1]);
     }
   }
 }
@@ -499,26 +618,34 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
     const int full_hi = min(hi, first_pos + 1);
     const int full_lo = p.window > 0 ? max(lo, last_pos - p.window + 1) : lo;
 
-    // This thread's query rows g, g + 8: (token, head) = (r / G, r % G).
-    int qpos[2];
-    bool row_ok[2];
-    const uint8_t* q_row[2];
+    constexpr int RT = State::kRowTiles;
+    // Rows of this lane's scores and accumulators: 8 rt + 2t + j; rows of its Q^T operand: 8 rt + g.
+    int qpos[RT][2];
+    bool row_ok[RT][2];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = 8 * rt + 2 * t + j;
+        row_ok[rt][j] = r / G < n_tok;
+        qpos[rt][j] = first_pos + r / G;
+      }
+    }
     float amax = 0.f;
     // Per k-step c, the 4 consecutive head dims that the K run's bytes for that step hold.
-    float qf[2][D / 4];
+    float qf[RT][D / 4];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = g + 8 * half;
-      const int tok = r / G;
-      row_ok[half] = r < ROWS && tok < n_tok;
-      qpos[half] = first_pos + tok;
+    for (int rt = 0; rt < RT; ++rt) {
+      const int r = 8 * rt + g, tok = r / G;
+      const bool ok = tok < n_tok;
       const int64_t row = q_start + q0 + tok;
-      q_row[half] = static_cast<const uint8_t*>(p.query) + (row * p.stride_qt + (kvh * G + r % G) * p.stride_qh) * 2;
+      const uint8_t* q_row =
+          static_cast<const uint8_t*>(p.query) + (row * p.stride_qt + (kvh * G + r % G) * p.stride_qh) * 2;
 #pragma unroll
       for (int c = 0; c < D / 16; ++c) {
         const int dim = L::kNvfp4 ? 2 * run_byte<L::kKWords, 4>(t, c / 2, (c % 2) * 2) : run_byte<L::kKWords, 4>(t, c, 0);
         uint2 v = make_uint2(0, 0);
-        if (row_ok[half] && (half == 0 || ROWS > 8)) v = __ldg(reinterpret_cast<const uint2*>(q_row[half] + 2 * dim));
+        if (ok) v = __ldg(reinterpret_cast<const uint2*>(q_row + 2 * dim));
         const uint32_t words[2] = {v.x, v.y};
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
@@ -529,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
           } else {
             lo_f = __uint_as_float(words[k] << 16), hi_f = __uint_as_float(words[k] & 0xFFFF0000u);
           }
-          qf[half][4 * c + 2 * k] = lo_f, qf[half][4 * c + 2 * k + 1] = hi_f;
+          qf[rt][4 * c + 2 * k] = lo_f, qf[rt][4 * c + 2 * k + 1] = hi_f;
           amax = fmaxf(amax, fmaxf(fabsf(lo_f), fabsf(hi_f)));
         }
       }
@@ -539,59 +666,72 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float q_mul = amax > 32768.f ? exp2f(-ceilf(log2f(amax / 32768.f))) : 1.f;
     const float qk_scale = p.qk_scale * k_scale / q_mul;
-    uint32_t qa[D / 16][4];
+    uint32_t qb[D / 16][RT][2];
 #pragma unroll
     for (int c = 0; c < D / 16; ++c) {
-      qa[c][0] = pack_f16x2(qf[0][4 * c] * q_mul, qf[0][4 * c + 1] * q_mul);
-      qa[c][1] = ROWS > 8 ? pack_f16x2(qf[1][4 * c] * q_mul, qf[1][4 * c + 1] * q_mul) : 0u;
-      qa[c][2] = pack_f16x2(qf[0][4 * c + 2] * q_mul, qf[0][4 * c + 3] * q_mul);
-      qa[c][3] = ROWS > 8 ? pack_f16x2(qf[1][4 * c + 2] * q_mul, qf[1][4 * c + 3] * q_mul) : 0u;
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        qb[c][rt][0] = pack_f16x2(qf[rt][4 * c] * q_mul, qf[rt][4 * c + 1] * q_mul);
+        qb[c][rt][1] = pack_f16x2(qf[rt][4 * c + 2] * q_mul, qf[rt][4 * c + 3] * q_mul);
+      }
     }
 
     State st;
-    st.m[0] = st.m[1] = -INFINITY;
-    st.l[0] = st.l[1] = 0.f;
 #pragma unroll
-    for (int i = 0; i < D / 16; ++i)
+    for (int rt = 0; rt < RT; ++rt) {
+      st.m[rt][0] = st.m[rt][1] = -INFINITY;
+      st.l[rt][0] = st.l[rt][1] = 0.f;
 #pragma unroll
-      for (int rt = 0; rt < State::kRowTiles; ++rt) st.acc[i][rt][0] = st.acc[i][rt][1] = st.acc[i][rt][2] = st.acc[i][rt][3] = 0.f;
+      for (int i = 0; i < D / 16; ++i) st.acc[i][rt][0] = st.acc[i][rt][1] = st.acc[i][rt][2] = st.acc[i][rt][3] = 0.f;
+    }
 
     // Chunks whose keys are all in [lo, hi) and on one page load without per-key checks.
+    const ChunkOffsets offsets = chunk_offsets<F, D>(p, kvh, g, t);
     auto load = [&](int chunk, ChunkBytes<F, D>& into) {
       const int start = chunk * kChunk;
       if (p.page_shift >= 4 && start >= lo && start + kChunk <= hi) {
-        load_chunk<F, D, false>(p, bt_row, kvh, start, lo, hi, g, t, into);
+        load_chunk_in_page<F, D>(p, bt_row, start, offsets, into);
       } else {
         load_chunk<F, D, true>(p, bt_row, kvh, start, lo, hi, g, t, into);
       }
     };
+    // Two buffers in turn: the next chunk's bytes are in flight while this one is computed.
+    auto attend = [&](const ChunkBytes<F, D>& bytes, int chunk) {
+      const int start = chunk * kChunk;
+      const bool masked = start < full_lo || start + kChunk > full_hi;
+      attend_chunk<F, D, ROWS>(p, bytes, qb, start, lo, hi, masked, qpos, row_ok, qk_scale, g, st);
+    };
     int c = c_begin + warp;
     if (c < c_end) {
-      ChunkBytes<F, D> cur;
-      load(c, cur);
-      for (; c < c_end; c += kWarps) {
-        ChunkBytes<F, D> next;
+      ChunkBytes<F, D> even, odd;
+      load(c, even);
+      while (true) {
         const bool more = c + kWarps < c_end;
-        if (more) load(c + kWarps, next);
-        const int start = c * kChunk;
-        const bool masked = start < full_lo || start + kChunk > full_hi;
-        attend_chunk<F, D, ROWS>(p, cur, qa, start, lo, hi, masked, qpos, row_ok, qk_scale, t, lane, st);
-        if (more) cur = next;
+        if (more) load(c + kWarps, odd);
+        attend(even, c);
+        c += kWarps;
+        if (!more) break;
+        const bool more2 = c + kWarps < c_end;
+        if (more2) load(c + kWarps, even);
+        attend(odd, c);
+        c += kWarps;
+        if (!more2) break;
       }
     }
 
-    // Per-row sums over the quad, then the block-wide merge of the warps (and the sink).
+    // Per-row sums over the lanes that share t, then the block-wide merge of the warps (and the sink).
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      st.l[half] += __shfl_xor_sync(0xffffffffu, st.l[half], 1);
-      st.l[half] += __shfl_xor_sync(0xffffffffu, st.l[half], 2);
-    }
-    if (t == 0) {
-      sm_m[warp * ROWS + g] = st.m[0];
-      sm_l[warp * ROWS + g] = st.l[0];
-      if (ROWS > 8) {
-        sm_m[warp * ROWS + g + 8] = st.m[1];
-        sm_l[warp * ROWS + g + 8] = st.l[1];
+    for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float l = st.l[rt][j];
+        l += __shfl_xor_sync(0xffffffffu, l, 4);
+        l += __shfl_xor_sync(0xffffffffu, l, 8);
+        l += __shfl_xor_sync(0xffffffffu, l, 16);
+        if (g == 0) {
+          sm_m[warp * ROWS + 8 * rt + 2 * t + j] = st.m[rt][j];
+          sm_l[warp * ROWS + 8 * rt + 2 * t + j] = l;
+        }
       }
     }
 #pragma unroll
