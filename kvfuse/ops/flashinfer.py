@@ -12,7 +12,7 @@ forces a new plan. Consequences:
   layers that use the same metadata;
 - CUDA-graph capture: planning cannot run while a stream is capturing and a captured plan would
   go stale when the metadata changes between replays, so the op raises during capture. Compiled
-  models under CUDA graphs use the Triton backend (the default order tries it first).
+  models under CUDA graphs use the native or Triton backend (the default order tries them first).
 
 Decode batches (one query token per sequence) use ``BatchDecodeWithPagedKVCacheWrapper``
 (tensor cores for FP8, where FlashInfer's CUDA-core decode is slower), everything else
