@@ -176,17 +176,23 @@ __host__ __device__ constexpr int run_byte(int part, int w, int j) {
   return WORDS <= 4 ? part * WORDS * 4 + w * 4 + j : (w / 4) * PARTS * 16 + part * 16 + (w % 4) * 4 + j;
 }
 
+// The WORDS words of a run that starts at `run` (laid out as run_byte lays them).
 template <int WORDS, int PARTS>
-__device__ __forceinline__ void load_run(const uint8_t* row, int part, uint32_t (&w)[WORDS]) {
+__device__ __forceinline__ void load_run_at(const uint8_t* run, uint32_t (&w)[WORDS]) {
   if constexpr (WORDS <= 4) {
-    load_words(row + run_byte<WORDS, PARTS>(part, 0, 0), w);
+    load_words(run, w);
   } else {
 #pragma unroll
     for (int s = 0; s < WORDS / 4; ++s) {
-      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(row + run_byte<WORDS, PARTS>(part, 4 * s, 0)));
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(run + s * PARTS * 16));
       w[4 * s] = v.x, w[4 * s + 1] = v.y, w[4 * s + 2] = v.z, w[4 * s + 3] = v.w;
     }
   }
+}
+
+template <int WORDS, int PARTS>
+__device__ __forceinline__ void load_run(const uint8_t* row, int part, uint32_t (&w)[WORDS]) {
+  load_run_at<WORDS, PARTS>(row + run_byte<WORDS, PARTS>(part, 0, 0), w);
 }
 
 template <int W>
@@ -369,33 +375,15 @@ __device__ __forceinline__ void load_chunk_in_page(const DecodeParams& p, const 
   const uint8_t* v_side = k_side + p.stride_ckv;
   const uint32_t first = start & (p.page - 1);
   const uint32_t shift = first * o.data_row1, row8 = 8 * o.data_row1;
-  // Relative offsets of V rows 2t, 2t+1, 2t+8, 2t+9 and their runs' other segments (run_byte).
+  // Relative offsets of V rows 2t, 2t+1, 2t+8, 2t+9.
   const uint32_t v_rows[4] = {0, o.data_row1, row8, row8 + o.data_row1};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint8_t* row = k_side + (o.k_data + shift + r * row8);
-    if constexpr (L::kKWords <= 4) {
-      load_words(row, c.k[r]);
-    } else {
-#pragma unroll
-      for (int s = 0; s < L::kKWords / 4; ++s) {
-        const uint4 v = __ldcs(reinterpret_cast<const uint4*>(row + s * 64));
-        c.k[r][4 * s] = v.x, c.k[r][4 * s + 1] = v.y, c.k[r][4 * s + 2] = v.z, c.k[r][4 * s + 3] = v.w;
-      }
-    }
+    load_run_at<L::kKWords, 4>(k_side + (o.k_data + shift + r * row8), c.k[r]);
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    const uint8_t* row = v_side + (o.v_data + shift + v_rows[r]);
-    if constexpr (L::kVWords <= 4) {
-      load_words(row, c.v[r]);
-    } else {
-#pragma unroll
-      for (int s = 0; s < L::kVWords / 4; ++s) {
-        const uint4 v = __ldcs(reinterpret_cast<const uint4*>(row + s * 128));
-        c.v[r][4 * s] = v.x, c.v[r][4 * s + 1] = v.y, c.v[r][4 * s + 2] = v.z, c.v[r][4 * s + 3] = v.w;
-      }
-    }
+    load_run_at<L::kVWords, 8>(v_side + (o.v_data + shift + v_rows[r]), c.v[r]);
   }
   if constexpr (L::kNvfp4) {
     const uint32_t scale_shift = first * o.scale_row1, scale_row8 = 8 * o.scale_row1;
