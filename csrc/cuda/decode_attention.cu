@@ -230,42 +230,31 @@ __device__ __forceinline__ int chunk_key(int i, int g, int t) {
   return i < 2 ? g + 8 * i : 2 * t + ((i - 2) & 1) + 8 * ((i - 2) >> 1);
 }
 
-// CHECKED: some keys of the chunk may lie outside [lo, hi) (their bytes read as zeros, their pages
-// never looked up), or its keys span pages; else the chunk is one page's run of in-range keys.
-template <DecodeFmt F, int D, bool CHECKED>
+// Any chunk: keys outside [lo, hi) read as zeros (their pages never looked up), every key's page
+// looked up on its own. Chunks of in-range keys on one page take load_chunk_in_page.
+template <DecodeFmt F, int D>
 __device__ __forceinline__ void load_chunk(const DecodeParams& p, const int32_t* bt_row, int kvh, int start, int lo,
                                            int hi, int g, int t, ChunkBytes<F, D>& c) {
   using L = Layout<F, D>;
   const int H = p.num_kv_heads;
   const uint8_t* side[6];
   int slot[6];
-  if constexpr (CHECKED) {
 #pragma unroll
-    for (int i = 0; i < 6; ++i) {
-      const int pos = start + chunk_key(i, g, t);
-      side[i] = nullptr;
-      slot[i] = 0;
-      if (pos >= lo && pos < hi) {
-        const int block = __ldg(bt_row + pos / p.page);
-        side[i] = p.cache + static_cast<int64_t>(block) * p.stride_cb + (i < 2 ? 0 : p.stride_ckv);
-        slot[i] = pos % p.page;
-      }
-    }
-  } else {
-    const int block = __ldg(bt_row + (start >> p.page_shift));
-    const uint8_t* k_side = p.cache + static_cast<int64_t>(block) * p.stride_cb;
-    const int first = start & (p.page - 1);
-#pragma unroll
-    for (int i = 0; i < 6; ++i) {
-      side[i] = i < 2 ? k_side : k_side + p.stride_ckv;
-      slot[i] = first + chunk_key(i, g, t);
+  for (int i = 0; i < 6; ++i) {
+    const int pos = start + chunk_key(i, g, t);
+    side[i] = nullptr;
+    slot[i] = 0;
+    if (pos >= lo && pos < hi) {
+      const int block = __ldg(bt_row + pos / p.page);
+      side[i] = p.cache + static_cast<int64_t>(block) * p.stride_cb + (i < 2 ? 0 : p.stride_ckv);
+      slot[i] = pos % p.page;
     }
   }
   // Offsets inside a page side fit in 32 bits (the host checks the page's size).
   const int scales_at = p.page * H * L::kRowBytes;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (CHECKED && side[r] == nullptr) {
+    if (side[r] == nullptr) {
       zero_words(c.k[r]);
       c.k_scales[r] = 0;
       continue;
@@ -291,7 +280,7 @@ __device__ __forceinline__ void load_chunk(const DecodeParams& p, const int32_t*
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    if (CHECKED && side[2 + r] == nullptr) {
+    if (side[2 + r] == nullptr) {
       zero_words(c.v[r]);
       c.v_scales[r] = 0;
       continue;
@@ -680,7 +669,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       if (p.page_shift >= 4 && start >= lo && start + kChunk <= hi) {
         load_chunk_in_page<F, D>(p, bt_row, start, offsets, into);
       } else {
-        load_chunk<F, D, true>(p, bt_row, kvh, start, lo, hi, g, t, into);
+        load_chunk<F, D>(p, bt_row, kvh, start, lo, hi, g, t, into);
       }
     };
     // Two buffers in turn: the next chunk's bytes are in flight while this one is computed.
