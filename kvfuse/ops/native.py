@@ -39,6 +39,7 @@ the eager router's pre-check, which hands the call to the Python body to word th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -303,9 +304,14 @@ def decode_refusal(call: AttentionCall, prefill_shaped_ok: bool = False) -> Opti
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def _num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
     blocks = max(1, num_seqs * num_kv_heads)
-    target = _BLOCKS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    target = _BLOCKS_PER_SM * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     # Whole waves: more blocks than fit at once would leave a partial second wave.
     return 1 if blocks >= target // 2 else min(_MAX_SPLITS, target // blocks)
 
