@@ -62,10 +62,11 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2 };
 #define KVFUSE_DECODE_MIN_BLOCKS 4
 #endif
 
-// 0: each lane prefetches the next chunk into registers; >= 2: each warp streams its chunks
-// through a ring of this many shared-memory stages with cp.async (fewer live registers).
-#ifndef KVFUSE_DECODE_STAGES
-#define KVFUSE_DECODE_STAGES 0
+// FP8 caches: each warp streams its chunks through a ring of this many shared-memory stages with
+// cp.async (0: each lane prefetches the next chunk into registers, as NVFP4 caches always do).
+// Measured in BENCHMARKS.md (ninth session): 3 stages beat register prefetch for FP8 and lost for NVFP4.
+#ifndef KVFUSE_DECODE_FP8_STAGES
+#define KVFUSE_DECODE_FP8_STAGES 3
 #endif
 
 constexpr int kWarps = 4;
@@ -219,6 +220,7 @@ struct Layout {
   static constexpr int kBlocks = D / 16;                // NVFP4 block scales per row
   static constexpr int kKScales = kNvfp4 ? (D / 64) : 0;          // block scales of a K run
   static constexpr int kVScales = kNvfp4 ? (D >= 128 ? D / 128 : 1) : 0;  // of a V run
+  static constexpr int kStages = kNvfp4 ? 0 : KVFUSE_DECODE_FP8_STAGES;   // shared-memory stages, or none
 };
 
 // One chunk's raw bytes, as a thread holds them: K rows g and g + 8 (its quarter of each), V rows
@@ -407,28 +409,21 @@ __device__ __forceinline__ void load_chunk_in_page(const DecodeParams& p, const 
 
 // ----------------------------------------------------------------------------- shared-memory stages
 
-// One chunk's rows as cp.async lays them in a warp's stage: K rows, V rows (each padded by 16
-// bytes, so that rows 2t and 2t + 2 start on different banks), then NVFP4's K and V scale rows as
-// the page keeps them (row k = slot first + k: the V interleave's rows are rows too).
+// One chunk's rows as cp.async lays them in a warp's stage (FP8 caches): K rows, then V rows, each
+// padded by 16 bytes so that rows 2t and 2t + 2 start on different banks.
 template <DecodeFmt F, int D>
 struct Stage {
   using L = Layout<F, D>;
+  static_assert(!L::kNvfp4, "NVFP4 chunks are prefetched into registers");
   static constexpr int kPitch = L::kRowBytes + 16;
   static constexpr int kV = kChunk * kPitch;
-  static constexpr int kKScales = 2 * kChunk * kPitch;
-  static constexpr int kVScales = kKScales + kChunk * L::kBlocks;
-  static constexpr int kBytes = L::kNvfp4 ? kVScales + kChunk * L::kBlocks : kKScales;
+  static constexpr int kBytes = 2 * kChunk * kPitch;
   static constexpr int kPieces = L::kRowBytes / 16;  // 16-byte copies per row
 };
 
-template <int BYTES>
-__device__ __forceinline__ void cp_async(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? BYTES : 0;  // 0: the destination is zero-filled
-  if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(BYTES), "r"(src_bytes));
-  }
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;  // 0: the destination is zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
@@ -442,49 +437,28 @@ __device__ __forceinline__ void cp_async_wait() {
 template <DecodeFmt F, int D>
 __device__ __forceinline__ void copy_chunk(const DecodeParams& p, const int32_t* bt_row, int kvh, int start, int lo,
                                            int hi, int lane, uint32_t stage) {
-  using L = Layout<F, D>;
   using S = Stage<F, D>;
-  const int H = p.num_kv_heads;
   const bool in_page = p.page_shift >= 4 && start >= lo && start + kChunk <= hi;
   const uint8_t* chunk_page = nullptr;
-  int first = 0;
-  if (in_page) {
-    chunk_page = p.cache + static_cast<int64_t>(__ldg(bt_row + (start >> p.page_shift))) * p.stride_cb;
-    first = start & (p.page - 1);
-  }
-  // Page and slot of chunk key k (nullptr: outside [lo, hi)).
-  auto locate = [&](int k, int& slot) -> const uint8_t* {
-    if (in_page) {
-      slot = first + k;
-      return chunk_page;
-    }
-    const int pos = start + k;
-    slot = 0;
-    if (pos < lo || pos >= hi) return nullptr;
-    slot = pos % p.page;
-    return p.cache + static_cast<int64_t>(__ldg(bt_row + pos / p.page)) * p.stride_cb;
-  };
-  constexpr int kDataCopies = 2 * kChunk * S::kPieces;
+  if (in_page) chunk_page = p.cache + static_cast<int64_t>(__ldg(bt_row + (start >> p.page_shift))) * p.stride_cb;
+  const int first = start & (p.page - 1);
+  constexpr int kCopies = 2 * kChunk * S::kPieces;
 #pragma unroll
-  for (int i = lane; i < kDataCopies; i += 32) {
+  for (int i = lane; i < kCopies; i += 32) {
     const int side = i / (kChunk * S::kPieces), k = (i / S::kPieces) % kChunk, piece = i % S::kPieces;
-    int slot;
-    const uint8_t* page = locate(k, slot);
-    const uint8_t* src = p.cache;
-    if (page != nullptr) {
-      src = page + side * p.stride_ckv + piece * 16 +
-            (L::kNvfp4 ? (slot * H + kvh) * L::kRowBytes : slot * p.stride_cs + kvh * p.stride_ch);
+    const uint8_t* page = chunk_page;
+    int slot = first + k;
+    if (!in_page) {
+      const int pos = start + k;
+      page = nullptr;
+      if (pos >= lo && pos < hi) {
+        page = p.cache + static_cast<int64_t>(__ldg(bt_row + pos / p.page)) * p.stride_cb;
+        slot = pos % p.page;
+      }
     }
-    cp_async<16>(stage + side * S::kV + k * S::kPitch + piece * 16, src, page != nullptr);
-  }
-  if constexpr (L::kNvfp4) {
-    static_assert(L::kBlocks == 4 || L::kBlocks == 8 || L::kBlocks == 16, "scale rows of 4, 8 or 16 bytes");
-    const int side = lane / kChunk, k = lane % kChunk;
-    int slot;
-    const uint8_t* page = locate(k, slot);
-    const uint8_t* src = p.cache;
-    if (page != nullptr) src = page + side * p.stride_ckv + p.page * H * L::kRowBytes + (slot * H + kvh) * L::kBlocks;
-    cp_async<L::kBlocks>(stage + S::kKScales + side * kChunk * L::kBlocks + k * L::kBlocks, src, page != nullptr);
+    const uint8_t* src = page == nullptr ? p.cache
+                                         : page + side * p.stride_ckv + slot * p.stride_cs + kvh * p.stride_ch + piece * 16;
+    cp_async_16(stage + side * S::kV + k * S::kPitch + piece * 16, src, page != nullptr);
   }
 }
 
@@ -504,63 +478,29 @@ __device__ __forceinline__ void shared_words(const uint8_t* at, uint32_t (&w)[W]
   }
 }
 
-// This lane's operands of a chunk from its stage (the same words load_chunk reads from the page).
+// This lane's operands of a chunk from its stage (the words load_chunk reads from the page).
 template <DecodeFmt F, int D>
-__device__ __forceinline__ void read_chunk(const DecodeParams& p, const uint8_t* stage, int g, int t,
-                                           ChunkBytes<F, D>& c) {
+__device__ __forceinline__ void read_chunk(const uint8_t* stage, int g, int t, ChunkBytes<F, D>& c) {
   using L = Layout<F, D>;
   using S = Stage<F, D>;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const uint8_t* row = stage + (g + 8 * r) * S::kPitch;
-    if constexpr (L::kKWords <= 4) {
-      shared_words(row + run_byte<L::kKWords, 4>(t, 0, 0), c.k[r]);
-    } else {
 #pragma unroll
-      for (int s = 0; s < L::kKWords / 4; ++s) {
-        uint32_t(&seg)[4] = *reinterpret_cast<uint32_t(*)[4]>(&c.k[r][4 * s]);
-        shared_words(row + run_byte<L::kKWords, 4>(t, 4 * s, 0), seg);
-      }
-    }
-    if constexpr (L::kNvfp4) {
-      const uint8_t* sc = stage + S::kKScales + (g + 8 * r) * L::kBlocks + run_byte<L::kKWords, 4>(t, 0, 0) / 8;
-      if constexpr (L::kKScales == 1) {
-        c.k_scales[r] = *sc;
-      } else {
-        c.k_scales[r] = 0;
-#pragma unroll
-        for (int s = 0; s < L::kKScales / 2; ++s)
-          c.k_scales[r] |= static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(sc + 8 * s)) << (16 * s);
-      }
+    for (int s = 0; s < (L::kKWords + 3) / 4; ++s) {
+      uint32_t(&seg)[L::kKWords < 4 ? L::kKWords : 4] =
+          *reinterpret_cast<uint32_t(*)[L::kKWords < 4 ? L::kKWords : 4]>(&c.k[r][4 * s]);
+      shared_words(row + run_byte<L::kKWords, 4>(t, 4 * s, 0), seg);
     }
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    const int key = chunk_key(2 + r, g, t);
-    const uint8_t* row = stage + S::kV + key * S::kPitch;
-    if constexpr (L::kVWords <= 4) {
-      shared_words(row + run_byte<L::kVWords, 8>(g, 0, 0), c.v[r]);
-    } else {
+    const uint8_t* row = stage + S::kV + chunk_key(2 + r, g, t) * S::kPitch;
 #pragma unroll
-      for (int s = 0; s < L::kVWords / 4; ++s) {
-        uint32_t(&seg)[4] = *reinterpret_cast<uint32_t(*)[4]>(&c.v[r][4 * s]);
-        shared_words(row + run_byte<L::kVWords, 8>(g, 4 * s, 0), seg);
-      }
-    }
-    if constexpr (L::kNvfp4) {
-      c.v_scales[r] = 0;
-#pragma unroll
-      for (int j = 0; j < L::kVScales; ++j) {
-        const int block = run_byte<L::kVWords, 8>(g, 2 * j, 0) / 8;
-        int at;
-        if (p.v_scales_swizzled) {
-          constexpr int per_group = L::kBlocks / 4 > 0 ? L::kBlocks / 4 : 1;
-          at = ((key & ~3) + block / per_group) * L::kBlocks + 4 * (block % per_group) + (key & 3);
-        } else {
-          at = key * L::kBlocks + block;
-        }
-        c.v_scales[r] |= static_cast<uint32_t>(stage[S::kVScales + at]) << (8 * j);
-      }
+    for (int s = 0; s < (L::kVWords + 3) / 4; ++s) {
+      uint32_t(&seg)[L::kVWords < 4 ? L::kVWords : 4] =
+          *reinterpret_cast<uint32_t(*)[L::kVWords < 4 ? L::kVWords : 4]>(&c.v[r][4 * s]);
+      shared_words(row + run_byte<L::kVWords, 8>(g, 4 * s, 0), seg);
     }
   }
 }
@@ -846,12 +786,12 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       attend_chunk<F, D, ROWS>(p, bytes, qb, start, lo, hi, masked, qpos, row_ok, qk_scale, g, st);
     };
     int c = c_begin + warp;
-    if constexpr (KVFUSE_DECODE_STAGES >= 2) {
-      constexpr int kStages = KVFUSE_DECODE_STAGES;
+    constexpr int kStages = L::kStages;
+    if constexpr (kStages >= 2) {
       using S = Stage<F, D>;
       uint8_t* ring = reinterpret_cast<uint8_t*>(smem) + warp * kStages * S::kBytes;
       const uint32_t ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-      // One commit group per chunk slot, empty past the end, so that wait_group counts stay fixed.
+      // One commit group per chunk, empty past the end, so that wait_group counts stay fixed.
 #pragma unroll
       for (int s = 0; s < kStages - 1; ++s) {
         const int chunk = c + s * kWarps;
@@ -868,7 +808,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
         cp_async_wait<kStages - 1>();
         __syncwarp();
         ChunkBytes<F, D> bytes;
-        read_chunk<F, D>(p, ring + (i % kStages) * S::kBytes, g, t, bytes);
+        read_chunk<F, D>(ring + (i % kStages) * S::kBytes, g, t, bytes);
         __syncwarp();  // the stage is refilled two chunks from now; its reads are in registers
         attend(bytes, c);
       }
@@ -1004,7 +944,9 @@ __global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodePar
 template <DecodeFmt F, int D, int ROWS>
 void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
-  if (KVFUSE_DECODE_STAGES >= 2) smem = std::max(smem, size_t{kWarps} * KVFUSE_DECODE_STAGES * Stage<F, D>::kBytes);
+  if constexpr (Layout<F, D>::kStages >= 2) {
+    smem = std::max(smem, size_t{kWarps} * Layout<F, D>::kStages * Stage<F, D>::kBytes);
+  }
   auto kernel = decode_attention_kernel<F, D, ROWS>;
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
