@@ -1,8 +1,9 @@
 // Paged decode attention over FP8 (e4m3, e5m2) and NVFP4 caches with warp-level tensor-core MMA
 // (mma.sync m16n8k16, fp16 inputs, fp32 accumulators), the cache bytes decoded straight into
-// the MMA's register fragments: no shared-memory staging of K/V tiles, 8- and 16-byte loads of
-// whole row chunks, and the E2M1 / e4m3 expansion done with integer ops, byte permutes and the
-// hardware fp8x2 -> f16x2 convert.
+// the MMA's register fragments: decoded values never pass through shared memory. NVFP4 chunks are
+// prefetched into registers with 8- and 16-byte loads of whole row runs; FP8 chunks arrive as raw
+// bytes through a ring of cp.async shared-memory stages per warp (KVFUSE_DECODE_FP8_STAGES). The
+// E2M1 / e4m3 expansion is integer ops, byte permutes and the hardware fp8x2 -> f16x2 convert.
 //
 // Semantics: kvfuse/ops/reference.py paged_attention (kvfuse.ops.native.paged_attention is the
 // entry point, and says which calls come here). Per query row at position p, keys j <= p (and
@@ -17,7 +18,7 @@
 // scaled down by a power of two first when its tile exceeds 2^15 (the scores are scaled back).
 //
 // Work split: a block of kWarps warps owns one (sequence, KV head, split). Its query tile is up to
-// kRows rows = (query token, query head of the KV head's group) pairs; for decode with a GQA group
+// ROWS (8 or 16) rows = (query token, query head of the KV head's group) pairs; for decode with a GQA group
 // of 4 that is 4 live rows of 8. The warps take interleaved 16-key chunks of the split's key range,
 // each with its own running max / sum / accumulator, merged through shared memory at the end.
 // With more splits than one, the block writes a normalised partial output and its log2-sum-exp,
