@@ -319,6 +319,12 @@ __device__ __forceinline__ void load_chunk(const DecodeParams& p, const int32_t*
   }
 }
 
+// A chunk whose keys all lie in [lo, hi) on one page (pages of 16 << k tokens): one block-table
+// read and no per-key checks. Both the register and the shared-memory loaders take this rule.
+__device__ __forceinline__ bool chunk_in_page(const DecodeParams& p, int start, int lo, int hi) {
+  return p.page_shift >= 4 && start >= lo && start + kChunk <= hi;
+}
+
 // Byte offsets inside a page side of this lane's rows of a chunk that starts at a page's slot 0
 // (computed once per query tile); a chunk starting at slot `first` adds first * data_row1 to the
 // data offsets and first * scale_row1 to the scale offsets.
@@ -439,7 +445,7 @@ template <DecodeFmt F, int D>
 __device__ __forceinline__ void copy_chunk(const DecodeParams& p, const int32_t* bt_row, int kvh, int start, int lo,
                                            int hi, int lane, uint32_t stage) {
   using S = Stage<F, D>;
-  const bool in_page = p.page_shift >= 4 && start >= lo && start + kChunk <= hi;
+  const bool in_page = chunk_in_page(p, start, lo, hi);
   const uint8_t* chunk_page = nullptr;
   if (in_page) chunk_page = p.cache + static_cast<int64_t>(__ldg(bt_row + (start >> p.page_shift))) * p.stride_cb;
   const int first = start & (p.page - 1);
@@ -770,17 +776,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       for (int i = 0; i < D / 16; ++i) st.acc[i][rt][0] = st.acc[i][rt][1] = st.acc[i][rt][2] = st.acc[i][rt][3] = 0.f;
     }
 
-    // Chunks whose keys are all in [lo, hi) and on one page load without per-key checks.
-    const ChunkOffsets offsets = chunk_offsets<F, D>(p, kvh, g, t);
-    auto load = [&](int chunk, ChunkBytes<F, D>& into) {
-      const int start = chunk * kChunk;
-      if (p.page_shift >= 4 && start >= lo && start + kChunk <= hi) {
-        load_chunk_in_page<F, D>(p, bt_row, start, offsets, into);
-      } else {
-        load_chunk<F, D>(p, bt_row, kvh, start, lo, hi, g, t, into);
-      }
-    };
-    // Two buffers in turn: the next chunk's bytes are in flight while this one is computed.
     auto attend = [&](const ChunkBytes<F, D>& bytes, int chunk) {
       const int start = chunk * kChunk;
       const bool masked = start < full_lo || start + kChunk > full_hi;
@@ -810,12 +805,22 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
         __syncwarp();
         ChunkBytes<F, D> bytes;
         read_chunk<F, D>(ring + (i % kStages) * S::kBytes, g, t, bytes);
-        __syncwarp();  // the stage is refilled two chunks from now; its reads are in registers
+        __syncwarp();  // the next iteration refills this stage; its bytes are in registers now
         attend(bytes, c);
       }
       cp_async_wait<0>();
       __syncthreads();  // the merge below reuses the ring
     } else if (c < c_end) {
+      const ChunkOffsets offsets = chunk_offsets<F, D>(p, kvh, g, t);
+      auto load = [&](int chunk, ChunkBytes<F, D>& into) {
+        const int start = chunk * kChunk;
+        if (chunk_in_page(p, start, lo, hi)) {
+          load_chunk_in_page<F, D>(p, bt_row, start, offsets, into);
+        } else {
+          load_chunk<F, D>(p, bt_row, kvh, start, lo, hi, g, t, into);
+        }
+      };
+      // Two buffers in turn: the next chunk's bytes are in flight while this one is computed.
       ChunkBytes<F, D> even, odd;
       load(c, even);
       while (true) {
