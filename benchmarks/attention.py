@@ -144,10 +144,12 @@ def make_cache(mode, batch, context, device="cuda"):
     if mode is KVQuantMode.NVFP4:
         cache = torch.randint(0, 0x70, shape, dtype=torch.uint8, device=device)
     elif mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
-        # Finite e4m3 codes of both signs, then each row's float32 scale in its last 4 bytes.
+        # Finite e4m3 codes of both signs, then each row's float32 scale in its last 4 bytes (rows
+        # of differing magnitudes, as per-row scales exist for: 0.005 to 0.02).
         cache = torch.randint(0, 0x7F, shape, dtype=torch.uint8, device=device) ^ torch.randint(
             0, 2, shape, dtype=torch.uint8, device=device) * 0x80
-        cache[..., HEAD:] = torch.full((*shape[:-1], 1), 0.01, device=device).view(torch.uint8)
+        scales = 0.005 + 0.015 * torch.rand((*shape[:-1], 1), device=device)
+        cache[..., HEAD:] = scales.view(torch.uint8)
     else:
         cache = torch.empty(shape, dtype=dtype, device=device)
         flat = cache.view(-1)
@@ -181,7 +183,7 @@ def run_decode(batch, context, mode_name, impls, rows, copy_bw):
     fns = {}
     if "kvfuse" in impls:
         fns["kvfuse"] = (_kvfuse(args), True)
-    if "kvfuse_native" in impls and mode in (KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4):
+    if "kvfuse_native" in impls and mode in (KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4, KVQuantMode.FP8_PER_TOKEN_HEAD):
         from kvfuse.ops import native
 
         call = AttentionCall(*args)
@@ -621,7 +623,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="batch 64 / context 4096 decode + 4k prefill only")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--impls", default="kvfuse,kvfuse_native,kvfuse_flashinfer,flashinfer,flashinfer_tc,torch_sdpa",
-                        help="kvfuse: the Triton kernels; kvfuse_native: csrc/'s decode kernel (FP8, NVFP4)")
+                        help="kvfuse: the Triton kernels; kvfuse_native: csrc/'s decode kernel (FP8, per-token-head FP8, NVFP4)")
     parser.add_argument("--decode-cases", default=None, metavar="B:CTX,...",
                         help="decode (batch, context) pairs to time instead of the default grid")
     parser.add_argument("--modes", default="bf16,fp8,nvfp4,fp8_pth")

@@ -38,7 +38,7 @@ for phase in $phases; do
           --ignore tests/ops/test_triton_attention.py --ignore tests/ops/test_attention_features.py
           --ignore tests/ops/test_new_token_prefill.py --ignore tests/ops/test_per_token_head.py
           --ignore tests/ops/test_head_scales.py" ;;
-        tests-native) dirs="tests/ops/test_native.py tests/ops/test_native_attention.py" ;;
+        tests-native) dirs="tests/ops/test_native.py tests/ops/test_native_attention.py tests/ops/test_per_token_head.py" ;;
         *) dirs="tests/compile tests/models tests/integrations tests/distributed" ;;
       esac
       # -v names every result as it happens (a summary printed at the end is lost when the phase
@@ -59,6 +59,9 @@ for phase in $phases; do
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
           --kernel-name kns=decode_attention python3 tests/ops/_native_attention_sanitize.py > "$RES/sanitizer_attention.log" 2>&1
         echo "compute-sanitizer memcheck (decode attention) rc=$? ($(tail -3 "$RES/sanitizer_attention.log" | tr '\n' ' '))"
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+          --kernel-name kns=per_token_head python3 tests/ops/_native_attention_sanitize.py write > "$RES/sanitizer_pth_write.log" 2>&1
+        echo "compute-sanitizer memcheck (per-token-head write) rc=$? ($(tail -3 "$RES/sanitizer_pth_write.log" | tr '\n' ' '))"
       fi
       ;;
     hf)

@@ -1,4 +1,4 @@
-// Paged decode attention over FP8 (e4m3, e5m2) and NVFP4 caches with warp-level tensor-core MMA
+// Paged decode attention over FP8 (e4m3, e5m2, per-token-head e4m3) and NVFP4 caches with warp-level tensor-core MMA
 // (mma.sync m16n8k16, fp16 inputs, fp32 accumulators), the cache bytes decoded straight into
 // the MMA's register fragments: decoded values never pass through shared memory. NVFP4 chunks are
 // prefetched into registers with 8- and 16-byte loads of whole row runs; FP8 chunks arrive as raw
@@ -14,10 +14,20 @@
 //
 // NVFP4 values enter the MMA as e2m1 * block scale * 2^-6 in fp16 (exact: a 2-bit by 4-bit
 // mantissa product, exponents inside fp16's range); the 2^6 is folded into k_scale / v_scale.
-// FP8 values enter as themselves (fp8 -> fp16 is exact). A bf16 query is converted to fp16,
+// FP8 values enter as themselves (fp8 -> fp16 is exact). Per-token-head FP8 rows (FP8_PER_TOKEN_HEAD:
+// D e4m3 bytes, then the row's float32 scale) are only 4-byte aligned, and a lone row of D + 4
+// bytes spans one 32-byte sector more than its data: read one by one, 25% more bytes would cross
+// from L2 than the cache holds (L2 throughput bounds this kernel). So where 4 heads' rows of a slot
+// form one 16-byte aligned run (heads % 4 == 0, rows back to back), a block takes 4 KV heads, a
+// warp each, and the block stages the runs of its chunk together (HG = 4); otherwise each row is
+// staged as the 16-byte segments that cover it. Staged rows are read back 32 bits at a time. A
+// key's scale multiplies its score; a value's scale multiplies its probability before the P V
+// product, relative to the largest value scale the warp has met (vref), times 2^8, so that the
+// fp16 operand stays in (0, 256] and small probabilities keep fp16's precision; vref enters the
+// accumulator's rescale like a moved running max. A bf16 query is converted to fp16,
 // scaled down by a power of two first when its tile exceeds 2^15 (the scores are scaled back).
 //
-// Work split: a block of kWarps warps owns one (sequence, KV head, split). Its query tile is up to
+// Work split: a block of kWarps warps owns one (sequence, KV head, split) (HG = 4: 4 KV heads, a warp each). Its query tile is up to
 // ROWS (8 or 16) rows = (query token, query head of the KV head's group) pairs; for decode with a GQA group
 // of 4 that is 4 live rows of 8. The warps take interleaved 16-key chunks of the split's key range,
 // each with its own running max / sum / accumulator, merged through shared memory at the end.
@@ -55,7 +65,8 @@
 namespace kvfuse {
 namespace {
 
-enum class DecodeFmt { kNvfp4, kE4m3, kE5m2 };
+// kE4m3Rows: FP8_PER_TOKEN_HEAD, e4m3 rows each followed by its float32 scale.
+enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 
 // Resident blocks per SM the register budget is set for (head sizes <= 128): 4 x 4 warps at 128
 // registers lets a batch-64, 8-KV-head decode (512 blocks) run in one wave on 132 SMs.
@@ -215,13 +226,25 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[W]) {
 template <DecodeFmt F, int D>
 struct Layout {
   static constexpr bool kNvfp4 = F == DecodeFmt::kNvfp4;
+  static constexpr bool kRowScales = F == DecodeFmt::kE4m3Rows;
   static constexpr int kRowBytes = kNvfp4 ? D / 2 : D;  // packed data bytes per (token, head)
   static constexpr int kKWords = kRowBytes / 16;        // per thread per key row: a quarter of the row
   static constexpr int kVWords = kRowBytes / 32;        // per thread per key: an eighth of the row
   static constexpr int kBlocks = D / 16;                // NVFP4 block scales per row
   static constexpr int kKScales = kNvfp4 ? (D / 64) : 0;          // block scales of a K run
   static constexpr int kVScales = kNvfp4 ? (D >= 128 ? D / 128 : 1) : 0;  // of a V run
-  static constexpr int kStages = kNvfp4 ? 0 : KVFUSE_DECODE_FP8_STAGES;   // shared-memory stages, or none
+  // Per-token-head rows are read from shared memory 32 bits at a time, and every such read of a
+  // warp falls on one word offset mod 4 unless lanes take their run's words in different orders:
+  // lane t reads K word (w + t) mod 4 of each 4 at step w, lane g V word (w + g / 2) mod 4, which
+  // spreads a read over all 32 banks. The order only renames the head dims a lane's MMA k-slots
+  // (K) or accumulator rows (V) hold, so the query load and the output store follow it.
+  __host__ __device__ static constexpr int rotate(int w, int by, int words) {
+    return words < 2 ? w : (w & ~((words < 4 ? words : 4) - 1)) | ((w + by) & ((words < 4 ? words : 4) - 1));
+  }
+  __host__ __device__ static constexpr int k_word(int w, int t) { return kRowScales ? rotate(w, t, kKWords) : w; }
+  __host__ __device__ static constexpr int v_word(int w, int g) { return kRowScales ? rotate(w, g / 2, kVWords) : w; }
+  // Shared-memory stages, or none (per-token-head rows are only ever staged).
+  static constexpr int kStages = kNvfp4 ? 0 : kRowScales && KVFUSE_DECODE_FP8_STAGES < 2 ? 2 : KVFUSE_DECODE_FP8_STAGES;
 };
 
 // One chunk's raw bytes, as a thread holds them: K rows g and g + 8 (its quarter of each), V rows
@@ -233,6 +256,8 @@ struct ChunkBytes {
   uint32_t v[4][L::kVWords];
   uint32_t k_scales[2];  // NVFP4: kKScales bytes each
   uint32_t v_scales[4];  // NVFP4: kVScales bytes each
+  float k_row_scales[2];  // kE4m3Rows: the scales of K rows g, g + 8
+  float v_row_scales[2];  // kE4m3Rows: the scales of V rows g, g + 8 (the keys of this lane's scores)
 };
 
 // Key i of a chunk for this thread: K rows g, g + 8 (i = 0, 1), V rows 2t, 2t+1, 2t+8, 2t+9 (i = 2..5).
@@ -417,15 +442,30 @@ __device__ __forceinline__ void load_chunk_in_page(const DecodeParams& p, const 
 // ----------------------------------------------------------------------------- shared-memory stages
 
 // One chunk's rows as cp.async lays them in a warp's stage (FP8 caches): K rows, then V rows, each
-// padded by 16 bytes so that rows 2t and 2t + 2 start on different banks.
+// padded by 16 bytes so that rows 2t and 2t + 2 start on different banks. A per-token-head row
+// (D + 4 bytes at any 4-byte offset) takes the 16-byte segments that cover it, (D + 31) / 16 of
+// them: an odd count, so that its 32-bit reads (all at one offset mod 16) spread over all 8 bank
+// quads that such reads can reach.
 template <DecodeFmt F, int D>
 struct Stage {
   using L = Layout<F, D>;
   static_assert(!L::kNvfp4, "NVFP4 chunks are prefetched into registers");
-  static constexpr int kPitch = L::kRowBytes + 16;
+  static constexpr int kPieces = L::kRowScales ? (D + 31) / 16 : L::kRowBytes / 16;  // 16-byte copies per row
+  static constexpr int kPitch = L::kRowScales ? kPieces * 16 : L::kRowBytes + 16;
   static constexpr int kV = kChunk * kPitch;
   static constexpr int kBytes = 2 * kChunk * kPitch;
-  static constexpr int kPieces = L::kRowBytes / 16;  // 16-byte copies per row
+};
+
+// One chunk of HG heads' per-token-head rows as a block stages them (HG > 1): per side and key,
+// the slot's run of HG rows (HG (D + 4) bytes, 16-byte aligned: the host checks).
+template <int D, int HG>
+struct GroupStage {
+  static constexpr int kRow = D + 4;
+  static constexpr int kPieces = HG * kRow / 16;  // 16-byte copies per key and side
+  static constexpr int kPitch = kPieces * 16;
+  static constexpr int kV = kChunk * kPitch;
+  static constexpr int kBytes = 2 * kV;
+  static_assert(HG * kRow % 16 == 0, "a run of HG rows must be whole 16-byte units");
 };
 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
@@ -463,9 +503,45 @@ __device__ __forceinline__ void copy_chunk(const DecodeParams& p, const int32_t*
         slot = pos % p.page;
       }
     }
-    const uint8_t* src = page == nullptr ? p.cache
-                                         : page + side * p.stride_ckv + slot * p.stride_cs + kvh * p.stride_ch + piece * 16;
+    const uint8_t* src = p.cache;
+    if (page != nullptr) {
+      src = page + side * p.stride_ckv + slot * p.stride_cs + kvh * p.stride_ch;
+      // A per-token-head row starts at any 4-byte offset: copy from the 16-byte boundary below it.
+      if constexpr (Layout<F, D>::kRowScales) src = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t{15});
+      src += piece * 16;
+    }
     cp_async_16(stage + side * S::kV + k * S::kPitch + piece * 16, src, page != nullptr);
+  }
+}
+
+// copy_chunk for a block of HG heads: the runs of heads head0 .. head0 + HG - 1, keys outside
+// [lo, hi) zero-filled. Each (side, key) run is 4 threads' (the block's 128 threads cover the
+// chunk's 32 runs), each taking every 4th 16-byte piece.
+template <int D, int HG>
+__device__ __forceinline__ void copy_group_chunk(const DecodeParams& p, const int32_t* bt_row, int head0, int start,
+                                                 int lo, int hi, uint32_t stage) {
+  using S = GroupStage<D, HG>;
+  static_assert(kThreads == 4 * 2 * kChunk, "4 threads per (side, key) run");
+  const int run = threadIdx.x / 4, part = threadIdx.x % 4, side = run / kChunk, k = run % kChunk;
+  const int pos = start + k;
+  const bool valid = pos >= lo && pos < hi;
+  const uint8_t* src = p.cache;
+  if (valid) {
+    int block, slot;
+    if (chunk_in_page(p, start, lo, hi)) {
+      block = __ldg(bt_row + (start >> p.page_shift));
+      slot = (start & (p.page - 1)) + k;
+    } else {
+      block = __ldg(bt_row + pos / p.page);
+      slot = pos % p.page;
+    }
+    src = p.cache + static_cast<int64_t>(block) * p.stride_cb + side * p.stride_ckv + slot * p.stride_cs +
+          head0 * p.stride_ch;
+  }
+  const uint32_t dst = stage + side * S::kV + k * S::kPitch;
+#pragma unroll
+  for (int piece = part; piece < S::kPieces; piece += 4) {
+    cp_async_16(dst + piece * 16, valid ? src + piece * 16 : p.cache, valid);
   }
 }
 
@@ -490,6 +566,7 @@ template <DecodeFmt F, int D>
 __device__ __forceinline__ void read_chunk(const uint8_t* stage, int g, int t, ChunkBytes<F, D>& c) {
   using L = Layout<F, D>;
   using S = Stage<F, D>;
+  static_assert(!L::kRowScales, "per-token-head rows: read_row_chunk");
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const uint8_t* row = stage + (g + 8 * r) * S::kPitch;
@@ -512,6 +589,45 @@ __device__ __forceinline__ void read_chunk(const uint8_t* stage, int g, int t, C
   }
 }
 
+// read_chunk for per-token-head rows: each staged row starts at its offset mod 16 in the page,
+// read 32 bits at a time. Pages, their sides and page * stride_cs are multiples of 16 bytes (the
+// host checks), so that offset is (pos * stride_cs + kvh * stride_ch) mod 16 for key position pos.
+// HG > 1: the rows are warp `member`'s of the block's staged runs instead.
+template <DecodeFmt F, int D, int HG>
+__device__ __forceinline__ void read_row_chunk(const DecodeParams& p, const uint8_t* stage, int kvh, int member,
+                                               int start, int g, int t, ChunkBytes<F, D>& c) {
+  using L = Layout<F, D>;
+  static_assert(L::kRowScales, "read_chunk");
+  const int head_at = kvh * p.stride_ch;
+  auto row_at = [&](int side, int key) {
+    if constexpr (HG > 1) {
+      using S = GroupStage<D, HG>;
+      return stage + side * S::kV + key * S::kPitch + member * S::kRow;
+    } else {
+      using S = Stage<F, D>;
+      return stage + side * S::kV + key * S::kPitch + (((start + key) * p.stride_cs + head_at) & 15);
+    }
+  };
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint8_t* row = row_at(0, g + 8 * r);
+#pragma unroll
+    for (int w = 0; w < L::kKWords; ++w) {
+      c.k[r][w] = *reinterpret_cast<const uint32_t*>(row + run_byte<L::kKWords, 4>(t, L::k_word(w, t), 0));
+    }
+    c.k_row_scales[r] = *reinterpret_cast<const float*>(row + D);
+    c.v_row_scales[r] = *reinterpret_cast<const float*>(row_at(1, g + 8 * r) + D);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint8_t* row = row_at(1, chunk_key(2 + r, g, t));
+#pragma unroll
+    for (int w = 0; w < L::kVWords; ++w) {
+      c.v[r][w] = *reinterpret_cast<const uint32_t*>(row + run_byte<L::kVWords, 8>(g, L::v_word(w, g), 0));
+    }
+  }
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   // Results below 2^-126 flush to zero: a probability that small does not move an fp32 sum.
@@ -529,6 +645,8 @@ struct RowState {
   float m[kRowTiles][2];           // running max (replicated over g)
   float l[kRowTiles][2];           // this lane's partial sums (its keys g, g + 8 of each chunk)
   float acc[D / 16][kRowTiles][4]; // O^T tiles: dims x rows (2t, 2t+1)
+  float vref;                      // per-token-head V: the largest value scale met so far (0: none)
+  float vmul;                      // 2^8 / vref (0 while vref is 0)
 };
 
 __device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
@@ -583,16 +701,37 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[rt][e] += s2[rt][e];
   // s[rt][e]: key g + 8 (e / 2), row 8 rt + 2t + (e % 2).
+  float key_scale[2] = {qk_scale, qk_scale};
+  if constexpr (L::kRowScales) {
+    key_scale[0] *= c.k_row_scales[0];
+    key_scale[1] *= c.k_row_scales[1];
+  }
   if (p.cap > 0.f) {
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[rt][e] = p.cap * tanhf(s[rt][e] * qk_scale * p.inv_cap);
+      for (int e = 0; e < 4; ++e) s[rt][e] = p.cap * tanhf(s[rt][e] * key_scale[e / 2] * p.inv_cap);
   } else {
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[rt][e] *= qk_scale;
+      for (int e = 0; e < 4; ++e) s[rt][e] *= key_scale[e / 2];
+  }
+  // Per-token-head V: a larger value scale than any before rescales the accumulator to it.
+  float beta = 1.f;
+  float p_mul[2] = {1.f, 1.f};
+  if constexpr (L::kRowScales) {
+    float vmax = fmaxf(c.v_row_scales[0], c.v_row_scales[1]);
+    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 4));
+    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 8));
+    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 16));
+    if (vmax > st.vref) {
+      beta = st.vref / vmax;
+      st.vref = vmax;
+      st.vmul = 256.f / vmax;
+    }
+    p_mul[0] = c.v_row_scales[0] * st.vmul;
+    p_mul[1] = c.v_row_scales[1] * st.vmul;
   }
   if (masked) {
 #pragma unroll
@@ -625,7 +764,9 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
       st.l[rt][j] = st.l[rt][j] * alpha[j] + s[rt][j] + s[rt][j + 2];
     }
     // Once the running maxima settle, most chunks leave them as they are: skip the rescale then.
-    if (__any_sync(0xffffffffu, (alpha[0] != 1.f) | (alpha[1] != 1.f))) {
+    if (__any_sync(0xffffffffu, (alpha[0] != 1.f) | (alpha[1] != 1.f) | (beta != 1.f))) {
+      alpha[0] *= beta;
+      alpha[1] *= beta;
 #pragma unroll
       for (int i = 0; i < D / 16; ++i) {
         st.acc[i][rt][0] *= alpha[0];
@@ -633,6 +774,10 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
         st.acc[i][rt][2] *= alpha[0];
         st.acc[i][rt][3] *= alpha[1];
       }
+    }
+    if constexpr (L::kRowScales) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[rt][e] *= p_mul[e / 2];
     }
     // [key][row] 8x8 tiles (keys 0-7, 8-15) -> [row][key]: rows g, keys 2t, 2t+1 (+ 8).
     pb[rt][0] = transpose_8x8(pack_f16x2(s[rt][0], s[rt][1]));
@@ -671,25 +816,28 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
   }
 }
 
-template <DecodeFmt F, int D, int ROWS>
+template <DecodeFmt F, int D, int ROWS, int HG>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS : 1) decode_attention_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F, D>;
   using State = RowState<D, ROWS>;
+  static_assert(HG == 1 || (HG == kWarps && L::kRowScales), "a warp per head: per-token-head rows only");
   extern __shared__ float smem[];
   float* sm_m = smem;                          // [kWarps][ROWS]
   float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
   float* sm_o = sm_l + kWarps * ROWS;          // [kWarps][ROWS][D]
 
-  const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int b = blockIdx.x, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int kvh = HG == 1 ? blockIdx.y : blockIdx.y * HG + warp;  // HG > 1: every warp's head exists (host)
   const int q_start = __ldg(p.query_start_loc + b);
   const int q_len = __ldg(p.query_start_loc + b + 1) - q_start;
   const int seq_len = __ldg(p.seq_lens + b);
   const int G = p.group;
   const int tile_tokens = ROWS / G;
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(b) * p.stride_bt;
-  float k_scale = __ldg(p.k_scale + kvh * p.k_scale_stride);
-  float v_scale = __ldg(p.v_scale + kvh * p.v_scale_stride);
+  // Per-token-head rows carry their own scales (the static ones are unused).
+  float k_scale = L::kRowScales ? 1.f : __ldg(p.k_scale + kvh * p.k_scale_stride);
+  float v_scale = L::kRowScales ? 1.f : __ldg(p.v_scale + kvh * p.v_scale_stride);
   if constexpr (L::kNvfp4) {
     k_scale *= 64.f;  // decoded values are e2m1 * block scale * 2^-6
     v_scale *= 64.f;
@@ -734,7 +882,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
           static_cast<const uint8_t*>(p.query) + (row * p.stride_qt + (kvh * G + r % G) * p.stride_qh) * 2;
 #pragma unroll
       for (int c = 0; c < D / 16; ++c) {
-        const int dim = L::kNvfp4 ? 2 * run_byte<L::kKWords, 4>(t, c / 2, (c % 2) * 2) : run_byte<L::kKWords, 4>(t, c, 0);
+        const int dim = L::kNvfp4 ? 2 * run_byte<L::kKWords, 4>(t, c / 2, (c % 2) * 2)
+                                  : run_byte<L::kKWords, 4>(t, L::k_word(c, t), 0);
         uint2 v = make_uint2(0, 0);
         if (ok) v = __ldg(reinterpret_cast<const uint2*>(q_row + 2 * dim));
         const uint32_t words[2] = {v.x, v.y};
@@ -752,7 +901,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
         }
       }
     }
-    // Every warp loads the same tile, so a warp-wide max is the tile's.
+    // Every warp of the head loads the same tile, so a warp-wide max is the tile's.
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float q_mul = amax > 32768.f ? exp2f(-ceilf(log2f(amax / 32768.f))) : 1.f;
@@ -775,6 +924,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
 #pragma unroll
       for (int i = 0; i < D / 16; ++i) st.acc[i][rt][0] = st.acc[i][rt][1] = st.acc[i][rt][2] = st.acc[i][rt][3] = 0.f;
     }
+    st.vref = st.vmul = 0.f;
 
     auto attend = [&](const ChunkBytes<F, D>& bytes, int chunk) {
       const int start = chunk * kChunk;
@@ -783,7 +933,36 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
     };
     int c = c_begin + warp;
     constexpr int kStages = L::kStages;
-    if constexpr (kStages >= 2) {
+    if constexpr (HG > 1) {
+      // All warps take every chunk, each its own head's rows of the block's staged runs.
+      using S = GroupStage<D, HG>;
+      uint8_t* ring = reinterpret_cast<uint8_t*>(smem);
+      const uint32_t ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+      const int head0 = blockIdx.y * HG;
+      c = c_begin;
+#pragma unroll
+      for (int s = 0; s < kStages - 1; ++s) {
+        if (c + s < c_end) copy_group_chunk<D, HG>(p, bt_row, head0, (c + s) * kChunk, lo, hi, ring_at + s * S::kBytes);
+        cp_async_commit();
+      }
+      // One barrier per chunk: once chunk c's bytes have landed and every warp is past it, every
+      // warp has also read chunk c - 1's stage, which the copy issued after the barrier refills.
+      for (int i = 0; c < c_end; ++i, ++c) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+        const int ahead = c + kStages - 1;
+        if (ahead < c_end) {
+          copy_group_chunk<D, HG>(p, bt_row, head0, ahead * kChunk, lo, hi,
+                                  ring_at + ((i + kStages - 1) % kStages) * S::kBytes);
+        }
+        cp_async_commit();
+        ChunkBytes<F, D> bytes;
+        read_row_chunk<F, D, HG>(p, ring + (i % kStages) * S::kBytes, kvh, warp, c * kChunk, g, t, bytes);
+        attend(bytes, c);
+      }
+      cp_async_wait<0>();
+      __syncthreads();  // the merge below reuses the ring
+    } else if constexpr (kStages >= 2) {
       using S = Stage<F, D>;
       uint8_t* ring = reinterpret_cast<uint8_t*>(smem) + warp * kStages * S::kBytes;
       const uint32_t ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
@@ -804,7 +983,11 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
         cp_async_wait<kStages - 1>();
         __syncwarp();
         ChunkBytes<F, D> bytes;
-        read_chunk<F, D>(ring + (i % kStages) * S::kBytes, g, t, bytes);
+        if constexpr (L::kRowScales) {
+          read_row_chunk<F, D, 1>(p, ring + (i % kStages) * S::kBytes, kvh, 0, c * kChunk, g, t, bytes);
+        } else {
+          read_chunk<F, D>(ring + (i % kStages) * S::kBytes, g, t, bytes);
+        }
         __syncwarp();  // the next iteration refills this stage; its bytes are in registers now
         attend(bytes, c);
       }
@@ -858,31 +1041,33 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       for (int rt = 0; rt < State::kRowTiles; ++rt) {
         // Accumulator (dims dim, dim + 1: the V run's bytes of tile i) x (rows 8 rt + 2t, + 1).
         const int dim = L::kNvfp4 ? 2 * run_byte<L::kVWords, 8>(g, i / 4, i % 4)
-                                  : run_byte<L::kVWords, 8>(g, i / 2, 2 * (i % 2));
+                                  : run_byte<L::kVWords, 8>(g, L::v_word(i / 2, g), 2 * (i % 2));
         float* row0 = sm_o + (warp * ROWS + 8 * rt + 2 * t) * D + dim;
         float* row1 = row0 + D;
-        *reinterpret_cast<float2*>(row0) = make_float2(st.acc[i][rt][0], st.acc[i][rt][2]);
-        *reinterpret_cast<float2*>(row1) = make_float2(st.acc[i][rt][1], st.acc[i][rt][3]);
+        // Per-token-head V: the accumulator counts in units of vref / 2^8.
+        const float unit = L::kRowScales ? st.vref * (1.f / 256.f) : 1.f;
+        *reinterpret_cast<float2*>(row0) = make_float2(st.acc[i][rt][0] * unit, st.acc[i][rt][2] * unit);
+        *reinterpret_cast<float2*>(row1) = make_float2(st.acc[i][rt][1] * unit, st.acc[i][rt][3] * unit);
       }
     }
     __syncthreads();
     const bool split_out = p.num_splits > 1;
-    for (int e = threadIdx.x * 4; e < ROWS * D; e += kThreads * 4) {
-      const int r = e / D, dim = e % D;
+    // HG > 1: warp `member`'s rows are its head's alone; else every warp holds a part of each row.
+    for (int e = threadIdx.x * 4; e < HG * ROWS * D; e += kThreads * 4) {
+      const int member = e / (ROWS * D), r = (e / D) % ROWS, dim = e % D;
       const int tok = r / G;
       if (tok >= n_tok) continue;
-      const int head = kvh * G + r % G;
+      const int head = (HG == 1 ? kvh : blockIdx.y * HG + member) * G + r % G;
+      const int w_first = HG == 1 ? 0 : member, w_end = HG == 1 ? kWarps : member + 1;
       float M = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * ROWS + r]);
+      for (int w = w_first; w < w_end; ++w) M = fmaxf(M, sm_m[w * ROWS + r]);
       float sink = -INFINITY;
       if (p.sinks != nullptr && split == 0) sink = __ldg(p.sinks + head) * kLog2e;
       M = fmaxf(M, sink);
       const float base = M == -INFINITY ? 0.f : M;
       float Lsum = sink == -INFINITY ? 0.f : exp2f(sink - base);
       float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = w_first; w < w_end; ++w) {
         const float wgt = exp2f(sm_m[w * ROWS + r] - base);
         Lsum += sm_l[w * ROWS + r] * wgt;
         const float4 x = *reinterpret_cast<const float4*>(sm_o + (w * ROWS + r) * D + dim);
@@ -947,35 +1132,52 @@ __global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodePar
   }
 }
 
-template <DecodeFmt F, int D, int ROWS>
+template <DecodeFmt F, int D, int ROWS, int HG>
 void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
-  if constexpr (Layout<F, D>::kStages >= 2) {
+  if constexpr (HG > 1) {
+    smem = std::max(smem, size_t{Layout<F, D>::kStages} * GroupStage<D, HG>::kBytes);
+  } else if constexpr (Layout<F, D>::kStages >= 2) {
     smem = std::max(smem, size_t{kWarps} * Layout<F, D>::kStages * Stage<F, D>::kBytes);
   }
-  auto kernel = decode_attention_kernel<F, D, ROWS>;
+  auto kernel = decode_attention_kernel<F, D, ROWS, HG>;
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  kernel<<<dim3(num_seqs, p.num_kv_heads, p.num_splits), kThreads, smem, stream>>>(p);
+  kernel<<<dim3(num_seqs, p.num_kv_heads / HG, p.num_splits), kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <DecodeFmt F, int D>
+template <DecodeFmt F, int D, int HG>
 void launch_rows(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   if (p.group <= 8) {
-    launch_decode<F, D, 8>(p, num_seqs, stream);
+    launch_decode<F, D, 8, HG>(p, num_seqs, stream);
   } else {
-    launch_decode<F, D, 16>(p, num_seqs, stream);
+    launch_decode<F, D, 16, HG>(p, num_seqs, stream);
   }
+}
+
+// Per-token-head rows: kWarps heads per block where their rows of a slot are one aligned run
+// (kvfuse.ops.native.decode_heads_per_block restates this rule for the split count).
+bool group_heads(const DecodeParams& p, int head_size) {
+  return p.num_kv_heads % kWarps == 0 && p.stride_ch == head_size + 4 && p.stride_cs == p.num_kv_heads * p.stride_ch &&
+         (kWarps * p.stride_ch) % 16 == 0;
+}
+
+template <DecodeFmt F, int D>
+void launch_groups(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+  if constexpr (Layout<F, D>::kRowScales) {
+    if (group_heads(p, D)) return launch_rows<F, D, kWarps>(p, num_seqs, stream);
+  }
+  launch_rows<F, D, 1>(p, num_seqs, stream);
 }
 
 template <DecodeFmt F>
 void launch_head_size(const DecodeParams& p, int head_size, int num_seqs, cudaStream_t stream) {
   switch (head_size) {
-    case 64: return launch_rows<F, 64>(p, num_seqs, stream);
-    case 128: return launch_rows<F, 128>(p, num_seqs, stream);
-    case 256: return launch_rows<F, 256>(p, num_seqs, stream);
+    case 64: return launch_groups<F, 64>(p, num_seqs, stream);
+    case 128: return launch_groups<F, 128>(p, num_seqs, stream);
+    case 256: return launch_groups<F, 256>(p, num_seqs, stream);
     default: TORCH_CHECK_VALUE(false, "paged_decode_attention: head_size=", head_size, " (allowed: 64, 128, 256)");
   }
 }
@@ -991,8 +1193,9 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
                                        int64_t sliding_window, double logit_softcap, int64_t num_splits) {
   TORCH_CHECK_VALUE(is_valid_mode(kv_quant_mode), "paged_decode_attention: kv_quant_mode=", kv_quant_mode);
   const auto mode = static_cast<KVQuantMode>(kv_quant_mode);
-  TORCH_CHECK_VALUE(mode == KVQuantMode::NVFP4 || is_fp8(mode), "paged_decode_attention: kv_quant_mode=",
-                    mode_name(mode), " (allowed: FP8_E4M3, FP8_E5M2, NVFP4)");
+  TORCH_CHECK_VALUE(mode == KVQuantMode::NVFP4 || mode == KVQuantMode::FP8_PER_TOKEN_HEAD || is_fp8(mode),
+                    "paged_decode_attention: kv_quant_mode=", mode_name(mode),
+                    " (allowed: FP8_E4M3, FP8_E5M2, FP8_PER_TOKEN_HEAD, NVFP4)");
   TORCH_CHECK_VALUE(query.dim() == 3 && (query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf),
                     "paged_decode_attention: query must be [tokens, heads, head_size] bfloat16 or float16, got ",
                     query.scalar_type(), " with ", query.dim(), " dims");
@@ -1010,7 +1213,12 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   // In-page offsets are 32-bit: a page (both sides) must span less than 2 GiB.
   TORCH_CHECK_VALUE(kv_cache.stride(1) * 2 < (int64_t{1} << 31) && kv_cache.stride(2) * kv_cache.size(2) < (int64_t{1} << 31),
                     "paged_decode_attention: kv_cache pages of 2 GiB or more");
-  if (mode != KVQuantMode::NVFP4) {
+  if (mode == KVQuantMode::FP8_PER_TOKEN_HEAD) {
+    TORCH_CHECK_VALUE(kv_cache.size(4) == head_size + 4 && kv_cache.stride(2) % 4 == 0 && kv_cache.stride(3) % 4 == 0 &&
+                          (kv_cache.size(2) * kv_cache.stride(2)) % 16 == 0,
+                      "paged_decode_attention: FP8_PER_TOKEN_HEAD rows must be head_size + 4 bytes, 4-byte aligned, "
+                      "in page sides of a multiple of 16 bytes");
+  } else if (mode != KVQuantMode::NVFP4) {
     TORCH_CHECK_VALUE(kv_cache.size(4) == head_size && kv_cache.stride(2) % 16 == 0 && kv_cache.stride(3) % 16 == 0,
                       "paged_decode_attention: FP8 rows must be head_size bytes, 16-byte aligned");
   } else {
@@ -1077,6 +1285,7 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   switch (mode) {
     case KVQuantMode::NVFP4: launch_head_size<DecodeFmt::kNvfp4>(p, head_size, seqs, stream); break;
     case KVQuantMode::FP8_E5M2: launch_head_size<DecodeFmt::kE5m2>(p, head_size, seqs, stream); break;
+    case KVQuantMode::FP8_PER_TOKEN_HEAD: launch_head_size<DecodeFmt::kE4m3Rows>(p, head_size, seqs, stream); break;
     default: launch_head_size<DecodeFmt::kE4m3>(p, head_size, seqs, stream); break;
   }
   if (num_splits > 1) {

@@ -23,12 +23,15 @@ Functions :func:`encode_kv`, :func:`cache_write` and :func:`encode_and_cache_wri
 argument lists of :mod:`kvfuse.ops.reference`; arguments are validated by the op layer before
 they get here (the C++ side re-checks only what memory safety needs).
 
-:func:`paged_attention` (CUDA, FP8 and NVFP4 caches) runs ``csrc/cuda/decode_attention.cu``, a
+:func:`paged_attention` (CUDA; FP8, per-token-head FP8 and NVFP4 caches) runs ``csrc/cuda/decode_attention.cu``, a
 decode kernel that decodes the cache bytes straight into warp-level tensor-core fragments. It
 takes decode-shaped calls (at most :data:`DECODE_TOKENS_PER_SEQUENCE` query tokens per sequence,
 on average) that it supports (:func:`decode_refusal`); the others run Triton's kernel, which
 covers every call. With the native backend forced (``KVFUSE_ATTENTION_BACKEND=native``) every
 call it supports runs natively, prefill-shaped ones included, and the rest raise.
+
+FP8_PER_TOKEN_HEAD caches are written by ``csrc/cuda/per_token_head_write.cu`` (CUDA, fused write
+only; layouts it does not take go to Triton's kernel, see :func:`per_token_head_write_refusal`).
 
 NVFP4 caches are written in the page layout of :func:`kvfuse.kv_cache.nvfp4_page_index`
 (``csrc/nvfp4_page.h`` restates it): both cache ops split each encoded row over its page's data
@@ -71,7 +74,7 @@ __all__ = [
 ]
 
 _CPU_SOURCES = ("registration.cpp", "cpu/cache_write.cpp")
-_CUDA_SOURCES = ("cuda/cache_write.cu", "cuda/decode_attention.cu")
+_CUDA_SOURCES = ("cuda/cache_write.cu", "cuda/decode_attention.cu", "cuda/per_token_head_write.cu")
 # Numerics depend on IEEE division and no flush-to-zero: say so explicitly instead of relying
 # on nvcc's defaults.
 _NVCC_FLAGS = ("-O3", "--prec-div=true", "--ftz=false")
@@ -210,6 +213,12 @@ def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
     """None if the native backend can run ``op`` on ``device_type``; else why not (may build first)."""
     if _disabled():
         return "it is disabled by KVFUSE_NATIVE=0"
+    if mode == KVQuantMode.FP8_PER_TOKEN_HEAD:
+        if op not in _PER_TOKEN_HEAD_OPS:
+            return (f"it implements FP8_PER_TOKEN_HEAD for {', '.join(sorted(_PER_TOKEN_HEAD_OPS))} only, "
+                    f"not for {op}")
+        if device_type != "cuda":
+            return f"its FP8_PER_TOKEN_HEAD kernels run on CUDA, not on {device_type}"
     if op == "paged_attention":
         if device_type != "cuda":
             return f"its attention kernel runs on CUDA, not on {device_type}"
@@ -250,13 +259,57 @@ def cache_write(key_rows: torch.Tensor, value_rows: torch.Tensor, kv_cache: torc
 def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
                            kv_quant_mode: int) -> None:
-    """:func:`kvfuse.ops.reference.encode_and_cache_write`, natively, in one pass over memory."""
+    """:func:`kvfuse.ops.reference.encode_and_cache_write`, natively, in one pass over memory.
+
+    FP8_PER_TOKEN_HEAD (CUDA) takes its own kernel, for the layouts :func:`per_token_head_write_refusal`
+    accepts; other calls go to Triton's kernel, or raise when the native backend is forced."""
+    if kv_quant_mode == KVQuantMode.FP8_PER_TOKEN_HEAD:
+        reason = per_token_head_write_refusal(key, value, kv_cache, slot_mapping)
+        if reason is not None:
+            if key.device.type != "cuda" or envs.settings().forced_backend("cache") == "native":
+                raise ValueError(f"the native FP8_PER_TOKEN_HEAD write cannot run this call: {reason}")
+            from .triton.kv_write import encode_and_cache_write as triton_write
+
+            return triton_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, kv_quant_mode)
+        fn = _ops.get("fp8_per_token_head_cache_write")
+        if fn is None:
+            _require("encode_kv")
+            fn = _ops["fp8_per_token_head_cache_write"] = torch.ops.kvfuse_native.fp8_per_token_head_cache_write.default
+        return fn(key, value, kv_cache, slot_mapping)
     _require("encode_and_cache_write")(key, value, kv_cache, slot_mapping, k_scale, v_scale, int(kv_quant_mode))
+
+
+#: The ops that csrc/ implements for FP8_PER_TOKEN_HEAD caches, on CUDA.
+_PER_TOKEN_HEAD_OPS = frozenset({"encode_and_cache_write", "paged_attention"})
+#: The per-token-head write kernel's lanes take 8 inputs each, at most 32 lanes per row.
+_PER_TOKEN_HEAD_MAX_HEAD_SIZE = 256
+
+
+def per_token_head_write_refusal(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                                 slot_mapping: torch.Tensor) -> Optional[str]:
+    """None if the FP8_PER_TOKEN_HEAD write kernel takes this (already validated) call; else why not."""
+    if key.device.type != "cuda":
+        return f"key is on {key.device.type}: it runs on CUDA"
+    head_size = key.shape[2]
+    if head_size % 8 or head_size > _PER_TOKEN_HEAD_MAX_HEAD_SIZE:
+        return f"head_size={head_size}: it takes multiples of 8 up to {_PER_TOKEN_HEAD_MAX_HEAD_SIZE}"
+    if key.stride() != value.stride():
+        return f"key strides {tuple(key.stride())} differ from value strides {tuple(value.stride())}"
+    es = key.element_size()
+    if (key.stride(2) != 1 or (key.stride(0) * es) % 16 or (key.stride(1) * es) % 16 or key.data_ptr() % 16
+            or value.data_ptr() % 16):
+        return f"key/value strides {tuple(key.stride())} / addresses: its input rows must start 16-byte aligned"
+    if any(st % 4 for st in kv_cache.stride()[:4]) or kv_cache.data_ptr() % 4:
+        return f"kv_cache strides {tuple(kv_cache.stride())}: its rows must start 4-byte aligned"
+    if not slot_mapping.is_contiguous():
+        return "slot_mapping is not contiguous"
+    return None
 
 
 # ----------------------------------------------------------------------------- decode attention
 
-_ATTENTION_MODES = frozenset({KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4})
+_ATTENTION_MODES = frozenset({KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4,
+                              KVQuantMode.FP8_PER_TOKEN_HEAD})
 _ATTENTION_HEAD_SIZES = (64, 128, 256)
 #: Calls with more query tokens than this per sequence (on average) are prefill-shaped: Triton's
 #: kernel takes them unless the native backend is forced (the native kernel re-reads the keys
@@ -280,7 +333,7 @@ def decode_refusal(call: AttentionCall, prefill_shaped_ok: bool = False) -> Opti
         return f"kv_quant_mode={fmt.name}: K and V in different formats take the Triton kernel"
     mode = fmt.key
     if mode not in _ATTENTION_MODES:
-        return f"kv_quant_mode={mode.name}: it reads FP8_E4M3, FP8_E5M2 and NVFP4 caches"
+        return f"kv_quant_mode={mode.name}: it reads FP8_E4M3, FP8_E5M2, FP8_PER_TOKEN_HEAD and NVFP4 caches"
     if query.device.type != "cuda":
         return f"query is on {query.device.type}: it runs on CUDA"
     if query.dtype not in (torch.bfloat16, torch.float16):
@@ -299,7 +352,11 @@ def decode_refusal(call: AttentionCall, prefill_shaped_ok: bool = False) -> Opti
         return f"query strides {tuple(query.stride())} / address: its rows must start 16-byte aligned"
     if kv_cache.data_ptr() % 16 or kv_cache.stride(0) % 16 or kv_cache.stride(1) % 16:
         return f"kv_cache strides {tuple(kv_cache.stride())} / address: its pages must start 16-byte aligned"
-    if mode is not KVQuantMode.NVFP4 and (kv_cache.stride(2) % 16 or kv_cache.stride(3) % 16):
+    if mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+        if kv_cache.stride(2) % 4 or kv_cache.stride(3) % 4 or (kv_cache.shape[2] * kv_cache.stride(2)) % 16:
+            return (f"kv_cache strides {tuple(kv_cache.stride())}: FP8_PER_TOKEN_HEAD rows must start 4-byte "
+                    f"aligned, in page sides of a multiple of 16 bytes")
+    elif mode is not KVQuantMode.NVFP4 and (kv_cache.stride(2) % 16 or kv_cache.stride(3) % 16):
         return f"kv_cache strides {tuple(kv_cache.stride())}: FP8 rows must start 16-byte aligned"
     return None
 
@@ -307,6 +364,18 @@ def decode_refusal(call: AttentionCall, prefill_shaped_ok: bool = False) -> Opti
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def decode_heads_per_block(call: AttentionCall) -> int:
+    """KV heads per block of the decode kernel: 4 for a per-token-head cache whose 4 heads' rows of a
+    slot are one 16-byte aligned run (heads % 4 == 0, rows back to back), where the block stages those
+    runs together; else 1. Restates ``group_heads`` in csrc/cuda/decode_attention.cu."""
+    kv_cache = call.kv_cache
+    num_kv_heads, row = kv_cache.shape[3], kv_cache.shape[4]
+    if (KVFormat.of(call.kv_quant_mode).key is KVQuantMode.FP8_PER_TOKEN_HEAD and num_kv_heads % 4 == 0
+            and kv_cache.stride(3) == row and kv_cache.stride(2) == num_kv_heads * row):
+        return 4
+    return 1
 
 
 def _num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
@@ -333,7 +402,8 @@ def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) ->
         _require("encode_kv")
         fn = _ops["paged_decode_attention"] = torch.ops.kvfuse_native.paged_decode_attention.default
     if num_splits is None:
-        num_splits = _num_splits(call.block_table.shape[0], call.kv_cache.shape[3], call.query.device)
+        num_splits = _num_splits(call.block_table.shape[0], call.kv_cache.shape[3] // decode_heads_per_block(call),
+                                 call.query.device)
     return fn(call.query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,
               call.query_start_loc, call.sinks, KVFormat.of(call.kv_quant_mode).code, float(call.sm_scale),
               int(call.sliding_window or 0), float(call.logit_softcap), int(num_splits))
@@ -376,8 +446,8 @@ def route_cuda_calls() -> bool:
     policy = tuning.cuda_cache_write_policy()
     max_tokens, python_when_captured = [], []
     for mode in KVQuantMode:
-        if mode not in IMPLEMENTATION.modes:
-            # csrc/ cannot write it: the Python path runs it (and, with native forced, refuses it there).
+        if mode not in IMPLEMENTATION.modes or mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+            # The C++ router does not run it: the Python path does (its kernel, or a refusal when forced).
             max_tokens.append(0)
             python_when_captured.append(1)
             continue
@@ -439,8 +509,8 @@ def _rank(situation: Situation) -> Optional[int]:
 
 IMPLEMENTATION = Implementation(
     name="native", module=__name__, ops=frozenset(CACHE_OPS) | {"paged_attention"}, devices=frozenset({"cpu", "cuda"}),
-    # csrc/ does not implement FP8_PER_TOKEN_HEAD (its entry points refuse it): Triton / the reference write it.
-    modes=ALL_MODES - {KVQuantMode.FP8_PER_TOKEN_HEAD},
+    # FP8_PER_TOKEN_HEAD: the fused write and decode attention on CUDA only (unavailable_reason).
+    modes=ALL_MODES,
     # CPU only: on CUDA a refusal thrown from check_cache has crashed the process (seen on the H100,
     # not understood yet), so CUDA calls are validated in Python, or pre-checked without throwing by
     # the eager router (fits_encode_and_write).

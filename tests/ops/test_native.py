@@ -369,9 +369,35 @@ def test_failed_build_falls_back_with_reason(monkeypatch):
 def test_native_rejects_other_ops_and_devices():
     assert "runs on CUDA, not on cpu" in backends.unavailable_reason("native", "paged_attention", "cpu", 3)
     assert "mps" in backends.unavailable_reason("native", "encode_kv", "mps", 0)
-    # Its attention kernel reads quantized caches only; bf16 and per-token-head caches take Triton.
-    for mode in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TOKEN_HEAD):
-        assert mode.name in backends.unavailable_reason("native", "paged_attention", "cuda", int(mode))
+    # Its attention kernel reads quantized caches only: bf16 caches take Triton.
+    assert "NONE" in backends.unavailable_reason("native", "paged_attention", "cuda", int(KVQuantMode.NONE))
+    # Per-token-head FP8: the fused write and attention, on CUDA only.
+    pth = int(KVQuantMode.FP8_PER_TOKEN_HEAD)
+    for op in ("encode_kv", "cache_write"):
+        assert f"not for {op}" in backends.unavailable_reason("native", op, "cuda", pth)
+    for op in ("encode_and_cache_write", "paged_attention"):
+        assert "on CUDA, not on cpu" in backends.unavailable_reason("native", op, "cpu", pth)
+
+
+def test_decode_heads_per_block_follows_the_per_token_head_run_rule():
+    from kvfuse.ops.registry import AttentionCall
+
+    pth = KVQuantMode.FP8_PER_TOKEN_HEAD
+
+    def call(mode, heads, cache=None):
+        cache = torch.zeros(4, 2, 16, heads, row_dim_for(mode, 128), dtype=storage_dtype(mode, torch.bfloat16)) \
+            if cache is None else cache
+        return AttentionCall(torch.zeros(1, 2 * heads, 128, dtype=torch.bfloat16), cache, torch.tensor(1.0),
+                             torch.tensor(1.0), torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+                             torch.arange(2, dtype=torch.int32), mode, 0.1, None)
+
+    assert native.decode_heads_per_block(call(pth, 8)) == 4
+    assert native.decode_heads_per_block(call(pth, 4)) == 4
+    assert native.decode_heads_per_block(call(pth, 6)) == 1
+    assert native.decode_heads_per_block(call(KVQuantMode.FP8_E4M3, 8)) == 1
+    # Heads sliced out of a wider cache: a slot's 4 rows are no longer one run with the next 4.
+    wide = torch.zeros(4, 2, 16, 12, 132, dtype=torch.uint8)[:, :, :, :8]
+    assert native.decode_heads_per_block(call(pth, 8, wide)) == 1
 
 
 def test_native_attention_refusals_name_the_argument():
@@ -507,10 +533,10 @@ def test_cuda_default_backend_is_native():
     for mode in native.IMPLEMENTATION.modes:
         assert backends.select("encode_and_cache_write", "cuda", mode)[0] == "native"
         assert backends.select("encode_and_cache_write", "cuda", mode, 1)[0] == "native"
-    # The one format csrc/ does not write goes to Triton, whatever the size.
+    # Per-token-head FP8: its own kernel at every size (it ties Triton's at 65536 tokens).
     for num_tokens in (None, 1, 1 << 16):
         assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_PER_TOKEN_HEAD,
-                               num_tokens)[0] == "triton"
+                               num_tokens)[0] == "native"
     assert storage_dtype(KVQuantMode.NVFP4) == torch.uint8
 
 
@@ -577,9 +603,11 @@ def test_cuda_backend_by_token_count(monkeypatch):
     monkeypatch.delenv("KVFUSE_BACKEND", raising=False)
     backends.clear_cache()
     try:
+        pth = KVQuantMode.FP8_PER_TOKEN_HEAD
         for mode in native.IMPLEMENTATION.modes:
             assert backends.select("encode_and_cache_write", "cuda", mode, 64)[0] == "native"
-            assert backends.select("encode_and_cache_write", "cuda", mode, 1 << 16)[0] == "triton"
+            bulk = "native" if mode is pth else "triton"
+            assert backends.select("encode_and_cache_write", "cuda", mode, 1 << 16)[0] == bulk
         fp8 = (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2)
         assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3, 1 << 14)[0] == "native"
         assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.NONE, 1 << 14)[0] == "triton"
@@ -712,8 +740,9 @@ def test_cuda_routing_refusals_checked_mode_and_forced_backend(monkeypatch):
 @gpu
 def test_cuda_routing_with_native_forced_leaves_the_format_it_lacks_to_a_loud_refusal(monkeypatch):
     """Forced native: the router installs for every format csrc/ writes (bits equal to the
-    reference), and a per-token-head write, which csrc/ does not implement, is refused by the
-    registry with its reason instead of breaking the router's installation for all formats."""
+    reference); per-token-head writes, which the router leaves to the Python body, run their own
+    kernel there, and a layout that kernel does not take is refused naming the argument instead of
+    breaking the router's installation for all formats."""
     if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
         pytest.skip("no CUDA kernels")
     monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
@@ -729,11 +758,14 @@ def test_cuda_routing_with_native_forced_leaves_the_format_it_lacks_to_a_loud_re
             assert native.cuda_routing_active()
         pth = KVQuantMode.FP8_PER_TOKEN_HEAD
         key, value, cache, slots, scale = _fused_case(9, pth, seed=5)
+        key, value = key[..., :68], value[..., :68]  # head_size 68: not a multiple of 8
+        cache = cache[..., :72].contiguous()
         before = cache.clone()
-        with pytest.raises(RuntimeError, match="native does not support FP8_PER_TOKEN_HEAD"):
+        with pytest.raises(ValueError, match="native FP8_PER_TOKEN_HEAD write cannot run this call: head_size=68"):
             op(key, value, cache, slots, scale, scale, int(pth), "layers.0")
         torch.cuda.synchronize()
         assert torch.equal(cache, before)
+        assert native.cuda_routing_active()
     finally:
         monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND")
         backends.clear_cache()

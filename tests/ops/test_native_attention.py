@@ -18,7 +18,7 @@ from test_triton_attention import TOL, make_case, poison_allocator, reference_ou
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-MODES = [KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4]
+MODES = [KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4, KVQuantMode.FP8_PER_TOKEN_HEAD]
 
 
 def check(args, window=None, num_splits=None, prefill_shaped=False, **call_fields):
@@ -52,9 +52,10 @@ def built():
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("head_size,heads", [(64, (32, 8)), (128, (32, 8)), (256, (32, 8)), (128, (8, 8)),
-                                             (128, (32, 4)), (128, (64, 4)), (64, (12, 4))], ids=str)
+                                             (128, (32, 4)), (128, (64, 4)), (64, (12, 4)), (128, (6, 2))], ids=str)
 def test_decode_matches_reference(mode, head_size, heads):
     # Lengths around pages and chunks (1, 31, 533, 1999, 4097); 3 padding rows; groups 1, 3, 4, 8, 16.
+    # Per-token-head caches: 4 KV heads per block where heads % 4 == 0, one otherwise (2 heads).
     args = make_case([1, 533, 4097, 1999, 31], [1] * 5, heads[0], heads[1], head_size, mode, pad_rows=3, seed=41)
     check(args)
 

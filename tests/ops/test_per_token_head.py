@@ -400,10 +400,17 @@ def test_value_scales_of_any_magnitude_stay_exact_in_16bit_dots(device):
 # ----------------------------------------------------------------------------- the op contract
 
 
-def test_ops_route_to_triton_or_reference_never_native_or_flashinfer():
+def test_ops_route_to_triton_reference_or_native_on_cuda_never_flashinfer():
     impls = registry.implementations()
-    assert "does not support FP8_PER_TOKEN_HEAD" in impls["native"].covers("encode_and_cache_write", "cpu", PTH)
+    native = impls["native"]
     assert "does not support FP8_PER_TOKEN_HEAD" in impls["flashinfer"].covers("paged_attention", "cuda", PTH)
+    # The native kernels take the fused write and decode attention, on CUDA only.
+    for op in ("encode_and_cache_write", "paged_attention"):
+        assert "on CUDA, not on cpu" in native.available(op, "cpu", PTH)
+    for op in ("encode_kv", "cache_write"):
+        reason = native.available(op, "cuda", PTH)
+        assert reason is not None and f"not for {op}" in reason and "FP8_PER_TOKEN_HEAD" in reason, (op, reason)
+    assert "not rope_encode_and_cache_write" in native.covers("rope_encode_and_cache_write", "cuda", PTH)
     for op in ("encode_kv", "cache_write", "encode_and_cache_write", "rope_encode_and_cache_write",
                "paged_attention"):
         assert registry.select(op, "cpu", PTH).name == "reference"
@@ -490,20 +497,70 @@ def test_refusals_name_argument_value_and_what_is_allowed():
 # ----------------------------------------------------------------------------- GPU, realistic shapes
 
 
+def _native_or_skip():
+    from kvfuse.ops import native
+
+    reason = native.unavailable_reason("encode_and_cache_write", "cuda", int(PTH))
+    if reason is not None:
+        pytest.fail(f"the native per-token-head write is unavailable on this GPU host: {reason}")
+    return native
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_size,tokens", [(64, 16384), (128, 533), (128, 65536), (256, 4097)])
+@pytest.mark.parametrize("head_size,tokens", [(64, 16384), (128, 533), (128, 65536), (256, 4097), (80, 7)])
 def test_gpu_write_bit_exact(head_size, tokens):
+    native = _native_or_skip()
     heads, page = 8, 16
     num_blocks = -(-tokens * 2 // page)
     key = _inputs(tokens, heads, head_size, seed=1, specials=True).cuda()
     value = _inputs(tokens, heads, head_size, torch.float16, seed=2).cuda().bfloat16()
     slots = _slots(tokens, num_blocks * page, seed=3, pad_every=97).cuda()
     want = sentinel_cache((num_blocks, 2, page, heads, head_size + 4), torch.uint8, "cuda")
-    got, soft = want.clone(), want.clone()
+    got, soft, by_native = want.clone(), want.clone(), want.clone()
     ref.encode_and_cache_write(key, value, want, slots, ONE.cuda(), ONE.cuda(), PTH)
     tkw.encode_and_cache_write(key, value, got, slots, ONE.cuda(), ONE.cuda(), int(PTH))
     tkw.encode_and_cache_write(key, value, soft, slots, ONE.cuda(), ONE.cuda(), int(PTH), soft_rounding=True)
+    assert native.per_token_head_write_refusal(key, value, by_native, slots) is None
+    native.encode_and_cache_write(key, value, by_native, slots, ONE.cuda(), ONE.cuda(), int(PTH))
     assert torch.equal(got, want) and torch.equal(soft, want)
+    assert torch.equal(by_native, want), "native write differs from the reference (sentinel bytes mark untouched slots)"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("heads", [4, 3])
+def test_gpu_native_write_inputs_and_layouts(in_dtype, head_size, heads):
+    # K and V sliced out of one fused QKV projection (strided rows), int32 slots, 533 tokens, page 5.
+    native = _native_or_skip()
+    tokens, page = 533, 5
+    g = torch.Generator().manual_seed(7)
+    qkv = (torch.randn(tokens, 3 * heads, head_size, generator=g) *
+           torch.logspace(-2, 3, tokens).reshape(tokens, 1, 1)).to(in_dtype).cuda()
+    key, value = qkv[:, heads:2 * heads], qkv[:, 2 * heads:]
+    num_blocks = -(-tokens * 2 // page)
+    slots = _slots(tokens, num_blocks * page, seed=8, pad_every=13).int().cuda()
+    want = sentinel_cache((num_blocks, 2, page, heads, head_size + 4), torch.uint8, "cuda")
+    got = want.clone()
+    ref.encode_and_cache_write(key, value, want, slots, ONE.cuda(), ONE.cuda(), PTH)
+    assert native.per_token_head_write_refusal(key, value, got, slots) is None
+    native.encode_and_cache_write(key, value, got, slots, ONE.cuda(), ONE.cuda(), int(PTH))
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_registry_runs_native_write_and_hands_odd_layouts_to_triton(monkeypatch):
+    _native_or_skip()
+    monkeypatch.delenv("KVFUSE_CACHE_BACKEND", raising=False)
+    monkeypatch.delenv("KVFUSE_BACKEND", raising=False)
+    heads, head_size, tokens, page = 2, 68, 37, 16  # head_size 68: not a multiple of 8, Triton's
+    key = _inputs(tokens, heads, head_size, seed=9).cuda()
+    slots = _slots(tokens, 8 * page, seed=10).cuda()
+    want = sentinel_cache((8, 2, page, heads, head_size + 4), torch.uint8, "cuda")
+    got = want.clone()
+    ref.encode_and_cache_write(key, key, want, slots, ONE.cuda(), ONE.cuda(), PTH)
+    OPS.encode_and_cache_write(key, key, got, slots, ONE.cuda(), ONE.cuda(), int(PTH), "model.layers.0.attn")
+    assert torch.equal(got, want)
 
 
 @pytest.mark.gpu
@@ -529,5 +586,46 @@ def test_native_entry_points_refuse_the_mode_cleanly():
         native.encode_kv(key, ONE, int(PTH), torch.uint8)
     cache = torch.zeros(2, 2, 4, 2, 68, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"FP8_PER_TOKEN_HEAD\) is not implemented by the native"):
+        torch.ops.kvfuse_native.encode_and_cache_write(key, key, cache, torch.arange(3), ONE, ONE, int(PTH))
+    # The per-token-head write kernel is CUDA's: on the CPU the Python entry refuses, naming the device.
+    with pytest.raises(ValueError, match="key is on cpu: it runs on CUDA"):
         native.encode_and_cache_write(key, key, cache, torch.arange(3), ONE, ONE, int(PTH))
     assert not cache.any()
+
+
+class _OnCuda:
+    """A CPU tensor that says it is on CUDA (for the CUDA-only refusals, on any host)."""
+
+    def __init__(self, t: torch.Tensor):
+        self._t = t
+        self.device = torch.device("cuda")
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+def test_native_write_refusals_name_the_layout():
+    from kvfuse.ops import native
+
+    def refusal(key, value=None, cache=None, slots=None):
+        cache = torch.zeros(4, 2, 16, key.shape[1], key.shape[2] + 4, dtype=torch.uint8) if cache is None else cache
+        slots = torch.arange(key.shape[0]) if slots is None else slots
+        return native.per_token_head_write_refusal(_OnCuda(key), _OnCuda(key if value is None else value), cache,
+                                                   slots)
+
+    aligned = torch.zeros(8, 2, 128, dtype=torch.bfloat16)
+    assert refusal(aligned) is None
+    assert refusal(torch.zeros(8, 2, 80, dtype=torch.bfloat16)) is None
+    assert refusal(torch.zeros(8, 2, 64, dtype=torch.float32)) is None
+    for key, needle in ((torch.zeros(8, 2, 12, dtype=torch.bfloat16), "head_size=12"),
+                        (torch.zeros(8, 2, 264, dtype=torch.bfloat16), "head_size=264"),
+                        (torch.zeros(8, 2, 68, dtype=torch.bfloat16)[..., :64], "16-byte aligned")):
+        reason = refusal(key)
+        assert reason is not None and needle in reason, (needle, reason)
+    # A value laid out apart from the key (the kernel reads both through one set of strides).
+    value = torch.zeros(2, 8, 128, dtype=torch.bfloat16).transpose(0, 1)
+    assert "differ from value strides" in refusal(aligned, value)
+    assert "slot_mapping is not contiguous" in refusal(aligned, slots=torch.arange(16)[::2])
+    shifted = torch.zeros(4 * 2 * 16 * 2 * 132 + 2, dtype=torch.uint8)[2:].view(4, 2, 16, 2, 132)
+    assert "4-byte aligned" in refusal(aligned, cache=shifted)
+
