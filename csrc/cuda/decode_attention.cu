@@ -480,18 +480,20 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING));
 }
 
-// Issue the copies of one chunk into a stage (every lane a share); keys outside [lo, hi) zero-filled.
-template <DecodeFmt F, int D>
-__device__ __forceinline__ void copy_chunk(const DecodeParams& p, const int32_t* bt_row, int kvh, int start, int lo,
-                                           int hi, int lane, uint32_t stage) {
-  using S = Stage<F, D>;
+// Issue the copies of one chunk into a stage S (Stage: a warp's, every lane a share; GroupStage:
+// a block's, every thread a share): per side and key, the run of S::kPieces 16-byte pieces that
+// starts at head `head`'s row (kAlignDown: at the 16-byte boundary below it, for per-token-head
+// rows, which start at any 4-byte offset). Keys outside [lo, hi) are zero-filled.
+template <class S, int kCopiers, bool kAlignDown>
+__device__ __forceinline__ void copy_runs(const DecodeParams& p, const int32_t* bt_row, int head, int start, int lo,
+                                          int hi, int copier, uint32_t stage) {
   const bool in_page = chunk_in_page(p, start, lo, hi);
   const uint8_t* chunk_page = nullptr;
   if (in_page) chunk_page = p.cache + static_cast<int64_t>(__ldg(bt_row + (start >> p.page_shift))) * p.stride_cb;
   const int first = start & (p.page - 1);
   constexpr int kCopies = 2 * kChunk * S::kPieces;
 #pragma unroll
-  for (int i = lane; i < kCopies; i += 32) {
+  for (int i = copier; i < kCopies; i += kCopiers) {
     const int side = i / (kChunk * S::kPieces), k = (i / S::kPieces) % kChunk, piece = i % S::kPieces;
     const uint8_t* page = chunk_page;
     int slot = first + k;
@@ -505,44 +507,26 @@ __device__ __forceinline__ void copy_chunk(const DecodeParams& p, const int32_t*
     }
     const uint8_t* src = p.cache;
     if (page != nullptr) {
-      src = page + side * p.stride_ckv + slot * p.stride_cs + kvh * p.stride_ch;
-      // A per-token-head row starts at any 4-byte offset: copy from the 16-byte boundary below it.
-      if constexpr (Layout<F, D>::kRowScales) src = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t{15});
+      src = page + side * p.stride_ckv + slot * p.stride_cs + head * p.stride_ch;
+      if constexpr (kAlignDown) src = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t{15});
       src += piece * 16;
     }
     cp_async_16(stage + side * S::kV + k * S::kPitch + piece * 16, src, page != nullptr);
   }
 }
 
-// copy_chunk for a block of HG heads: the runs of heads head0 .. head0 + HG - 1, keys outside
-// [lo, hi) zero-filled. Each (side, key) run is 4 threads' (the block's 128 threads cover the
-// chunk's 32 runs), each taking every 4th 16-byte piece.
+// One chunk of KV head kvh into a warp's stage.
+template <DecodeFmt F, int D>
+__device__ __forceinline__ void copy_chunk(const DecodeParams& p, const int32_t* bt_row, int kvh, int start, int lo,
+                                           int hi, int lane, uint32_t stage) {
+  copy_runs<Stage<F, D>, 32, Layout<F, D>::kRowScales>(p, bt_row, kvh, start, lo, hi, lane, stage);
+}
+
+// One chunk of heads head0 .. head0 + HG - 1 (one 16-byte aligned run per slot) into the block's stage.
 template <int D, int HG>
 __device__ __forceinline__ void copy_group_chunk(const DecodeParams& p, const int32_t* bt_row, int head0, int start,
                                                  int lo, int hi, uint32_t stage) {
-  using S = GroupStage<D, HG>;
-  static_assert(kThreads == 4 * 2 * kChunk, "4 threads per (side, key) run");
-  const int run = threadIdx.x / 4, part = threadIdx.x % 4, side = run / kChunk, k = run % kChunk;
-  const int pos = start + k;
-  const bool valid = pos >= lo && pos < hi;
-  const uint8_t* src = p.cache;
-  if (valid) {
-    int block, slot;
-    if (chunk_in_page(p, start, lo, hi)) {
-      block = __ldg(bt_row + (start >> p.page_shift));
-      slot = (start & (p.page - 1)) + k;
-    } else {
-      block = __ldg(bt_row + pos / p.page);
-      slot = pos % p.page;
-    }
-    src = p.cache + static_cast<int64_t>(block) * p.stride_cb + side * p.stride_ckv + slot * p.stride_cs +
-          head0 * p.stride_ch;
-  }
-  const uint32_t dst = stage + side * S::kV + k * S::kPitch;
-#pragma unroll
-  for (int piece = part; piece < S::kPieces; piece += 4) {
-    cp_async_16(dst + piece * 16, valid ? src + piece * 16 : p.cache, valid);
-  }
+  copy_runs<GroupStage<D, HG>, kThreads, false>(p, bt_row, head0, start, lo, hi, threadIdx.x, stage);
 }
 
 template <int W>
