@@ -316,8 +316,10 @@ _ATTENTION_HEAD_SIZES = (64, 128, 256)
 #: for every few query tokens).
 DECODE_TOKENS_PER_SEQUENCE = 4
 # Split-KV: blocks of 4 warps per SM the launch aims for when the batch alone does not fill the
-# GPU (the kernel is built for 4 resident blocks per SM), and the most splits.
+# GPU (the kernel is built for 4 resident blocks per SM), and the most splits. Blocks of 4
+# per-token-head KV heads (decode_heads_per_block) aim for 2: their split sweep in BENCHMARKS.md.
 _BLOCKS_PER_SM = 4
+_GROUPED_BLOCKS_PER_SM = 2
 _MAX_SPLITS = 32
 
 
@@ -378,9 +380,9 @@ def decode_heads_per_block(call: AttentionCall) -> int:
     return 1
 
 
-def _num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
-    blocks = max(1, num_seqs * num_kv_heads)
-    target = _BLOCKS_PER_SM * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+def _num_splits(num_seqs: int, blocks_per_seq: int, device: torch.device, blocks_per_sm: int = _BLOCKS_PER_SM) -> int:
+    blocks = max(1, num_seqs * blocks_per_seq)
+    target = blocks_per_sm * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     # Whole waves: more blocks than fit at once would leave a partial second wave.
     return 1 if blocks >= target // 2 else min(_MAX_SPLITS, target // blocks)
 
@@ -402,8 +404,9 @@ def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) ->
         _require("encode_kv")
         fn = _ops["paged_decode_attention"] = torch.ops.kvfuse_native.paged_decode_attention.default
     if num_splits is None:
-        num_splits = _num_splits(call.block_table.shape[0], call.kv_cache.shape[3] // decode_heads_per_block(call),
-                                 call.query.device)
+        heads_per_block = decode_heads_per_block(call)
+        num_splits = _num_splits(call.block_table.shape[0], call.kv_cache.shape[3] // heads_per_block, call.query.device,
+                                 _BLOCKS_PER_SM if heads_per_block == 1 else _GROUPED_BLOCKS_PER_SM)
     return fn(call.query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,
               call.query_start_loc, call.sinks, KVFormat.of(call.kv_quant_mode).code, float(call.sm_scale),
               int(call.sliding_window or 0), float(call.logit_softcap), int(num_splits))
