@@ -18,7 +18,8 @@ inline KVQuantMode to_mode(int64_t value) {
   TORCH_CHECK_VALUE(is_valid_mode(value), "kv_quant_mode=", value, " is not a KVQuantMode (0..",
                     kNumKVQuantModes - 1, ")");
   TORCH_CHECK_VALUE(is_native_mode(value), "kv_quant_mode=", value, " (", mode_name(static_cast<KVQuantMode>(value)),
-                    ") is not implemented by the native kernels; kvfuse's ops route it to Triton or the reference");
+                    ") is not implemented by the native kernels of this op; kvfuse's ops route it to Triton, the reference "
+                    "or (FP8_PER_TOKEN_HEAD fused writes on CUDA) kvfuse_native::fp8_per_token_head_cache_write");
   return static_cast<KVQuantMode>(value);
 }
 
@@ -80,8 +81,8 @@ inline bool is_nvfp4_page(const at::Tensor& kv_cache) {
   return true;
 }
 
-// Among the modes the native kernels implement (to_mode), uint8 storage holds only NVFP4;
-// FP8_PER_TOKEN_HEAD rows (uint8 too) never reach these kernels.
+// Among the modes these kernels implement (to_mode), uint8 storage holds only NVFP4;
+// FP8_PER_TOKEN_HEAD rows (uint8 too) never reach them (cuda/per_token_head_write.cu writes those).
 inline bool holds_nvfp4_pages(const at::Tensor& kv_cache) {
   return kv_cache.scalar_type() == at::ScalarType::Byte;
 }

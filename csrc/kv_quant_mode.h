@@ -39,7 +39,8 @@ inline const char* mode_name(KVQuantMode mode) {
 
 inline bool is_valid_mode(int64_t value) { return value >= 0 && value < kNumKVQuantModes; }
 
-// The modes the native kernels implement.
+// The modes the cache kernels of cache_write.cu and cpu/ implement (FP8_PER_TOKEN_HEAD has its own
+// CUDA write, cuda/per_token_head_write.cu).
 inline bool is_native_mode(int64_t value) {
   return is_valid_mode(value) && value != static_cast<int64_t>(KVQuantMode::FP8_PER_TOKEN_HEAD);
 }

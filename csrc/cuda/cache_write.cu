@@ -686,7 +686,7 @@ void launch_encode_from(RowParams p, KVQuantMode mode, at::ScalarType out, cudaS
         default: TORCH_CHECK_VALUE(false, "cannot cast to ", out);
       }
     case KVQuantMode::FP8_PER_TOKEN_HEAD:  // not a native format: to_mode refuses it first
-      TORCH_CHECK_VALUE(false, "the native kernels do not implement FP8_PER_TOKEN_HEAD");
+      TORCH_CHECK_VALUE(false, "these kernels do not implement FP8_PER_TOKEN_HEAD (per_token_head_write.cu does)");
   }
 }
 
