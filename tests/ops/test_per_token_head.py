@@ -559,6 +559,8 @@ def test_gpu_registry_runs_native_write_and_hands_odd_layouts_to_triton(monkeypa
     want = sentinel_cache((8, 2, page, heads, head_size + 4), torch.uint8, "cuda")
     got = want.clone()
     ref.encode_and_cache_write(key, key, want, slots, ONE.cuda(), ONE.cuda(), PTH)
+    registry.clear_cache()
+    assert registry.select("encode_and_cache_write", "cuda", PTH, tokens).name == "native"
     OPS.encode_and_cache_write(key, key, got, slots, ONE.cuda(), ONE.cuda(), int(PTH), "model.layers.0.attn")
     assert torch.equal(got, want)
 
@@ -618,6 +620,7 @@ def test_native_write_refusals_name_the_layout():
     assert refusal(torch.zeros(8, 2, 80, dtype=torch.bfloat16)) is None
     assert refusal(torch.zeros(8, 2, 64, dtype=torch.float32)) is None
     for key, needle in ((torch.zeros(8, 2, 12, dtype=torch.bfloat16), "head_size=12"),
+                        (torch.zeros(8, 2, 128, dtype=torch.float64), "key dtype torch.float64"),
                         (torch.zeros(8, 2, 264, dtype=torch.bfloat16), "head_size=264"),
                         (torch.zeros(8, 2, 68, dtype=torch.bfloat16)[..., :64], "16-byte aligned")):
         reason = refusal(key)
