@@ -27,12 +27,14 @@
 // accumulator's rescale like a moved running max. A bf16 query is converted to fp16,
 // scaled down by a power of two first when its tile exceeds 2^15 (the scores are scaled back).
 //
-// Work split: a block of kWarps warps owns one (sequence, KV head, split) (HG = 4: 4 KV heads, a warp each). Its query tile is up to
-// ROWS (8 or 16) rows = (query token, query head of the KV head's group) pairs; for decode with a GQA group
-// of 4 that is 4 live rows of 8. The warps take interleaved 16-key chunks of the split's key range,
-// each with its own running max / sum / accumulator, merged through shared memory at the end.
-// With more splits than one, the block writes a normalised partial output and its log2-sum-exp,
-// and decode_attention_reduce_kernel merges the splits.
+// Work split: a block of kWarps warps owns one (sequence, KV head, split). Its query tile is up to
+// ROWS (8 or 16) rows = (query token, query head of the KV head's group) pairs; for decode with a
+// GQA group of 4 that is 4 live rows of 8. The warps take interleaved 16-key chunks of the split's
+// key range, each with its own running max / sum / accumulator, merged through shared memory at
+// the end. HG = 4 (per-token-head rows, above): a block owns 4 KV heads, each warp one head's tile
+// over every chunk, and nothing is merged across warps. With more splits than one, the block
+// writes a normalised partial output and its log2-sum-exp, and decode_attention_reduce_kernel
+// merges the splits.
 //
 // Fragment plan (g = lane / 4, t = lane % 4; the MMA's own layouts, PTX ISA "m16n8k16"):
 //   S^T = K Q^T   A = K (keys g, g + 8 of the chunk x 16 head dims), B = Q^T (16 dims x 8 query
@@ -508,7 +510,9 @@ __device__ __forceinline__ void copy_runs(const DecodeParams& p, const int32_t* 
     const uint8_t* src = p.cache;
     if (page != nullptr) {
       src = page + side * p.stride_ckv + slot * p.stride_cs + head * p.stride_ch;
-      if constexpr (kAlignDown) src = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t{15});
+      if constexpr (kAlignDown) {
+        src = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t{15});
+      }
       src += piece * 16;
     }
     cp_async_16(stage + side * S::kV + k * S::kPitch + piece * 16, src, page != nullptr);

@@ -410,8 +410,9 @@ def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) ->
         fn = _ops["paged_decode_attention"] = torch.ops.kvfuse_native.paged_decode_attention.default
     if num_splits is None:
         heads_per_block = decode_heads_per_block(call)
-        num_splits = _num_splits(call.block_table.shape[0], call.kv_cache.shape[3] // heads_per_block, call.query.device,
-                                 _BLOCKS_PER_SM if heads_per_block == 1 else _GROUPED_BLOCKS_PER_SM)
+        blocks_per_sm = _BLOCKS_PER_SM if heads_per_block == 1 else _GROUPED_BLOCKS_PER_SM
+        num_splits = _num_splits(call.block_table.shape[0], call.kv_cache.shape[3] // heads_per_block,
+                                 call.query.device, blocks_per_sm)
     return fn(call.query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,
               call.query_start_loc, call.sinks, KVFormat.of(call.kv_quant_mode).code, float(call.sm_scale),
               int(call.sliding_window or 0), float(call.logit_softcap), int(num_splits))
