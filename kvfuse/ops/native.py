@@ -455,7 +455,7 @@ def route_cuda_calls() -> bool:
     policy = tuning.cuda_cache_write_policy()
     max_tokens, python_when_captured = [], []
     for mode in KVQuantMode:
-        if mode not in IMPLEMENTATION.modes or mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
+        if mode is KVQuantMode.FP8_PER_TOKEN_HEAD:
             # The C++ router does not run it: the Python path does (its kernel, or a refusal when forced).
             max_tokens.append(0)
             python_when_captured.append(1)
