@@ -497,7 +497,7 @@ def test_refusals_name_argument_value_and_what_is_allowed():
 # ----------------------------------------------------------------------------- GPU, realistic shapes
 
 
-def _native_or_skip():
+def _native_or_fail():
     from kvfuse.ops import native
 
     reason = native.unavailable_reason("encode_and_cache_write", "cuda", int(PTH))
@@ -509,7 +509,7 @@ def _native_or_skip():
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_size,tokens", [(64, 16384), (128, 533), (128, 65536), (256, 4097), (80, 7)])
 def test_gpu_write_bit_exact(head_size, tokens):
-    native = _native_or_skip()
+    native = _native_or_fail()
     heads, page = 8, 16
     num_blocks = -(-tokens * 2 // page)
     key = _inputs(tokens, heads, head_size, seed=1, specials=True).cuda()
@@ -532,7 +532,7 @@ def test_gpu_write_bit_exact(head_size, tokens):
 @pytest.mark.parametrize("heads", [4, 3])
 def test_gpu_native_write_inputs_and_layouts(in_dtype, head_size, heads):
     # K and V sliced out of one fused QKV projection (strided rows), int32 slots, 533 tokens, page 5.
-    native = _native_or_skip()
+    native = _native_or_fail()
     tokens, page = 533, 5
     g = torch.Generator().manual_seed(7)
     qkv = (torch.randn(tokens, 3 * heads, head_size, generator=g) *
@@ -550,7 +550,7 @@ def test_gpu_native_write_inputs_and_layouts(in_dtype, head_size, heads):
 
 @pytest.mark.gpu
 def test_gpu_registry_runs_native_write_and_hands_odd_layouts_to_triton(monkeypatch):
-    _native_or_skip()
+    _native_or_fail()
     monkeypatch.delenv("KVFUSE_CACHE_BACKEND", raising=False)
     monkeypatch.delenv("KVFUSE_BACKEND", raising=False)
     heads, head_size, tokens, page = 2, 68, 37, 16  # head_size 68: not a multiple of 8, Triton's
