@@ -12,13 +12,18 @@
 //   row   = [q_0 .. q_{D-1} | scale as 4 little-endian bytes]
 //
 // Work split: a group of kLanes lanes owns one (token, head) and encodes its key row and its value
-// row, 8 elements per lane (one 16-byte load per row for 16-bit inputs), both rows' loads issued
-// before either is reduced. The group's amax is a shuffle reduction.
-// Cache rows (D + 4 bytes) are only 4-byte aligned: each lane stores its 8 codes as two words, and
-// lane 0 the scale. (Encoding whole tokens into shared memory and storing each slot's run of rows
-// with 16-byte stores measured slower: BENCHMARKS.md, tenth session.)
+// row, 16 elements per lane where head_size % 16 == 0 (8 otherwise), both rows' loads issued before
+// either is reduced. The group's amax is a shuffle reduction. The divisions are exact but cheap
+// (Markstein's corrected product for amax / 448, the correctly rounded reciprocal for 1 / scale),
+// and tokens, heads and pages come from multiply-shift dividers: each of these, and the 16
+// elements per lane, measured a step toward the copy ceiling (BENCHMARKS.md, eleventh session).
+// Cache rows (D + 4 bytes) are only 4-byte aligned: each lane stores its codes as words, and lane 0
+// the scale. (Encoding whole tokens into shared memory and storing each slot's run of rows with
+// 16-byte stores, and 8-byte stores shifted to the row's alignment, measured slower: BENCHMARKS.md,
+// tenth and eleventh sessions.)
 // Slots of -1 (padding) and beyond the cache are skipped: those rows stay as they were.
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -34,8 +39,10 @@
 namespace kvfuse {
 namespace {
 
+using at::cuda::detail::IntDivider;
+
 constexpr int kThreads = 256;
-constexpr int kElems = 8;  // per lane per row
+constexpr int kMinElems = 8;  // per lane per row: 8, or 16 where head_size % 16 == 0
 
 struct PthParams {
   const uint8_t* src[2];   // key, value
@@ -45,26 +52,41 @@ struct PthParams {
   const void* slots;
   bool slots64;
   int64_t capacity;  // num_blocks * block_size, < 2^31 (the host checks)
-  uint32_t block_size;
-  int num_tokens, num_heads, head_size;
+  IntDivider<uint32_t> heads, block_size;
+  uint32_t items;  // num_tokens * num_heads, < 2^32 (the host checks)
+  int head_size;
 };
 
-// 8 consecutive inputs as floats (exact for 16-bit inputs).
-template <typename In>
-__device__ __forceinline__ void load8(const uint8_t* at, float (&x)[kElems]) {
-  if constexpr (sizeof(In) == 4) {
-    const float4 a = __ldcs(reinterpret_cast<const float4*>(at)), b = __ldcs(reinterpret_cast<const float4*>(at) + 1);
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-  } else {
-    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(at));
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+// A lane's kElems inputs of one row as loaded, whole 16-byte words.
+template <typename In, int kElems>
+struct RawRow {
+  static constexpr int kWords = kElems * sizeof(In) / 16;
+  uint4 w[kWords];
+};
+
+template <typename In, int kElems>
+__device__ __forceinline__ RawRow<In, kElems> load_raw(const uint8_t* at) {
+  RawRow<In, kElems> r;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if constexpr (std::is_same_v<In, __nv_bfloat16>) {
-        x[2 * k] = __uint_as_float(w[k] << 16), x[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+  for (int k = 0; k < RawRow<In, kElems>::kWords; ++k) r.w[k] = __ldcs(reinterpret_cast<const uint4*>(at) + k);
+  return r;
+}
+
+// The inputs as floats (exact for 16-bit inputs).
+template <typename In, int kElems>
+__device__ __forceinline__ void widen(const RawRow<In, kElems>& r, float (&x)[kElems]) {
+#pragma unroll
+  for (int k = 0; k < RawRow<In, kElems>::kWords; ++k) {
+    const uint32_t w[4] = {r.w[k].x, r.w[k].y, r.w[k].z, r.w[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (sizeof(In) == 4) {
+        x[4 * k + j] = __uint_as_float(w[j]);
+      } else if constexpr (std::is_same_v<In, __nv_bfloat16>) {
+        x[8 * k + 2 * j] = __uint_as_float(w[j] << 16), x[8 * k + 2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
       } else {
-        const __half2 h = *reinterpret_cast<const __half2*>(&w[k]);
-        x[2 * k] = __low2float(h), x[2 * k + 1] = __high2float(h);
+        const __half2 h = *reinterpret_cast<const __half2*>(&w[j]);
+        x[8 * k + 2 * j] = __low2float(h), x[8 * k + 2 * j + 1] = __high2float(h);
       }
     }
   }
@@ -77,11 +99,11 @@ __device__ __forceinline__ float group_max(float v) {
   return v;
 }
 
-// This lane's 8 codes of a row whose scale's reciprocal is r, as two little-endian words.
-__device__ __forceinline__ uint2 encode8(const float (&x)[kElems], float r) {
-  uint32_t words[2];
+// This lane's codes of a row whose scale's reciprocal is r, as little-endian words.
+template <int kElems>
+__device__ __forceinline__ void encode(const float (&x)[kElems], float r, uint32_t (&words)[kElems / 4]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kElems / 4; ++h) {
     const float* y = x + 4 * h;
     const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(y[0] * r, y[1] * r), __NV_SATFINITE, __NV_E4M3);
     const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(y[2] * r, y[3] * r), __NV_SATFINITE, __NV_E4M3);
@@ -99,38 +121,25 @@ __device__ __forceinline__ uint2 encode8(const float (&x)[kElems], float r) {
       }
     }
   }
-  return make_uint2(words[0], words[1]);
 }
 
-__device__ __forceinline__ int64_t slot_of(const PthParams& p, int token) {
+__device__ __forceinline__ int64_t slot_of(const PthParams& p, uint32_t token) {
   return p.slots64 ? __ldg(static_cast<const int64_t*>(p.slots) + token)
                    : static_cast<int64_t>(__ldg(static_cast<const int32_t*>(p.slots) + token));
 }
 
 // Byte offset of a slot's K rows in the cache (32-bit page arithmetic: capacity < 2^31).
 __device__ __forceinline__ int64_t slot_offset(const PthParams& p, int64_t slot) {
-  const uint32_t s = static_cast<uint32_t>(slot), block = s / p.block_size;
-  return block * p.stride_block + (s - block * p.block_size) * p.stride_slot;
-}
-
-// Both rows' inputs of this lane (zeros past the head size), loads issued before any use.
-template <typename In>
-__device__ __forceinline__ void load_rows(const PthParams& p, int token, int head, int lane, bool live_lane,
-                                          float (&x)[2][kElems]) {
-  const int64_t src_at = token * p.src_tok + head * p.src_head + static_cast<int64_t>(lane) * kElems * sizeof(In);
-#pragma unroll
-  for (int side = 0; side < 2; ++side) {
-    if (live_lane) {
-      load8<In>(p.src[side] + src_at, x[side]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kElems; ++i) x[side][i] = 0.f;
-    }
-  }
+  const auto page = p.block_size.divmod(static_cast<uint32_t>(slot));
+  return page.div * p.stride_block + page.mod * p.stride_slot;
 }
 
 // One row's scale (the group's amax over its finite inputs); every lane of the group returns it.
-template <int kLanes>
+// amax / 448 correctly rounded as Markstein's corrected product (one FMA pair instead of div.rn):
+// r448 = rn(1/448), q = rn(amax * r448) is within an ulp, the residual fma(-q, 448, amax) is exact
+// and q + residual * r448 rounds to the quotient. Its premises hold for every quotient the
+// 1e-6 floor lets through (normal numbers); below it either result gives the floor.
+template <int kLanes, int kElems>
 __device__ __forceinline__ float row_scale(const float (&x)[kElems]) {
   float amax = 0.f;
 #pragma unroll
@@ -139,54 +148,66 @@ __device__ __forceinline__ float row_scale(const float (&x)[kElems]) {
     amax = fmaxf(amax, a <= FLT_MAX ? a : 0.f);  // NaN and +-inf stay out of the amax
   }
   amax = group_max<kLanes>(amax);
-  return fmaxf(__fdiv_rn(amax, 448.f), 1e-6f);
+  constexpr float r448 = 1.f / 448.f;
+  const float q = __fmul_rn(amax, r448);
+  return fmaxf(__fmaf_rn(__fmaf_rn(-q, 448.f, amax), r448, q), 1e-6f);
 }
 
-template <typename In, int kLanes>
+template <typename In, int kLanes, int kElems>
 __global__ void __launch_bounds__(kThreads) per_token_head_write_kernel(const __grid_constant__ PthParams p) {
   constexpr int kGroups = kThreads / kLanes;
   const int lane = threadIdx.x % kLanes;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / kLanes;  // (token, head)
-  const bool live_item = item < static_cast<int64_t>(p.num_tokens) * p.num_heads;
-  const int token = live_item ? static_cast<int>(item / p.num_heads) : 0;
-  const int head = live_item ? static_cast<int>(item % p.num_heads) : 0;
-  const int64_t slot = live_item ? slot_of(p, token) : -1;
-  // Whole groups leave together, so the shuffles below always see their full group.
-  if (slot < 0 || slot >= p.capacity) return;
-  const bool live_lane = lane * kElems < p.head_size;
-  float x[2][kElems];
-  load_rows<In>(p, token, head, lane, live_lane, x);
-  uint8_t* row0 = p.cache + slot_offset(p, slot) + head * p.stride_head;
+  const uint32_t item = blockIdx.x * kGroups + threadIdx.x / kLanes;  // (token, head)
+  const bool live_item = item < p.items;
+  const auto th = p.heads.divmod(live_item ? item : 0);
+  const int64_t slot = live_item ? slot_of(p, th.div) : -1;
+  const bool live = slot >= 0 && slot < p.capacity && lane * kElems < p.head_size;
+  const int64_t src_at = th.div * p.src_tok + th.mod * p.src_head + static_cast<int64_t>(lane) * kElems * sizeof(In);
+  RawRow<In, kElems> raw[2];
+#pragma unroll
+  for (int side = 0; side < 2; ++side) raw[side] = live ? load_raw<In, kElems>(p.src[side] + src_at) : RawRow<In, kElems>{};
+  uint8_t* row0 = p.cache + (live ? slot_offset(p, slot) : 0) + th.mod * p.stride_head;
+  // Lanes of skipped slots go through the group's shuffles too (as zeros); they only store nothing.
 #pragma unroll
   for (int side = 0; side < 2; ++side) {
-    const float scale = row_scale<kLanes>(x[side]);
-    uint8_t* row = row0 + side * p.stride_kv;
-    if (live_lane) {
-      const uint2 codes = encode8(x[side], __fdiv_rn(1.f, scale));
-      uint32_t* dst = reinterpret_cast<uint32_t*>(row + lane * kElems);
-      dst[0] = codes.x;
-      dst[1] = codes.y;
+    float x[kElems];
+    widen<In, kElems>(raw[side], x);
+    const float scale = row_scale<kLanes, kElems>(x);
+    uint32_t words[kElems / 4];
+    encode<kElems>(x, __frcp_rn(scale), words);  // = div.rn(1, scale)
+    if (live) {
+      uint8_t* row = row0 + side * p.stride_kv;
+      uint32_t* dst = reinterpret_cast<uint32_t*>(row + lane * kElems);  // rows are only 4-byte aligned
+#pragma unroll
+      for (int w = 0; w < kElems / 4; ++w) dst[w] = words[w];
+      if (lane == 0) *reinterpret_cast<float*>(row + p.head_size) = scale;
     }
-    if (lane == 0) *reinterpret_cast<float*>(row + p.head_size) = scale;
   }
 }
 
-template <typename In, int kLanes>
+template <typename In, int kLanes, int kElems>
 void launch_with(const PthParams& p, cudaStream_t stream) {
   constexpr int kGroups = kThreads / kLanes;
-  const int64_t items = static_cast<int64_t>(p.num_tokens) * p.num_heads;
-  per_token_head_write_kernel<In, kLanes><<<static_cast<unsigned>((items + kGroups - 1) / kGroups), kThreads, 0,
-                                            stream>>>(p);
+  per_token_head_write_kernel<In, kLanes, kElems>
+      <<<static_cast<unsigned>((int64_t{p.items} + kGroups - 1) / kGroups), kThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename In>
+// 16 elements per lane where the head size allows (half the lanes, each with twice the bytes in
+// flight and the per-row work shared by fewer of them), 8 otherwise.
+template <typename In, int kElems>
 void launch_lanes(const PthParams& p, cudaStream_t stream) {
   const int lanes_needed = p.head_size / kElems;
-  if (lanes_needed <= 4) return launch_with<In, 4>(p, stream);
-  if (lanes_needed <= 8) return launch_with<In, 8>(p, stream);
-  if (lanes_needed <= 16) return launch_with<In, 16>(p, stream);
-  launch_with<In, 32>(p, stream);
+  if (lanes_needed <= 4) return launch_with<In, 4, kElems>(p, stream);
+  if (lanes_needed <= 8) return launch_with<In, 8, kElems>(p, stream);
+  if (lanes_needed <= 16) return launch_with<In, 16, kElems>(p, stream);
+  launch_with<In, 32, kElems>(p, stream);
+}
+
+template <typename In>
+void launch_elems(const PthParams& p, cudaStream_t stream) {
+  if (p.head_size % 16 == 0) return launch_lanes<In, 16>(p, stream);
+  launch_lanes<In, kMinElems>(p, stream);
 }
 
 bool aligned(const at::Tensor& x, int64_t bytes) { return reinterpret_cast<uintptr_t>(x.data_ptr()) % bytes == 0; }
@@ -202,7 +223,7 @@ void fp8_per_token_head_cache_write_cuda(const at::Tensor& key, const at::Tensor
   TORCH_CHECK_VALUE(in == at::kBFloat16 || in == at::kHalf || in == at::kFloat,
                     "fp8_per_token_head_cache_write: inputs must be bfloat16, float16 or float32, got ", in);
   const int64_t es = key.element_size(), head_size = key.size(2);
-  TORCH_CHECK_VALUE(head_size % kElems == 0 && head_size <= 32 * kElems,
+  TORCH_CHECK_VALUE(head_size % kMinElems == 0 && head_size <= 32 * kMinElems,
                     "fp8_per_token_head_cache_write: head_size=", head_size, " (allowed: multiples of 8 up to 256)");
   TORCH_CHECK_VALUE(key.stride(2) == 1 && (key.stride(0) * es) % 16 == 0 && (key.stride(1) * es) % 16 == 0 &&
                         aligned(key, 16) && aligned(value, 16),
@@ -216,7 +237,7 @@ void fp8_per_token_head_cache_write_cuda(const at::Tensor& key, const at::Tensor
   TORCH_CHECK_VALUE(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0) && slot_mapping.is_contiguous() &&
                         (slot_mapping.scalar_type() == at::kInt || slot_mapping.scalar_type() == at::kLong),
                     "fp8_per_token_head_cache_write: slot_mapping must be contiguous int32/int64 with one entry per token");
-  TORCH_CHECK_VALUE(key.size(0) < (int64_t{1} << 31) && key.size(1) < (int64_t{1} << 20) &&
+  TORCH_CHECK_VALUE(key.size(0) * key.size(1) < (int64_t{1} << 32) &&
                         kv_cache.size(0) * kv_cache.size(2) < (int64_t{1} << 31),
                     "fp8_per_token_head_cache_write: too many tokens, heads or cache slots: ", key.sizes(), ", ",
                     kv_cache.sizes());
@@ -234,16 +255,16 @@ void fp8_per_token_head_cache_write_cuda(const at::Tensor& key, const at::Tensor
   p.stride_head = kv_cache.stride(3);
   p.slots = slot_mapping.data_ptr();
   p.slots64 = slot_mapping.scalar_type() == at::kLong;
-  p.block_size = static_cast<uint32_t>(kv_cache.size(2));
+  p.block_size = IntDivider<uint32_t>(static_cast<uint32_t>(kv_cache.size(2)));
   p.capacity = kv_cache.size(0) * kv_cache.size(2);
-  p.num_tokens = static_cast<int>(key.size(0));
-  p.num_heads = static_cast<int>(key.size(1));
+  p.heads = IntDivider<uint32_t>(static_cast<uint32_t>(key.size(1)));
+  p.items = static_cast<uint32_t>(key.size(0) * key.size(1));
   p.head_size = static_cast<int>(head_size);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   switch (in) {
-    case at::kBFloat16: return launch_lanes<__nv_bfloat16>(p, stream);
-    case at::kHalf: return launch_lanes<__half>(p, stream);
-    default: return launch_lanes<float>(p, stream);
+    case at::kBFloat16: return launch_elems<__nv_bfloat16>(p, stream);
+    case at::kHalf: return launch_elems<__half>(p, stream);
+    default: return launch_elems<float>(p, stream);
   }
 }
 

@@ -295,9 +295,9 @@ def per_token_head_write_refusal(key: torch.Tensor, value: torch.Tensor, kv_cach
     head_size = key.shape[2]
     if head_size % 8 or head_size > _PER_TOKEN_HEAD_MAX_HEAD_SIZE:
         return f"head_size={head_size}: it takes multiples of 8 up to {_PER_TOKEN_HEAD_MAX_HEAD_SIZE}"
-    if key.shape[0] >= 2 ** 31 or key.shape[1] >= 2 ** 20 or kv_cache.shape[0] * kv_cache.shape[2] >= 2 ** 31:
+    if key.shape[0] * key.shape[1] >= 2 ** 32 or kv_cache.shape[0] * kv_cache.shape[2] >= 2 ** 31:
         return (f"{key.shape[0]} tokens, {key.shape[1]} heads, {kv_cache.shape[0] * kv_cache.shape[2]} cache slots: "
-                f"it takes fewer than 2^31 tokens and slots and 2^20 heads")
+                f"it takes fewer than 2^32 (token, head) rows and 2^31 slots")
     if key.stride() != value.stride():
         return f"key strides {tuple(key.stride())} differ from value strides {tuple(value.stride())}"
     es = key.element_size()

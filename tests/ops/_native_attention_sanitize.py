@@ -31,7 +31,8 @@ def per_token_head_writes() -> int:
     one = torch.tensor(1.0, device="cuda")
     count = 0
     for head_size, heads, tokens, page, dtype in ((128, 8, 533, 16, torch.bfloat16), (80, 3, 7, 5, torch.float16),
-                                                  (256, 2, 64, 1, torch.float32), (64, 4, 100, 32, torch.bfloat16)):
+                                                  (256, 2, 64, 1, torch.float32), (64, 4, 100, 32, torch.bfloat16),
+                                                  (72, 5, 300, 16, torch.bfloat16), (256, 4, 8197, 16, torch.float32)):
         g = torch.Generator().manual_seed(count)
         key = (torch.randn(tokens, heads, head_size, generator=g) * 10).to(dtype).cuda()
         value = (torch.randn(tokens, heads, head_size, generator=g) / 10).to(dtype).cuda()

@@ -507,7 +507,7 @@ def _native_or_fail():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_size,tokens", [(64, 16384), (128, 533), (128, 65536), (256, 4097), (80, 7)])
+@pytest.mark.parametrize("head_size,tokens", [(64, 16384), (128, 533), (128, 65536), (256, 4097), (80, 7), (72, 533), (16, 301), (8, 7)])
 def test_gpu_write_bit_exact(head_size, tokens):
     native = _native_or_fail()
     heads, page = 8, 16
@@ -529,11 +529,11 @@ def test_gpu_write_bit_exact(head_size, tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("in_dtype", [torch.float16, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_size", [64, 128, 256])
-@pytest.mark.parametrize("heads", [4, 3])
-def test_gpu_native_write_inputs_and_layouts(in_dtype, head_size, heads):
-    # K and V sliced out of one fused QKV projection (strided rows), int32 slots, 533 tokens, page 5.
+@pytest.mark.parametrize("heads,tokens", [(4, 533), (3, 533), (4, 20011)])
+def test_gpu_native_write_inputs_and_layouts(in_dtype, head_size, heads, tokens):
+    # K and V sliced out of one fused QKV projection (strided rows), int32 slots, page 5.
     native = _native_or_fail()
-    tokens, page = 533, 5
+    page = 5
     g = torch.Generator().manual_seed(7)
     qkv = (torch.randn(tokens, 3 * heads, head_size, generator=g) *
            torch.logspace(-2, 3, tokens).reshape(tokens, 1, 1)).to(in_dtype).cuda()
