@@ -507,13 +507,13 @@ struct Nvfp4Op {
     const uint8_t scale_bits = nvfp4_block_scale(amax, global.d, [](float v) { return e4m3_rne(v); }, &denom);
     // The reference's definition: one correctly rounded reciprocal per block, a product per
     // element (explicit _rn intrinsics: no contraction into a neighbouring operation).
-    const float recip = __fdiv_rn(1.0f, denom > 0.0f ? denom : 1.0f);
+    const float recip = __frcp_rn(denom > 0.0f ? denom : 1.0f);  // = div.rn(1, denom)
     // A block whose divisor is not > 0 encodes all-zero codes (the reference's q = 0).
     const uint32_t keep = denom > 0.0f ? 0xFFFFFFFFu : 0u;
     uint32_t packed[2] = {0u, 0u};
 #pragma unroll
     for (int k = 0; k < kNvfp4Block; ++k) {
-      packed[k / 8] |= static_cast<uint32_t>(e2m1_code(__fmul_rn(x[k], recip))) << (4 * (k % 8));
+      packed[k / 8] |= e2m1_code_not_nan(__fmul_rn(x[k], recip)) << (4 * (k % 8));
     }
     store_nvfp4_block(p, side, t, head, c, is_value, packed[0] & keep, packed[1] & keep, scale_bits);
   }
