@@ -304,7 +304,7 @@ def situation(op: str, device_type: str, mode: KVQuantMode, num_tokens: Optional
         policy = tuning.cuda_cache_write_policy()
         bulk = num_tokens is not None and num_tokens >= policy.native_max_tokens(mode)
         # The capture query only where the policy depends on it: it costs host time.
-        captured = (not bulk and mode in policy.triton_when_captured
+        captured = (not bulk and policy.triton_captured(mode, num_tokens)
                     and torch.cuda.is_current_stream_capturing())
         return Situation(op, device_type, mode, "bulk" if bulk else "small", captured)
     return Situation(op, device_type, mode, "any", False)
@@ -317,19 +317,19 @@ class Route:
     where the policy depends on it, and an attribute read; no hashing.
     """
 
-    __slots__ = ("op", "device_type", "mode", "per_head", "limit", "capture_sensitive", "_small", "_bulk",
+    __slots__ = ("op", "device_type", "mode", "per_head", "limit", "captured_limit", "_small", "_bulk",
                  "_captured")
 
     def __init__(self, op: str, device_type: str, mode: KVQuantMode, per_head: bool = False) -> None:
         self.op, self.device_type, self.mode, self.per_head = op, device_type, mode, per_head
-        self.limit, self.capture_sensitive = None, False
+        self.limit, self.captured_limit = None, None
         # The measured CUDA policy is about formats csrc/ writes; mixed formats have one choice.
         if device_type == "cuda" and op in CACHE_OPS and not isinstance(mode, KVFormat):
             from . import tuning
 
             policy = tuning.cuda_cache_write_policy()
             self.limit = policy.native_max_tokens(mode)
-            self.capture_sensitive = mode in policy.triton_when_captured
+            self.captured_limit = policy.triton_when_captured.get(mode)
         self._small = self._bulk = self._captured = None
 
     def pick(self, num_tokens: Optional[int]) -> Choice:
@@ -338,7 +338,8 @@ class Route:
                 if self._bulk is None:
                     self._bulk = choose(Situation(self.op, self.device_type, self.mode, "bulk", False, self.per_head))
                 return self._bulk
-            if self.capture_sensitive and torch.cuda.is_current_stream_capturing():
+            if (self.captured_limit is not None and (num_tokens is None or num_tokens < self.captured_limit)
+                    and torch.cuda.is_current_stream_capturing()):
                 if self._captured is None:
                     self._captured = choose(Situation(self.op, self.device_type, self.mode, "small", True,
                                                       self.per_head))

@@ -29,37 +29,48 @@ class CacheWritePolicy:
 
     - ``max_tokens[mode]``: from this many tokens on, Triton (its device time wins at bulk sizes,
       while native's lower host cost wins below, where eager calls are host-bound);
-    - ``triton_when_captured``: formats whose Triton kernel is faster on the device at small sizes,
-      which is all that counts when a CUDA graph is replayed.
+    - ``triton_when_captured[mode]``: under CUDA-graph capture, Triton below this many tokens (and
+      where the count is unknown): formats whose Triton kernel is faster on the device at small
+      sizes, which is all that counts when a CUDA graph is replayed. Formats absent here follow
+      ``max_tokens`` under capture too.
     """
 
     max_tokens: Mapping[KVQuantMode, int]
-    triton_when_captured: frozenset
+    triton_when_captured: Mapping[KVQuantMode, int]
     max_tokens_override: int | None = None
 
     def __post_init__(self) -> None:
         missing = set(KVQuantMode) - set(self.max_tokens)
         if missing:
             raise ValueError(f"max_tokens lacks {sorted(m.name for m in missing)}")
-        if any(not isinstance(v, int) or v <= 0 for v in self.max_tokens.values()):
-            raise ValueError(f"max_tokens={dict(self.max_tokens)} must hold positive token counts")
-        object.__setattr__(self, "max_tokens", MappingProxyType(dict(self.max_tokens)))
+        for name in ("max_tokens", "triton_when_captured"):
+            table = getattr(self, name)
+            if not isinstance(table, Mapping) or any(not isinstance(v, int) or v <= 0 for v in table.values()):
+                raise ValueError(f"{name}={table!r} must map formats to positive token counts")
+            object.__setattr__(self, name, MappingProxyType(dict(table)))
+
+    def triton_captured(self, mode: KVQuantMode, num_tokens: int | None) -> bool:
+        """Whether a call of ``num_tokens`` (None: unknown) being captured runs Triton."""
+        limit = self.triton_when_captured.get(mode)
+        return limit is not None and (num_tokens is None or num_tokens < limit)
 
     def native_max_tokens(self, mode: KVQuantMode) -> int:
         return self.max_tokens_override if self.max_tokens_override is not None else self.max_tokens[mode]
 
 
 # H100 (sm90): device times of one run (BENCHMARKS.md section 1, commit 6ae1eb7) plus the host
-# cost per eager call. Casts: Triton from 16384 tokens (49.7 vs 50.2 us); NVFP4 from 16384
-# (56.5 vs 61.8 us); FP8 from 65536 (141.6 vs 142.7 us; native ahead up to 16384). Captured:
-# Triton for casts (1.9 vs 2.1 us at 256 tokens) and NVFP4 (2.7 vs 3.1 us at 64), native for FP8.
+# cost per eager call. Casts: Triton from 16384 tokens (49.7 vs 50.2 us); FP8 from 65536 (141.6
+# vs 142.7 us; native ahead up to 16384). Captured: Triton for casts (1.9 vs 2.1 us at 256
+# tokens), native for FP8. NVFP4 (eleventh session, 145ebe7): native from 1024 tokens on (5.09 vs
+# 5.48 us at 1024, 39.7 vs 43.6 at 16384, 153.5 vs 161.6 at 65536), Triton below it when captured
+# (2.19 vs 2.40 us at 64).
 _SM90 = CacheWritePolicy(
     max_tokens={KVQuantMode.NONE: 16384, KVQuantMode.FP8_E4M3: 65536, KVQuantMode.FP8_E5M2: 65536,
-                KVQuantMode.NVFP4: 16384,
+                KVQuantMode.NVFP4: 1 << 62,
                 # Native at every size: 4.7 vs 5.9 us at 1024 tokens, 42.6 vs 44.4 at 16384, a tie
                 # at 65536 (168.9 vs 168.3); its eager calls take the Python body (no C++ route).
                 KVQuantMode.FP8_PER_TOKEN_HEAD: 1 << 62},
-    triton_when_captured=frozenset({KVQuantMode.NONE, KVQuantMode.NVFP4}),
+    triton_when_captured={KVQuantMode.NONE: 1 << 62, KVQuantMode.NVFP4: 1024},
 )
 
 #: Policies by GPU architecture (``sm<major><minor>``).

@@ -549,7 +549,7 @@ def test_native_max_tokens_env_override(monkeypatch):
     backends.clear_cache()
     try:
         assert tuning.cuda_cache_write_policy("sm90").native_max_tokens(KVQuantMode.FP8_E4M3) == 65536
-        assert tuning.cuda_cache_write_policy("sm90").native_max_tokens(KVQuantMode.NVFP4) == 16384
+        assert tuning.cuda_cache_write_policy("sm90").native_max_tokens(KVQuantMode.NONE) == 16384
         monkeypatch.setenv("KVFUSE_NATIVE_MAX_TOKENS", "7")
         backends.clear_cache()
         assert tuning.cuda_cache_write_policy("sm90").native_max_tokens(KVQuantMode.NVFP4) == 7
@@ -563,6 +563,21 @@ def test_native_max_tokens_env_override(monkeypatch):
         backends.clear_cache()
 
 
+def test_cache_write_policy_tables_are_validated():
+    from kvfuse.ops import tuning
+
+    counts = {m: 16 for m in KVQuantMode}
+    with pytest.raises(ValueError, match="triton_when_captured=.*positive token counts"):
+        tuning.CacheWritePolicy(counts, frozenset({KVQuantMode.NVFP4}))
+    with pytest.raises(ValueError, match="triton_when_captured=.*positive token counts"):
+        tuning.CacheWritePolicy(counts, {KVQuantMode.NVFP4: 0})
+    with pytest.raises(ValueError, match="max_tokens lacks"):
+        tuning.CacheWritePolicy({KVQuantMode.NONE: 1}, {})
+    policy = tuning.CacheWritePolicy(counts, {KVQuantMode.NVFP4: 100})
+    assert policy.triton_captured(KVQuantMode.NVFP4, 99) and policy.triton_captured(KVQuantMode.NVFP4, None)
+    assert not policy.triton_captured(KVQuantMode.NVFP4, 100) and not policy.triton_captured(KVQuantMode.NONE, 1)
+
+
 def test_triton_preference_by_mode_token_count_and_capture():
     """The selection rules (native and Triton ranks) under the sm90 policy's situations."""
     from kvfuse.ops import tuning
@@ -574,7 +589,7 @@ def test_triton_preference_by_mode_token_count_and_capture():
 
     def prefers(mode, num_tokens, capturing):
         bulk = num_tokens is not None and num_tokens >= policy.native_max_tokens(mode)
-        captured = not bulk and capturing and mode in policy.triton_when_captured
+        captured = not bulk and capturing and policy.triton_captured(mode, num_tokens)
         situation = Situation("encode_kv", "cuda", mode, "bulk" if bulk else "small", captured)
         return impls["triton"].rank(situation) < impls["native"].rank(situation)
 
@@ -583,11 +598,14 @@ def test_triton_preference_by_mode_token_count_and_capture():
             for num_tokens in (None, 1, 1 << 14, (1 << 16) - 1):
                 assert not prefers(mode, num_tokens, capturing), (mode, num_tokens, capturing)
             assert prefers(mode, 1 << 16, capturing)
-    for mode in (KVQuantMode.NONE, KVQuantMode.NVFP4):
-        for num_tokens in (None, 1, (1 << 14) - 1):
-            assert not prefers(mode, num_tokens, False), (mode, num_tokens)
-            assert prefers(mode, num_tokens, True), (mode, num_tokens)
-        assert prefers(mode, 1 << 14, False)
+    for num_tokens in (None, 1, (1 << 14) - 1):
+        assert not prefers(KVQuantMode.NONE, num_tokens, False), num_tokens
+        assert prefers(KVQuantMode.NONE, num_tokens, True), num_tokens
+    assert prefers(KVQuantMode.NONE, 1 << 14, False) and prefers(KVQuantMode.NONE, 1 << 20, True)
+    # NVFP4: native at every size, but Triton for small captured writes (below 1024 tokens).
+    for num_tokens in (None, 1, 1023, 1024, 1 << 14, 1 << 20):
+        assert not prefers(KVQuantMode.NVFP4, num_tokens, False), num_tokens
+        assert prefers(KVQuantMode.NVFP4, num_tokens, True) == (num_tokens is None or num_tokens < 1024), num_tokens
     # On CPU native always wins; Triton (interpreted) runs only when forced.
     cpu = Situation("encode_kv", "cpu", KVQuantMode.NVFP4, "any", False)
     assert impls["native"].rank(cpu) < impls["reference"].rank(cpu) and impls["triton"].rank(cpu) is None
@@ -606,12 +624,13 @@ def test_cuda_backend_by_token_count(monkeypatch):
         pth = KVQuantMode.FP8_PER_TOKEN_HEAD
         for mode in native.IMPLEMENTATION.modes:
             assert backends.select("encode_and_cache_write", "cuda", mode, 64)[0] == "native"
-            bulk = "native" if mode is pth else "triton"
+            bulk = "native" if mode in (pth, KVQuantMode.NVFP4) else "triton"
             assert backends.select("encode_and_cache_write", "cuda", mode, 1 << 16)[0] == bulk
         fp8 = (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2)
         assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3, 1 << 14)[0] == "native"
         assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.NONE, 1 << 14)[0] == "triton"
-        # Under CUDA-graph capture: native for FP8, Triton for casts and NVFP4.
+        # Under CUDA-graph capture: native for FP8, Triton for casts and NVFP4 (NVFP4 from 1024
+        # tokens: native).
         x = torch.randn(4, 2, 64, device="cuda", dtype=torch.bfloat16)
         scale = torch.ones((), device="cuda")
         calls = {m: (lambda m=m: kv_ops.encode_kv(x, scale, m, storage_dtype(m, x.dtype))) for m in KVQuantMode}
@@ -624,10 +643,12 @@ def test_cuda_backend_by_token_count(monkeypatch):
             for mode, call in calls.items():
                 chosen[mode] = backends.select("encode_kv", "cuda", mode, 4)[0]
                 outputs[mode] = call()
+            bulk_nvfp4 = backends.select("encode_and_cache_write", "cuda", KVQuantMode.NVFP4, 1024)[0]
         graph.replay()
         for mode, out in outputs.items():
             _assert_same(out, ref.encode_kv(x, scale, mode, storage_dtype(mode, x.dtype)), f"captured {mode.name}")
         assert chosen == {m: "native" if m in fp8 else "triton" for m in KVQuantMode}
+        assert bulk_nvfp4 == "native"
         monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "triton")
         backends.clear_cache()
         assert backends.select("encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3, 64)[0] == "triton"
