@@ -84,6 +84,9 @@
 #ifndef KVFUSE_LOAD_HINT
 #define KVFUSE_LOAD_HINT 1
 #endif
+#ifndef KVFUSE_NVFP4_MIN_BLOCKS
+#define KVFUSE_NVFP4_MIN_BLOCKS 5
+#endif
 #ifndef KVFUSE_STORE_HINT
 #define KVFUSE_STORE_HINT 1
 #endif
@@ -486,9 +489,10 @@ template <typename In, bool kVector>
 struct Nvfp4Op {
   static constexpr bool kUsesScale = true;
   static constexpr bool kSplitRows = true;
-  // The per-block math needs ~70 registers; at 64 the compiler spills. One unit per thread: the
-  // math needs the registers more than extra loads in flight.
-  static constexpr int kMinBlocks = 3;
+  // One unit per thread, as many resident threads as the registers allow without spilling (48
+  // for 16-bit inputs, one block fewer for float32's wider units): the write is latency-bound,
+  // and 3 blocks per SM took 72% of copy at 16384 tokens where 5 take 77% (BENCHMARKS.md).
+  static constexpr int kMinBlocks = sizeof(In) > 2 ? KVFUSE_NVFP4_MIN_BLOCKS - 1 : KVFUSE_NVFP4_MIN_BLOCKS;
   static constexpr int kUnits = 1;
   using Raw = Elements<In, kNvfp4Block, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams&) { return Raw::load(s, c); }

@@ -514,6 +514,48 @@ def test_cuda_nvfp4_page_layouts_wide_launches(block_size):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_cuda_nvfp4_write_special_values_in_every_lane(in_dtype):
+    """16-bit inputs take the kernel's two-per-word NaN and amax path: NaN of either sign and
+    payload, +-inf, -0.0, subnormals and the format's largest values at every position of a
+    16-block, alone and paired with a NaN in the other half of their word, and whole-NaN blocks."""
+    if native.unavailable_reason("encode_and_cache_write", "cuda", KVQuantMode.NVFP4) is not None:
+        pytest.skip("no CUDA kernels")
+    tiny = torch.finfo(in_dtype).smallest_normal / 4  # a subnormal of the input type
+    big = torch.finfo(in_dtype).max
+    specials = [float("nan"), -float("nan"), float("inf"), -float("inf"), -0.0, tiny, -tiny, big, -big]
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for value in specials:
+        for pos in range(16):
+            for partner_nan in (False, True):
+                row = torch.randn(16, generator=g) * 3
+                row[pos] = value
+                if partner_nan:
+                    row[pos ^ 1] = float("nan")
+                rows.append(row)
+    rows.append(torch.full((16,), float("nan")))
+    rows.append(torch.full((16,), -0.0))
+    x = torch.stack(rows)  # (tokens, 16): one head, one block per row
+    x = x.to(in_dtype).view(-1, 1, 16).cuda()
+    if in_dtype == torch.bfloat16:  # a NaN with a payload that the float -> bfloat16 cast would not make
+        x.view(torch.int16)[0, 0, 0] = 0x7F81
+    else:
+        x.view(torch.int16)[0, 0, 0] = 0x7C01
+    tokens = x.shape[0]
+    num_blocks = -(-tokens // 16)
+    slots = torch.randperm(num_blocks * 16, device="cuda")[:tokens]
+    k_scale, v_scale = _scales(KVQuantMode.NVFP4, "cuda")
+    cache = _sentinel_cache(num_blocks, 16, 1, row_dim_for(KVQuantMode.NVFP4, 16), torch.uint8, "cuda")
+    expected = cache.clone()
+    value = x.flip(0)
+    ref.encode_and_cache_write(x, value, expected, slots, k_scale, v_scale, KVQuantMode.NVFP4)
+    native.encode_and_cache_write(x, value, cache, slots, k_scale, v_scale, KVQuantMode.NVFP4)
+    _assert_same(cache, expected, f"NVFP4 special values, {in_dtype}")
+
+
+@pytest.mark.gpu
+@gpu
 def test_cuda_out_of_range_slots_are_skipped_not_written():
     if native.unavailable_reason("encode_kv", "cuda", 0) is not None:
         pytest.skip("no CUDA kernels")
