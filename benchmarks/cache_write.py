@@ -2,8 +2,10 @@
 
     python -m benchmarks.cache_write [--quick] [--out benchmarks/results] [--sweep]
 
-Token counts 1..65536, 8 KV heads, head size 128, block size 16, random distinct slots, bf16
-input; cache formats bfloat16 / fp8_e4m3 / fp8_e5m2 / nvfp4 / fp8_per_token_head, and
+Token counts 1..65536, 8 KV heads, head size 128, block size 16, bf16 input, distinct slots:
+random (``--slots random``, the default: decode's scattered writes), whole pages in random order
+(``--slots pages``: a prefill's writes through a block table) or consecutive (``--slots
+sequential``); cache formats bfloat16 / fp8_e4m3 / fp8_e5m2 / nvfp4 / fp8_per_token_head, and
 ``fp8_e4m3/nvfp4`` (FP8 keys, NVFP4 values: a mixed format, kvfuse's kernels only, unfused
 included, whose ``cache_write`` of mixed rows is the reference). Implementations:
 
@@ -93,10 +95,27 @@ def plain_encode_and_write(key, value, kv_cache, slots, k_scale, v_scale, mode: 
             kv_cache[block, half, offset] = x
 
 
+SLOT_PATTERNS = ("random", "pages", "sequential")
+
+
+def slot_mapping(pattern: str, num_tokens: int, num_blocks: int, gen: torch.Generator) -> torch.Tensor:
+    """``num_tokens`` distinct slots of a ``num_blocks``-page cache laid out as ``pattern`` says
+    (on ``gen``'s device)."""
+    device = gen.device
+    if pattern == "random":
+        return torch.randperm(num_blocks * BLOCK_SIZE, device=device, generator=gen)[:num_tokens]
+    if pattern == "pages":
+        pages = torch.randperm(num_blocks, device=device, generator=gen)[: -(-num_tokens // BLOCK_SIZE)]
+        return (pages[:, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE, device=device)).flatten()[:num_tokens]
+    if pattern == "sequential":
+        return torch.arange(num_tokens, device=device)
+    raise ValueError(f"slot pattern {pattern!r}: expected one of {SLOT_PATTERNS}")
+
+
 class Case:
     """Buffers for one (format, token count): rotating input sets and one cache per impl."""
 
-    def __init__(self, fmt: str, num_tokens: int, rotations: int, seed: int = 0):
+    def __init__(self, fmt: str, num_tokens: int, rotations: int, seed: int = 0, slots: str = "random"):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         self.fmt, self.spec, self.num_tokens = fmt, _format(fmt), num_tokens
         self.mode = self.spec.kv_format.code
@@ -105,7 +124,7 @@ class Case:
         shape = (num_tokens, HEADS, HEAD_SIZE)
         self.keys = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
         self.values = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
-        self.slots = [torch.randperm(capacity, device="cuda", generator=gen)[:num_tokens] for _ in range(rotations)]
+        self.slots = [slot_mapping(slots, num_tokens, self.num_blocks, gen) for _ in range(rotations)]
         fmt = self.spec.kv_format
         self.k_scale = torch.tensor(0.05 if fmt.key.is_fp8 else 1.0, device="cuda")
         self.v_scale = torch.tensor(0.05 if fmt.value.is_fp8 else 1.0, device="cuda")
@@ -289,7 +308,8 @@ def sweep(copy_gb_s: float, out_dir: str) -> dict:
     lines, totals = [], {}
     for fmt in ("bfloat16", "fp8_e4m3", "nvfp4"):
         for num_tokens in (16384, 65536):
-            case = Case(fmt, num_tokens, common.rotations_for(Case.bytes_per_call(fmt, num_tokens)))
+            case = Case(fmt, num_tokens, common.rotations_for(Case.bytes_per_call(fmt, num_tokens)),
+                        slots=args.slots)
             cache = case.new_cache()
             for block_t in (1, 2, 4, 8):
                 for warps in (2, 4, 8):
@@ -348,6 +368,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time tile configs of the fused kernel")
     parser.add_argument("--ptx", action="store_true", help="also write the fused kernel's PTX per format")
     parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
+    parser.add_argument("--slots", default="random", choices=SLOT_PATTERNS,
+                        help="where the tokens go: random slots (default), whole pages in random order, or consecutive")
     parser.add_argument("--formats", default=None,
                         help="comma-separated cache formats (default: all, or the --quick ones), of " + ",".join(FORMATS))
     args = parser.parse_args(argv)
@@ -387,7 +409,8 @@ def main(argv=None) -> int:
     rows, skipped, notes = [], {}, []
     for fmt in formats:
         for num_tokens in tokens:
-            case = Case(fmt, num_tokens, common.rotations_for(Case.bytes_per_call(fmt, num_tokens)))
+            case = Case(fmt, num_tokens, common.rotations_for(Case.bytes_per_call(fmt, num_tokens)),
+                        slots=args.slots)
             check_kvfuse(case)
             for impl in impls:
                 if impl in skipped or (case.spec.is_mixed and impl not in MIXED_IMPLS):
@@ -418,13 +441,14 @@ def main(argv=None) -> int:
             del case
             torch.cuda.empty_cache()
         # after each format, so that a run cut short still leaves its results
-        save(args.out, info, rows, tokens, formats, copy_gb_s, skipped, notes + [f"copy GB/s by method: {copy_note}"])
+        save(args.out, info, rows, tokens, formats, copy_gb_s, skipped,
+             notes + [f"copy GB/s by method: {copy_note}", f"slots: {args.slots}"])
     return 0
 
 
 def save(out_dir, info, rows, tokens, formats, copy_gb_s, skipped, notes) -> None:
     payload = {"device": info["device"], "date": info["date"], "commit": info["commit"],
-               "copy_gb_per_s": round(copy_gb_s, 1), "rows": rows}
+               "copy_gb_per_s": round(copy_gb_s, 1), "notes": list(notes), "rows": rows}
     common.write_json(os.path.join(out_dir, "cache_write.json"), payload)
     notes = [f"skipped {k}: {v}" for k, v in skipped.items()] + list(notes)
     notes.append(f"copy bandwidth {copy_gb_s:.0f} GB/s (read + write of a 1 GiB device-to-device copy, best "
