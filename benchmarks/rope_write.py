@@ -8,8 +8,10 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 - ``write``: ``kvfuse::encode_and_cache_write`` of an already rotated K (the floor);
 - ``rope_k+write``: ``kvfuse::rope_encode_and_cache_write`` without a query (the issue's goal:
   <= 1.1x ``write``);
-- ``rope_k+write (gather)``: the same kernel with the earlier rotation (each feature's partner
-  by a second load, ``rotation="gather"`` of the Triton launcher), to time both in one run;
+- ``rope_k+write (split)`` / ``(gather)``: the same kernel with each rotation forced
+  (``rotation=`` of the Triton launcher: partners taken from the loaded rows, or by a second
+  load), to time both in one run; the op picks one by format and token count
+  (:mod:`kvfuse.ops.tuning`);
 - ``rotate_k, write``: the same function compiled without the rotary fusion (Inductor's rotation
   kernel, then the write);
 - ``rope_qk+write``: the fused op rotating the query too (what the pass emits per layer);
@@ -103,12 +105,12 @@ def _fused(case: Case, with_query: bool):
                            "l") for i in range(len(case.sets))]
 
 
-def _fused_gather(case: Case, with_query: bool):
+def _fused_as(case: Case, with_query: bool, rotation: str):
     from kvfuse.ops.triton import rope_kv_write
 
     return [lambda i=i: rope_kv_write.rope_encode_and_cache_write(
         case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache, case.slots[i],
-        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, rotation="gather")
+        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, rotation=rotation)
         for i in range(len(case.sets))]
 
 
@@ -166,9 +168,9 @@ def _flashinfer(case: Case):
                            q_rope_out=q_out[i]) for i in range(len(case.sets))]
 
 
-def _check(case: Case) -> None:
-    """The fused op (both rotations) and the unfused compiled layer write the same cache bytes and
-    rotated query."""
+def _check(case: Case, with_compiled: bool = True) -> None:
+    """The fused op (both rotations) and, with ``with_compiled``, the unfused compiled layer write
+    the same cache bytes and rotated query."""
     from kvfuse.ops import reference
 
     q, k, v = case.sets[0]
@@ -176,15 +178,21 @@ def _check(case: Case) -> None:
     want_q = reference.rope_encode_and_cache_write(q, k, v, want, case.slots[0], case.k_scale, case.v_scale,
                                                    case.cos, case.sin, None, D, True, case.mode)
     saved = case.cache
-    got_fused, got_gather, got_compiled = case.new_cache(), case.new_cache(), case.new_cache()
+    got_fused, got_split, got_gather = case.new_cache(), case.new_cache(), case.new_cache()
     case.cache = got_fused
     fused_q = _fused(case, True)[0]()
+    case.cache = got_split
+    split_q = _fused_as(case, True, "split")[0]()
     case.cache = got_gather
-    gather_q = _fused_gather(case, True)[0]()
-    case.cache = got_compiled
-    compiled_q = _compiled(case, True)[0]()
+    gather_q = _fused_as(case, True, "gather")[0]()
+    results = [("fused", got_fused, fused_q)]
+    if with_compiled:
+        got_compiled = case.new_cache()
+        case.cache = got_compiled
+        compiled_q = _compiled(case, True)[0]()
+        results.append(("compiled", got_compiled, compiled_q))
     case.cache = saved
-    for name, cache, rq in (("fused", got_fused, fused_q), ("compiled", got_compiled, compiled_q)):
+    for name, cache, rq in results:
         same_cache = torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
         same_q = torch.equal(rq.view(torch.int16), want_q.view(torch.int16))
         if not (same_cache and same_q):
@@ -192,23 +200,29 @@ def _check(case: Case) -> None:
             diff = (cache.view(torch.uint8) != want.view(torch.uint8)).sum().item()
             logger.warning("%s %s T=%d: differs from the no-fma reference: %d cache bytes, query equal: %s",
                            name, case.fmt, case.num_tokens, diff, same_q)
-    if not torch.equal(got_fused.view(torch.uint8), got_compiled.view(torch.uint8)) or \
-            not torch.equal(fused_q.view(torch.int16), compiled_q.view(torch.int16)):
+    if with_compiled and (not torch.equal(got_fused.view(torch.uint8), got_compiled.view(torch.uint8)) or
+                          not torch.equal(fused_q.view(torch.int16), compiled_q.view(torch.int16))):
         logger.warning("fused and compiled-unfused differ for %s T=%d", case.fmt, case.num_tokens)
-    if not torch.equal(got_fused.view(torch.uint8), got_gather.view(torch.uint8)) or \
-            not torch.equal(fused_q.view(torch.int16), gather_q.view(torch.int16)):
-        logger.warning("split and gather rotations differ for %s T=%d", case.fmt, case.num_tokens)
+    for other, cache, rq in (("split", got_split, split_q), ("gather", got_gather, gather_q)):
+        if not torch.equal(got_fused.view(torch.uint8), cache.view(torch.uint8)) or \
+                not torch.equal(fused_q.view(torch.int16), rq.view(torch.int16)):
+            logger.warning("the op and its %s rotation differ for %s T=%d", other, case.fmt, case.num_tokens)
 
 
 VARIANTS = {
     "write": _write,
     "rope_k+write": lambda c: _fused(c, False),
-    "rope_k+write (gather)": lambda c: _fused_gather(c, False),
+    "rope_k+write (split)": lambda c: _fused_as(c, False, "split"),
+    "rope_k+write (gather)": lambda c: _fused_as(c, False, "gather"),
     "rotate_k, write": lambda c: _compiled(c, False),
     "rope_qk+write": lambda c: _fused(c, True),
     "rotate_qk, write": lambda c: _compiled(c, True),
     "flashinfer": _flashinfer,
 }
+
+
+RATIOS = {"rope_k+write / write": ("rope_k+write", "write"),
+          "rope_qk+write / unfused": ("rope_qk+write", "rotate_qk, write")}
 
 
 # Read (as text) by `python -m kvfuse bench`, which refuses to start this on a host without CUDA.
@@ -219,21 +233,32 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--quick", action="store_true", help="fewer trials (a smoke run)")
+    parser.add_argument("--tokens", default="64,4096", help="comma-separated token counts (default 64,4096)")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of " + ",".join(FORMATS))
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated subset of: " + ", ".join(VARIANTS))
     args = parser.parse_args(argv)
+    token_counts = [int(t) for t in args.tokens.split(",") if t]
+    formats = [f for f in args.formats.split(",") if f]
+    names = [n for n in args.variants.split(",") if n]
+    unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(names) - set(VARIANTS))
+    if unknown or any(t <= 0 for t in token_counts):
+        parser.error(f"unknown formats or variants {unknown}, or a token count that is not positive: {args.tokens}")
+    variants = {name: VARIANTS[name] for name in names}
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
         print("rope_write: needs a CUDA device", file=sys.stderr)
         return 2
-    info = common.device_info("python -m benchmarks.rope_write" + (" --quick" if args.quick else ""))
+    info = common.device_info(" ".join(["python -m benchmarks.rope_write"] + list(sys.argv[1:] if argv is None else argv)))
     trials = 5 if args.quick else 15
     rows, notes = [], []
-    for num_tokens in (64, 4096):
+    for num_tokens in token_counts:
         rotations = common.rotations_for(Case.bytes_per_call(num_tokens))
-        for fmt in FORMATS:
+        for fmt in formats:
             case = Case(fmt, num_tokens, rotations)
-            _check(case)
+            _check(case, with_compiled=any(name.startswith("rotate") for name in variants))
             row = {"tokens": num_tokens, "format": fmt}
-            for name, make in VARIANTS.items():
+            for name, make in variants.items():
                 try:
                     timing = common.bench(make(case), trials=trials)
                     row[name] = round(timing.us, 2)
@@ -243,12 +268,13 @@ def main(argv=None) -> int:
                     row[name] = None
                     if str(e) not in notes:
                         notes.append(str(e))
-            row["rope_k+write / write"] = round(row["rope_k+write"] / row["write"], 3)
-            row["rope_qk+write / unfused"] = round(row["rope_qk+write"] / row["rotate_qk, write"], 3)
+            for ratio, (num, den) in RATIOS.items():
+                if row.get(num) and row.get(den):
+                    row[ratio] = round(row[num] / row[den], 3)
             rows.append(row)
             logger.info("%s", row)
             common.write_json(os.path.join(args.out, "rope_write.json"), {"info": info, "rows": rows, "notes": notes})
-    headers = ["tokens", "format", *VARIANTS, "rope_k+write / write", "rope_qk+write / unfused"]
+    headers = ["tokens", "format", *variants, *(r for r, (n, d) in RATIOS.items() if n in variants and d in variants)]
     table = common.markdown_table(headers, [[r.get(h) if r.get(h) is not None else "-" for h in headers]
                                             for r in rows])
     common.write_markdown(os.path.join(args.out, "rope_write.md"),
