@@ -20,7 +20,8 @@ from ..kv_cache import KVQuantMode
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CacheWritePolicy", "CUDA_CACHE_WRITE_POLICIES", "cuda_cache_write_policy"]
+__all__ = ["CacheWritePolicy", "CUDA_CACHE_WRITE_POLICIES", "cuda_cache_write_policy", "RopeWritePolicy",
+           "ROPE_WRITE_POLICIES", "rope_write_policy"]
 
 
 @dataclass(frozen=True)
@@ -99,3 +100,49 @@ def _current_arch() -> str:
 def cuda_cache_write_policy(arch: str | None = None) -> CacheWritePolicy:
     """The policy for ``arch`` (default: the current CUDA device), with the environment's override."""
     return _policy_for(arch or _current_arch(), envs.settings().native_max_tokens)
+
+
+@dataclass(frozen=True)
+class RopeWritePolicy:
+    """Which rotation the fused rotary write (``kvfuse/ops/triton/rope_kv_write.py``) takes where
+    both give its bits: below ``gather_below[mode]`` tokens the gathered one (each partner by a
+    second load), from there on the split one (partners from the loaded rows). Formats absent
+    here always take the split rotation."""
+
+    gather_below: Mapping[KVQuantMode, int]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gather_below, Mapping) or any(
+                not isinstance(v, int) or v <= 0 for v in self.gather_below.values()):
+            raise ValueError(f"gather_below={self.gather_below!r} must map formats to positive token counts")
+        object.__setattr__(self, "gather_below", MappingProxyType(dict(self.gather_below)))
+
+    def rotation(self, mode: KVQuantMode, num_tokens: int) -> str:
+        return "gather" if num_tokens < self.gather_below.get(mode, 0) else "split"
+
+
+# H100 (sm90), `python -m benchmarks.rope_write` sweep at 695e34f (BENCHMARKS.md, eleventh
+# session), us per call, split / gather: FP8 2.42 / 2.34 at 16 tokens, 2.47 / 2.42 at 64, 3.22 /
+# 3.27 at 256; NVFP4 2.41 / 2.26, 2.47 / 2.35, 2.86 / 2.90. bf16 within 0.02 us either way: split.
+_SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMode.NVFP4: 256})
+
+#: Rotary-write policies by GPU architecture; others (and the CPU interpreter) use sm90's.
+ROPE_WRITE_POLICIES: Mapping[str, RopeWritePolicy] = MappingProxyType({"sm90": _SM90_ROPE})
+
+
+@functools.lru_cache(maxsize=None)
+def _device_arch(index: int) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm{major}{minor}"
+
+
+def rope_write_policy(device) -> RopeWritePolicy:
+    """The rotary-write policy for ``device`` (a ``torch.device``): its architecture's, else sm90's."""
+    if device.type != "cuda":
+        return _SM90_ROPE
+    import torch
+
+    arch = _device_arch(device.index if device.index is not None else torch.cuda.current_device())
+    return ROPE_WRITE_POLICIES.get(arch, _SM90_ROPE)

@@ -116,11 +116,22 @@ class _Recorder:
     (True, 80, 80, torch.bfloat16, False), (True, 128, 128, torch.float32, False),
     (False, 128, 128, torch.float32, False)])
 def test_default_is_split_where_it_applies(monkeypatch, is_neox, rotary_dim, d, in_dtype, want):
+    # A bf16 cache: the measured policy never asks for the gathered form there (for FP8 and
+    # NVFP4 it does below 256 tokens: test_default_rotation_follows_the_measured_policy).
     recorder = _Recorder()
     monkeypatch.setattr(rope_kv_write, "_rope_encode_and_cache_write_kernel", recorder)
-    c = _case(3, 2, 1, d, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, rotary_dim=rotary_dim, in_dtype=in_dtype)
-    _call(rope_kv_write.rope_encode_and_cache_write, c, is_neox, KVQuantMode.FP8_E4M3)
+    c = _case(3, 2, 1, d, KVQuantMode.NONE, torch.bfloat16, rotary_dim=rotary_dim, in_dtype=in_dtype)
+    _call(rope_kv_write.rope_encode_and_cache_write, c, is_neox, KVQuantMode.NONE)
     assert recorder.split == [want]
+
+
+def test_small_fp8_writes_launch_the_gathered_rotation(monkeypatch):
+    recorder = _Recorder()
+    monkeypatch.setattr(rope_kv_write, "_rope_encode_and_cache_write_kernel", recorder)
+    for tokens in (3, 300):
+        c = _case(tokens, 2, 1, 128, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn)
+        _call(rope_kv_write.rope_encode_and_cache_write, c, True, KVQuantMode.FP8_E4M3)
+    assert recorder.split == [False, True]
 
 
 def test_compile_matrix_names_both_rotations():
@@ -174,3 +185,31 @@ def test_rotation_special_values(mode, cache_dtype, is_neox, d, rotary_dim, rota
             chosen = torch.rand(part.shape, generator=g) < 0.3
             part[chosen] = picks[chosen]
     _triton_vs_reference(c, is_neox, mode, rotation)
+
+
+def test_default_rotation_follows_the_measured_policy():
+    """rotation=None: where the split form applies, the policy's choice by format and token count
+    (sm90's table on the CPU interpreter: gathered below 256 tokens for FP8 and NVFP4); where it
+    does not apply, gather whatever the size."""
+    from kvfuse.ops import tuning
+
+    policy = tuning.rope_write_policy(torch.device("cpu"))
+    assert policy is tuning.ROPE_WRITE_POLICIES["sm90"]
+    cpu = torch.device("cpu")
+    choose = rope_kv_write._split_rotation
+    for mode in (KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4):
+        limit = policy.gather_below[mode]
+        assert not choose(None, True, 128, 128, torch.bfloat16, int(mode), limit - 1, cpu)
+        assert choose(None, True, 128, 128, torch.bfloat16, int(mode), limit, cpu)
+        assert choose("split", True, 128, 128, torch.bfloat16, int(mode), 1, cpu)  # forced
+    assert choose(None, True, 128, 128, torch.bfloat16, int(KVQuantMode.NONE), 1, cpu)
+    assert not choose(None, True, 128, 128, torch.float32, int(KVQuantMode.NONE), 1 << 20, cpu)
+    assert not choose(None, True, 64, 128, torch.bfloat16, int(KVQuantMode.FP8_E4M3), 1 << 20, cpu)
+
+
+def test_rope_write_policy_is_validated():
+    from kvfuse.ops import tuning
+
+    with pytest.raises(ValueError, match="gather_below=.*positive token counts"):
+        tuning.RopeWritePolicy(gather_below={KVQuantMode.NVFP4: 0})
+    assert tuning.RopeWritePolicy(gather_below={}).rotation(KVQuantMode.NVFP4, 1) == "split"

@@ -21,8 +21,9 @@ returned tensor. Against ``rotate, then write`` this saves K's write and re-read
 query, one launch; against the write alone it adds the query's read and write (which the model
 does anyway) and the cos/sin rows.
 
-Two rotations, one result (``rotation=`` of the launcher; the default is the split one where it
-applies). Both write the same float32 expression per feature, and where the split form is used
+Two rotations, one result (``rotation=`` of the launcher; by default, where the split one applies,
+the one :mod:`kvfuse.ops.tuning` measured faster for the format and token count, which on the
+H100 is the gathered one below 256 tokens for FP8 and NVFP4). Both write the same float32 expression per feature, and where the split form is used
 they give the same bits (:func:`split_rotation_applies` says why float32 rows are left out):
 
 - *split* (16-bit rows): each element is loaded once and its partner is another register of the
@@ -65,6 +66,7 @@ import triton
 import triton.language as tl
 
 from ...kv_cache import KVQuantMode
+from .. import tuning
 from .kv_write import (_FP8_PTH, _NVFP4, _encode_rows, _head_scale_ptr, _launch_config, _nvfp4_page_layout,
                        _nvfp4_side_bases, _soft_rounding, _store_dense, _store_nvfp4, _store_per_token_head,
                        scale_head_stride)
@@ -385,10 +387,11 @@ def split_rotation_applies(is_neox: bool, rotary_dim: int, block_d: int, key_dty
 
 
 def _split_rotation(rotation: Optional[str], is_neox: bool, rotary_dim: int, block_d: int,
-                    key_dtype: torch.dtype) -> bool:
+                    key_dtype: torch.dtype, mode: int, num_tokens: int, device: torch.device) -> bool:
     applies = split_rotation_applies(is_neox, rotary_dim, block_d, key_dtype)
     if rotation is None:
-        return applies
+        # Where both apply, the measured choice by format and token count (kvfuse.ops.tuning).
+        return applies and tuning.rope_write_policy(device).rotation(KVQuantMode(mode), num_tokens) == "split"
     if rotation not in ROTATIONS:
         raise ValueError(f"rotation={rotation!r}; allowed: {', '.join(map(repr, ROTATIONS))} or None")
     if rotation == "split" and not applies:
@@ -409,8 +412,9 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
     (contiguous), or an empty tensor without one. ``fp_fusion``: Triton's ``enable_fp_fusion``
     (None: Triton's default, on, as Inductor's own kernels). ``rotation``: ``"split"`` (partners
     taken from the loaded rows; ValueError where :func:`split_rotation_applies` says no),
-    ``"gather"`` (partners by a second load, the earlier kernel) or None, split where it applies.
-    Both give the same bits; the choice exists so that one benchmark run can time both."""
+    ``"gather"`` (partners by a second load, the earlier kernel) or None: where the split form
+    applies, the one :func:`kvfuse.ops.tuning.rope_write_policy` measured faster for the format
+    and token count (gather for small FP8 and NVFP4 writes), else gather. Both give the same bits."""
     num_tokens, num_heads, head_size = key.shape
     q_out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if query is not None \
         else key.new_empty((0,))
@@ -419,7 +423,8 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
     mode = int(kv_quant_mode)
     block_t, block_h, block_d, num_warps = launch_config or _launch_config(
         int(num_tokens).bit_length(), num_heads, head_size, mode, key.element_size())
-    split = _split_rotation(rotation, bool(is_neox), int(rotary_dim), block_d, key.dtype)
+    split = _split_rotation(rotation, bool(is_neox), int(rotary_dim), block_d, key.dtype, mode, int(num_tokens),
+                            key.device)
     kv_programs = triton.cdiv(num_heads, block_h)
     q_heads = query.shape[1] if query is not None else 0
     grid = (triton.cdiv(num_tokens, block_t), kv_programs + triton.cdiv(q_heads, block_h))
