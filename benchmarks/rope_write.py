@@ -235,12 +235,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer trials (a smoke run)")
     parser.add_argument("--tokens", default="64,4096", help="comma-separated token counts (default 64,4096)")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of " + ",".join(FORMATS))
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated subset of: " + ", ".join(VARIANTS))
+    parser.add_argument("--variants", default=None,
+                        help="semicolon-separated subset (names hold commas) of: " + "; ".join(VARIANTS))
     args = parser.parse_args(argv)
     token_counts = [int(t) for t in args.tokens.split(",") if t]
     formats = [f for f in args.formats.split(",") if f]
-    names = [n for n in args.variants.split(",") if n]
+    names = list(VARIANTS) if args.variants is None else [n.strip() for n in args.variants.split(";") if n.strip()]
     unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(names) - set(VARIANTS))
     if unknown or any(t <= 0 for t in token_counts):
         parser.error(f"unknown formats or variants {unknown}, or a token count that is not positive: {args.tokens}")
