@@ -489,9 +489,9 @@ template <typename In, bool kVector>
 struct Nvfp4Op {
   static constexpr bool kUsesScale = true;
   static constexpr bool kSplitRows = true;
-  // One unit per thread, as many resident threads as the registers allow without spilling (48
-  // for 16-bit inputs, one block fewer for float32's wider units): the write is latency-bound,
-  // and 3 blocks per SM took 72% of copy at 16384 tokens where 5 take 77% (BENCHMARKS.md).
+  // One unit per thread, and as many resident threads as the registers allow without spilling
+  // (48 for 16-bit inputs, one block fewer for float32's wider units): 3 blocks per SM took 72%
+  // of copy at 16384 tokens where 5 take 77%, and 2 units per thread lost (BENCHMARKS.md).
   static constexpr int kMinBlocks = sizeof(In) > 2 ? KVFUSE_NVFP4_MIN_BLOCKS - 1 : KVFUSE_NVFP4_MIN_BLOCKS;
   static constexpr int kUnits = 1;
   using Raw = Elements<In, kNvfp4Block, kVector>;

@@ -200,8 +200,11 @@ void launch_lanes(const PthParams& p, cudaStream_t stream) {
   const int lanes_needed = p.head_size / kElems;
   if (lanes_needed <= 4) return launch_with<In, 4, kElems>(p, stream);
   if (lanes_needed <= 8) return launch_with<In, 8, kElems>(p, stream);
-  if (lanes_needed <= 16) return launch_with<In, 16, kElems>(p, stream);
-  launch_with<In, 32, kElems>(p, stream);
+  // 16 lanes of 16 elements cover the largest head size (256); only 8-element lanes need 32.
+  if constexpr (kElems == kMinElems) {
+    if (lanes_needed > 16) return launch_with<In, 32, kElems>(p, stream);
+  }
+  launch_with<In, 16, kElems>(p, stream);
 }
 
 template <typename In>

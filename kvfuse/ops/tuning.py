@@ -90,11 +90,17 @@ def _policy_for(arch: str, override: int | None) -> CacheWritePolicy:
 
 
 @functools.lru_cache(maxsize=None)
+def _device_arch(index: int) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm{major}{minor}"
+
+
 def _current_arch() -> str:
     import torch
 
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm{major}{minor}"
+    return _device_arch(torch.cuda.current_device())
 
 
 def cuda_cache_write_policy(arch: str | None = None) -> CacheWritePolicy:
@@ -128,14 +134,6 @@ _SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMod
 
 #: Rotary-write policies by GPU architecture; others (and the CPU interpreter) use sm90's.
 ROPE_WRITE_POLICIES: Mapping[str, RopeWritePolicy] = MappingProxyType({"sm90": _SM90_ROPE})
-
-
-@functools.lru_cache(maxsize=None)
-def _device_arch(index: int) -> str:
-    import torch
-
-    major, minor = torch.cuda.get_device_capability(index)
-    return f"sm{major}{minor}"
 
 
 def rope_write_policy(device) -> RopeWritePolicy:

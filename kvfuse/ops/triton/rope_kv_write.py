@@ -23,8 +23,9 @@ does anyway) and the cos/sin rows.
 
 Two rotations, one result (``rotation=`` of the launcher; by default, where the split one applies,
 the one :mod:`kvfuse.ops.tuning` measured faster for the format and token count, which on the
-H100 is the gathered one below 256 tokens for FP8 and NVFP4). Both write the same float32 expression per feature, and where the split form is used
-they give the same bits (:func:`split_rotation_applies` says why float32 rows are left out):
+H100 is the gathered one below 256 tokens for FP8 and NVFP4). Both write the same float32
+expression per feature, and where the split form is used they give the same bits
+(:func:`split_rotation_applies` says why float32 rows are left out):
 
 - *split* (16-bit rows): each element is loaded once and its partner is another register of the
   same thread. NeoX with ``R == BLOCK_D`` (rotary over the whole, power-of-two, tile): the two halves are
