@@ -120,7 +120,6 @@ class Case:
         self.fmt, self.spec, self.num_tokens = fmt, _format(fmt), num_tokens
         self.mode = self.spec.kv_format.code
         self.num_blocks = -(-2 * num_tokens // BLOCK_SIZE) + 1
-        capacity = self.num_blocks * BLOCK_SIZE
         shape = (num_tokens, HEADS, HEAD_SIZE)
         self.keys = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
         self.values = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
@@ -298,7 +297,7 @@ def check_kvfuse(case: Case) -> None:
             raise AssertionError(f"{name} {case.fmt} T={case.num_tokens} differs from the reference")
 
 
-def sweep(copy_gb_s: float, out_dir: str) -> dict:
+def sweep(copy_gb_s: float, out_dir: str, slots: str = "random") -> dict:
     """Time the fused kernel over tile configs at large token counts (for choosing _launch_config).
 
     Returns ``{format: (block_t, num_warps)}``, the best by summed time at 16384 and 65536 tokens.
@@ -308,8 +307,7 @@ def sweep(copy_gb_s: float, out_dir: str) -> dict:
     lines, totals = [], {}
     for fmt in ("bfloat16", "fp8_e4m3", "nvfp4"):
         for num_tokens in (16384, 65536):
-            case = Case(fmt, num_tokens, common.rotations_for(Case.bytes_per_call(fmt, num_tokens)),
-                        slots=args.slots)
+            case = Case(fmt, num_tokens, common.rotations_for(Case.bytes_per_call(fmt, num_tokens)), slots=slots)
             cache = case.new_cache()
             for block_t in (1, 2, 4, 8):
                 for warps in (2, 4, 8):
@@ -396,7 +394,7 @@ def main(argv=None) -> int:
     if args.ptx:
         dump_ptx(args.out)
     if args.sweep:
-        sweep(copy_gb_s, args.out)
+        sweep(copy_gb_s, args.out, args.slots)
 
     tokens = QUICK_TOKENS if args.quick else TOKENS
     formats = QUICK_FORMATS if args.quick else FORMATS

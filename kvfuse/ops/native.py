@@ -281,7 +281,8 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
 
 #: The ops that csrc/ implements for FP8_PER_TOKEN_HEAD caches, on CUDA.
 _PER_TOKEN_HEAD_OPS = frozenset({"encode_and_cache_write", "paged_attention"})
-#: The per-token-head write kernel's lanes take 8 inputs each, at most 32 lanes per row.
+#: The per-token-head write kernel's lanes take 8 inputs each (16 where head_size % 16 == 0), at most 32 lanes
+#: of 8 per row.
 _PER_TOKEN_HEAD_MAX_HEAD_SIZE = 256
 
 
