@@ -80,8 +80,16 @@ def _kvfuse_rows(args, impls, new, sweep=False):
     ``kvfuse_pages`` is the same call without them; ``sweep`` adds NEW_TOKEN_SWEEP's tiles."""
     if "kvfuse" not in impls:
         return {}
-    if KVQuantMode(args[7]) is not KVQuantMode.NONE:
-        return {"kvfuse": (_kvfuse(args), True)}
+    mode = KVQuantMode(args[7])
+    if mode is not KVQuantMode.NONE:
+        # The quantized prefill path (new rows gathered from the pages; FP8 dots for e4m3), its
+        # decoded-rows variant for e4m3, and the paged kernel it replaced.
+        fns = {"kvfuse": (_kvfuse(args), True), "kvfuse_pages": (_kvfuse(args, new_token_kernel=False), True)}
+        if mode is KVQuantMode.FP8_E4M3:
+            fns["kvfuse_decoded"] = (_kvfuse(args, fp8_dots=False), True)
+            if sweep:
+                fns.update(_new_token_variants(args, None, None, tile_key="small_fp8", sweep=NEW_TOKEN_SWEEP_FP8))
+        return fns
     key, value = _step_kv(args[1], args[4], args[5], new)
     fns = {"kvfuse": (_kvfuse(args, key=key, value=value), True), "kvfuse_pages": (_kvfuse(args), True)}
     if sweep:
@@ -93,20 +101,27 @@ def _kvfuse_rows(args, impls, new, sweep=False):
 #: other Tile fields).
 NEW_TOKEN_SWEEP = ((128, 64, 8, 4, {}), (64, 64, 4, 3, {}), (64, 64, 4, 3, {"TMA": True}),
                    (128, 64, 8, 3, {"TMA": True}), (128, 128, 8, 3, {"TMA": True}))
+#: The same for FP8 dots (an FP8 e4m3 cache's prefill): byte-wide K/V tiles leave room for longer
+#: key tiles and deeper pipelines.
+NEW_TOKEN_SWEEP_FP8 = ((64, 64, 4, 3, {"TMA": True}), (64, 128, 4, 3, {"TMA": True}), (128, 64, 8, 3, {"TMA": True}),
+                       (128, 128, 8, 3, {"TMA": True}), (128, 128, 8, 4, {"TMA": True}),
+                       (128, 64, 8, 3, {}))
 
 
-def _new_token_variants(args, key, value):
-    """kvfuse's new-token prefill at every NEW_TOKEN_SWEEP tile: {label: (fn, graph)}."""
+def _new_token_variants(args, key, value, tile_key="small", sweep=NEW_TOKEN_SWEEP):
+    """kvfuse's new-token prefill at every NEW_TOKEN_SWEEP tile (as ``new_tokens[tile_key]``, e.g.
+    ``small_fp8`` for an FP8 cache's FP8 dots): {label: (fn, graph)}."""
     import dataclasses
 
     from kvfuse.ops.triton import attention as ta
 
     base = TILES or ta.DEFAULT_TILES
     fns = {}
-    for bm, bn, warps, stages, fields in NEW_TOKEN_SWEEP:
-        tile = dataclasses.replace(base.new_tokens["small"], BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-                                   num_stages=stages, **{"TMA": False, **fields})
-        tiles = dataclasses.replace(base, new_tokens={**base.new_tokens, "small": tile})
+    for bm, bn, warps, stages, fields in sweep:
+        start = base.new_tokens.get(tile_key, base.new_tokens["small"])
+        tile = dataclasses.replace(start, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+                                   **{"TMA": False, **fields})
+        tiles = dataclasses.replace(base, new_tokens={**base.new_tokens, tile_key: tile})
         call = AttentionCall(*args, key=key, value=value)
         flags = "".join(f" {name.lower()}" for name, on in fields.items() if on)
         fns[f"kvfuse m{bm} n{bn} w{warps} s{stages}{flags}"] = (

@@ -18,6 +18,10 @@ Whoever changes a variable at run time (a test, a benchmark that forces a backen
                                 compiler command lines (default off; a failed build raises with its log)
 ``KVFUSE_CHECK``                ``1`` / ``true`` / ``yes`` / ``on``: checked mode (see ``ops.checks``)
 ``KVFUSE_DUMP_DIR``             write the pass graphs and the fusion report of every compile there
+``KVFUSE_FP8_PREFILL_DOTS``     ``0`` / ``false`` / ``no`` / ``off``: the prefill of an FP8 e4m3 cache attends in the
+                                model dtype (the cache's exact values) instead of FP8 tensor-core dots,
+                                whose e4m3-rounded query and probabilities cost accuracy (default on;
+                                see ``ops.triton.prefill``)
 ``TRITON_INTERPRET``            Triton's own switch, read here so kernels know they are interpreted
 ==============================  ==================================================================
 """
@@ -53,6 +57,7 @@ class Settings:
     check: bool
     dump_dir: Optional[str]
     triton_interpret: bool
+    fp8_prefill_dots: bool = True
 
     def forced_backend(self, family: str) -> Optional[str]:
         """The implementation forced for an op family (``"cache"`` or ``"attention"``), or None."""
@@ -114,6 +119,7 @@ def _parse(environ) -> Settings:
         check=_flag(environ, "KVFUSE_CHECK", False),
         dump_dir=environ.get("KVFUSE_DUMP_DIR") or None,
         triton_interpret=environ.get("TRITON_INTERPRET", "0").strip() == "1",
+        fp8_prefill_dots=_flag(environ, "KVFUSE_FP8_PREFILL_DOTS", True),
     )
 
 

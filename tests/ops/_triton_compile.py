@@ -200,6 +200,22 @@ def _attention_cases() -> list[Case]:
           for head, q_dtype, group, extra in ((64, "bfloat16", 4, {}), (80, "float16", 2, dict(sinks=True)),
                                               (128, "bfloat16", 4, {}), (256, "bfloat16", 1, dict(softcap=30.0)))),
     ]
+    # Quantized prefill from gathered new rows (prefill.cached_new_token_prefill): FP8 dots through
+    # descriptors (d64/d128), pointers (d80) and the large tile (d256), decoded e4m3 / e5m2 / NVFP4
+    # rows, soft-cap + sinks + per-head scales, fp16 queries.
+    cases += [
+        Case(f"attention-gathered-{mode}-d{head}-{q_dtype}{'-decoded' if fp8_dots is False else ''}", "attention",
+             dict(mode=mode, head=head, phase="prefill", q_dtype=q_dtype, group=group, fp8_dots=fp8_dots, **extra))
+        for mode, head, q_dtype, group, fp8_dots, extra in (
+            ("FP8_E4M3", 128, "bfloat16", 4, None, {}),
+            ("FP8_E4M3", 64, "float16", 2, None, dict(softcap=30.0, sinks=True, head_scales=True)),
+            ("FP8_E4M3", 80, "bfloat16", 4, None, {}),
+            ("FP8_E4M3", 256, "bfloat16", 1, None, dict(sinks=True)),
+            ("FP8_E4M3", 128, "bfloat16", 4, False, {}),
+            ("FP8_E5M2", 128, "float16", 4, None, dict(softcap=30.0, head_scales=True)),
+            ("NVFP4", 64, "bfloat16", 8, None, dict(sinks=True, inline_asm=False)),
+        )
+    ]
     # Mixed formats (K and V in different modes, _attend_range_mixed): decode and prefill of the two
     # formats the benchmarks time, then every mode on each side, the split, window, soft-cap, sinks,
     # KEYS_FIRST, PREFETCH_PAGES and NVFP4 scale paths spread over the rows.
@@ -307,6 +323,7 @@ def _recording(sink: list):
     targets = [(kv_write, "_encode_and_cache_write_kernel", "kv_write"),
                (attention, "_paged_attention_kernel", "attention"),
                (prefill, "_new_token_prefill_kernel", "attention_new"),
+               (prefill, "_gather_new_rows_kernel", "attention_gather"),
                (attention, "_paged_attention_reduce_kernel", "attention_reduce"),
                (rope_kv_write, "_rope_encode_and_cache_write_kernel", "rope")]
     saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in targets]
@@ -409,7 +426,7 @@ def _run_case(case: Case) -> list[Launch]:
                 tiles = tiles.replace(**fields)
             attention.paged_attention(call, tiles=tiles, num_splits=p.get("splits"),
                                       inline_asm=p.get("inline_asm", True),
-                                      quant_dot_fp16=p.get("quant_dot_fp16", True))
+                                      quant_dot_fp16=p.get("quant_dot_fp16", True), fp8_dots=p.get("fp8_dots"))
         else:
             mode = KVQuantMode[p["mode"]]
             t, h, hq, d, r = p["tokens"], p["heads"], p["q_heads"], p["head"], p["rotary"]

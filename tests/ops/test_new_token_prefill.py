@@ -161,11 +161,13 @@ def test_fp16_queries():
     check(args)
 
 
-@pytest.mark.parametrize("fields", [dict(sliding_window=8), dict(kv_quant_mode=int(KVQuantMode.FP8_E4M3))],
-                         ids=["window", "fp8"])
-def test_other_calls_keep_the_paged_kernel(fields):
-    """Sliding windows and quantized caches are not taken (takes() says so), and decode-sized
-    batches neither: the paged kernel serves them and the step's K/V are not read."""
+@pytest.mark.parametrize("fields", [dict(sliding_window=8), dict(kv_quant_mode=int(KVQuantMode.FP8_E4M3)),
+                                    dict(kv_quant_mode=int(KVQuantMode.FP8_PER_TOKEN_HEAD))],
+                         ids=["window", "fp8", "fp8_per_token_head"])
+def test_other_calls_do_not_read_the_step_kv(fields):
+    """Sliding windows and quantized caches are not taken by the step-K/V kernel (takes() says so),
+    and decode-sized batches neither: the step's K/V are not read. FP8 e4m3 prefill goes to the
+    gathered path (takes_cached), per-token-head FP8 and windows to the paged kernel."""
     from kvfuse.ops.triton import prefill
 
     mode = KVQuantMode(fields.get("kv_quant_mode", int(KVQuantMode.NONE)))
@@ -174,7 +176,8 @@ def test_other_calls_keep_the_paged_kernel(fields):
     key = torch.full((42, 2, 64), float("nan"), device=DEVICE).to(torch.bfloat16)  # poison: must not be read
     call = AttentionCall(**args, key=key, value=key)
     assert not prefill.takes(call, decode=False)
-    out = run(args, key, key)
+    assert prefill.takes_cached(call, decode=False) == (mode is KVQuantMode.FP8_E4M3 and "sliding_window" not in fields)
+    out = run(args, key, key, fp8_dots=False)
     torch.testing.assert_close(out.cpu().float(), reference_out(args).float(), atol=3e-2, rtol=3e-2)
     decode = make_case([30, 12], [1, 1], 4, 2, 64, KVQuantMode.NONE, seed=36)
     nan = torch.full((2, 2, 64), float("nan"), device=DEVICE).to(torch.bfloat16)

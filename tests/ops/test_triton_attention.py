@@ -105,6 +105,9 @@ def check(args, window=None, **options):
     args = dict(args, sliding_window=window)
     expected = reference_out(args)
     poison_allocator(8 * args["query"].numel() * 4 * 32)
+    # FP8 e4m3 prefill defaults to FP8 dots, whose bound test_new_token_prefill.py states and tests;
+    # here every format is held to the query dtype's tolerance.
+    options.setdefault("fp8_dots", False)
     out = paged_attention(AttentionCall(**args), **options)
     assert out.shape == args["query"].shape and out.dtype == args["query"].dtype
     atol, rtol = TOL[args["query"].dtype]

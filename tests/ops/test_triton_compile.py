@@ -177,6 +177,19 @@ def test_matrix_covers_every_branch(report):
     expect("attention[mixed]", "DOT_DTYPE", {"fp16", "bf16", "fp32"}, _seen(mx, "DOT_DTYPE"))
     any_fp4 = lambda c: nvfp4 in (c["MODE"], c["V_MODE"])  # noqa: E731
     expect("attention[mixed]", "WORD_SCALES[nvfp4 side]", both, _seen(mx, "WORD_SCALES", any_fp4))
+    new = _launches(report, "attention_new")
+    expect("attention_new", "QUANT", {0, 1, 2}, _seen(new, "QUANT"))
+    for name in ("TMA", "SOFTCAP", "HAS_SINKS"):
+        expect("attention_new", f"{name}[FP8 dots]", both, _seen(new, name, lambda c: c["QUANT"] == 1))
+    expect("attention_new", "DOT_DTYPE", {"fp16", "bf16", "fp8e4nv"}, _seen(new, "DOT_DTYPE"))
+    expect("attention", "PREFIX_ONLY[dense]", both, _seen(at, "PREFIX_ONLY", dense))
+    expect("attention", "PREFIX_ONLY[nvfp4]", both, _seen(at, "PREFIX_ONLY", is_fp4))
+    gathers = _launches(report, "attention_gather")
+    expect("attention_gather", "MODE", {int(KVQuantMode.FP8_E4M3), int(KVQuantMode.FP8_E5M2), nvfp4},
+           _seen(gathers, "MODE"))
+    expect("attention_gather", "V_COLUMNS", both, _seen(gathers, "V_COLUMNS"))
+    expect("attention_gather", "SWIZZLE_V[nvfp4]", both, _seen(gathers, "SWIZZLE_V", is_fp4))
+    expect("attention_gather", "USE_ASM[nvfp4]", both, _seen(gathers, "USE_ASM", is_fp4))
     if not _launches(report, "attention_reduce"):
         missing.append("attention_reduce: never compiled (no split-KV launch)")
 

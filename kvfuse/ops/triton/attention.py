@@ -663,8 +663,13 @@ def _paged_attention_kernel(
     WORD_SCALES: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False, LONGEST_FIRST: tl.constexpr = False,
     V_MODE: tl.constexpr = None, V_SIDE_OFFSET: tl.constexpr = 0, K_ROW_BYTES: tl.constexpr = 0,
     V_ROW_BYTES: tl.constexpr = 0, V_ROW_ALIGN: tl.constexpr = 16, KV_DTYPE: tl.constexpr = None,
+    PREFIX_ONLY: tl.constexpr = False,
 ):
     """One (tile, KV head, split): attention of BLOCK_Q tokens x GROUP heads over one key range.
+
+    PREFIX_ONLY: keys before the call's first new token only (the cached prefix, which every new
+    token sees), written as a split partial (SPLIT); sequences without a prefix write nothing
+    (:func:`prefix_partials`).
 
     V_MODE None: a uniform cache of MODE. Otherwise a mixed-format cache (uint8 pages of
     :func:`kvfuse.kv_cache.mixed_page_layout`) whose K side is MODE and V side V_MODE, the V side
@@ -684,6 +689,9 @@ def _paged_attention_kernel(
     if (local < 0) | (local * BLOCK_Q >= q_len):
         return
     seq_len = tl.load(seq_lens_ptr + b)
+    if PREFIX_ONLY:
+        if seq_len <= q_len:
+            return
 
     offs_m = tl.arange(0, BLOCK_M)
     tok = local * BLOCK_Q + offs_m // GROUP_PAD
@@ -696,6 +704,8 @@ def _paged_attention_kernel(
     first_pos = seq_len - q_len + local * BLOCK_Q
     last_pos = seq_len - q_len + tl.minimum(local * BLOCK_Q + BLOCK_Q, q_len) - 1
     hi = tl.minimum(seq_len, last_pos + 1)
+    if PREFIX_ONLY:
+        hi = seq_len - q_len
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(first_pos - window + 1, 0)
@@ -906,6 +916,11 @@ _DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.flo
 _FP32_MAX_BLOCK_N = 64
 
 
+def _decode_sized(num_tokens: int, num_seqs: int) -> bool:
+    """Few query tokens per sequence (decode, speculative decode): decode tiles and split-KV."""
+    return num_tokens <= 4 * max(num_seqs, 1)
+
+
 def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
                  mode: Union[KVQuantMode, KVFormat], query_itemsize: int = 2, split: bool = False,
                  tiles: TileTable = DEFAULT_TILES, interpret: bool = False) -> tuple[Tile, bool]:
@@ -919,7 +934,7 @@ def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
     2-byte rows (its BLOCK_N and register cap were picked for byte-wide rows, which FP8,
     per-token-head and NVFP4 sides all read), else ``small`` (the bf16 tile); their prefill and
     large-head launches take ``small`` / ``large`` like any format."""
-    decode = num_tokens <= 4 * max(num_seqs, 1)
+    decode = _decode_sized(num_tokens, num_seqs)
     if interpret:
         return tiles.interpret, decode
     size = "small" if head_size <= 128 else "large"
@@ -946,7 +961,8 @@ def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
 
 
 def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, num_splits: Optional[int] = None,
-                    inline_asm: bool = True, quant_dot_fp16: bool = True) -> torch.Tensor:
+                    inline_asm: bool = True, quant_dot_fp16: bool = True,
+                    fp8_dots: Optional[bool] = None, new_token_kernel: bool = True) -> torch.Tensor:
     """Varlen causal paged attention; semantics of :func:`kvfuse.ops.reference.paged_attention`.
 
     Rows whose sequence has no allowed key (``seq_len <= 0``, or more query tokens than cached
@@ -957,8 +973,36 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     ``tiles`` the launch configurations; ``num_splits`` split-KV chunks (default: enough programs
     to fill the GPU at small decode batches, none otherwise); ``inline_asm`` the PTX NVFP4 decode
     (else plain Triton; the CPU interpreter and mixed formats always use plain Triton); ``quant_dot_fp16`` fp16
-    dots for FP8/NVFP4 caches with a bf16 query where measured faster (else bf16 dots).
+    dots for FP8/NVFP4 caches with a bf16 query where measured faster (else bf16 dots); ``fp8_dots``
+    FP8 tensor-core dots in the prefill of an FP8 e4m3 cache (:func:`.prefill.cached_new_token_prefill`;
+    default: ``KVFUSE_FP8_PREFILL_DOTS``, on); ``new_token_kernel`` False: the paged kernel serves
+    prefill calls too (benchmarks compare the two).
     """
+    if num_splits is None and new_token_kernel:
+        decode = _decode_sized(call.query.shape[0], call.block_table.shape[0])
+        if call.query.shape[0] and call.block_table.shape[0]:
+            if prefill.takes(call, decode):
+                return prefill.new_token_prefill(call, tiles)
+            if prefill.takes_cached(call, decode):
+                if fp8_dots is None:
+                    fp8_dots = envs.settings().fp8_prefill_dots
+                return prefill.cached_new_token_prefill(call, tiles, fp8_dots=fp8_dots, inline_asm=inline_asm,
+                                                        quant_dot_fp16=quant_dot_fp16)
+    return _paged_attention(call, tiles, num_splits, inline_asm, quant_dot_fp16, prefix_only=False)
+
+
+def prefix_partials(call: AttentionCall, tiles: TileTable = DEFAULT_TILES, *, inline_asm: bool = True,
+                    quant_dot_fp16: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paged kernel over each sequence's cached prefix only (keys before its first new token):
+    ``(out [tokens, q_heads, head_size] float32, lse [tokens, q_heads])``, the normalised output
+    (scales applied) and the base-2 log-sum-exp of the scaled scores, the sink included. Rows of
+    sequences without a prefix are not written (the new-token kernel does not read them). Options
+    as :func:`paged_attention`'s."""
+    return _paged_attention(call, tiles, 1, inline_asm, quant_dot_fp16, prefix_only=True)
+
+
+def _paged_attention(call: AttentionCall, tiles: TileTable, num_splits: Optional[int], inline_asm: bool,
+                     quant_dot_fp16: bool, prefix_only: bool):
     query, kv_cache, k_scale, v_scale = call.query, call.kv_cache, call.k_scale, call.v_scale
     block_table, seq_lens, query_start_loc = call.block_table, call.seq_lens, call.query_start_loc
     fmt = KVFormat.of(call.kv_quant_mode)
@@ -985,8 +1029,6 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
 
     cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, fmt.narrowed, query.element_size(),
                                tiles=tiles, interpret=interpret)
-    if num_splits is None and prefill.takes(call, decode):
-        return prefill.new_token_prefill(call, tiles)
     block_m = max(cfg.BLOCK_M, group_pad, 16)
     block_q = block_m // group_pad
     num_tiles = num_tokens // block_q + num_seqs
@@ -998,7 +1040,7 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
             target = _PROGRAMS_PER_SM * _num_sms(query.device.index or 0)
             if programs < target // 2:
                 num_splits = min(_MAX_SPLITS, -(-target // programs))
-    elif num_splits < 1 or not decode:
+    elif num_splits < 1 or not (decode or prefix_only):
         raise ValueError(f"num_splits={num_splits!r}: split-KV takes a count >= 1 and decode-sized batches "
                          f"(at most 4 query tokens per sequence), got {num_tokens} tokens for {num_seqs} sequences")
     if num_splits > 1:
@@ -1054,7 +1096,8 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
                      V_ROW_BYTES=layout.row_bytes[1], V_ROW_ALIGN=side_align[1], KV_DTYPE=_DOT_DTYPES[query.dtype])
     swizzle_v = (v_mode or mode) is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size)
     word_scales = KVQuantMode.NVFP4 in sides and cfg.WORD_SCALES and _words_inside_storage(kv_cache)
-    if num_splits > 1:
+    partials = num_splits > 1 or prefix_only  # written as split partials (pout, plse)
+    if partials:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
         pout = torch.empty((num_splits, num_tokens, num_q_heads, head_size), dtype=torch.float32,
                            device=query.device)
@@ -1074,18 +1117,20 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
         query.stride(0), query.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), block_table.stride(0),
         out.stride(0), out.stride(1),
-        pout.stride(0) if num_splits > 1 else 0, pout.stride(1) if num_splits > 1 else 0,
-        pout.stride(2) if num_splits > 1 else 0,
-        plse.stride(0) if num_splits > 1 else 0, plse.stride(1) if num_splits > 1 else 0,
+        pout.stride(0) if partials else 0, pout.stride(1) if partials else 0, pout.stride(2) if partials else 0,
+        plse.stride(0) if partials else 0, plse.stride(1) if partials else 0,
         MODE=int(mode), HEAD=head_size, HEAD_PAD=head_pad, GROUP=group, GROUP_PAD=group_pad,
-        BLOCK_Q=block_q, BLOCK_N=cfg.BLOCK_N, PAGE=page, SPLIT=num_splits > 1,
+        BLOCK_Q=block_q, BLOCK_N=cfg.BLOCK_N, PAGE=page, SPLIT=partials,
         HAS_WINDOW=has_window, DOT_DTYPE=dot_dtype, PRECISION=precision,
         Q_RESCALE=q_rescale, SCALE_GATHER=scale_gather, USE_ASM=use_asm, ROW_ALIGN=row_align,
         KEYS_FIRST=cfg.KEYS_FIRST, SOFTCAP=softcap, HAS_SINKS=sinks is not None, SWIZZLE_V=swizzle_v,
         WORD_SCALES=word_scales, PREFETCH_PAGES=cfg.PREFETCH_PAGES, LONGEST_FIRST=cfg.LONGEST_FIRST,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}), **mixed,
+        PREFIX_ONLY=prefix_only,
     )
+    if prefix_only:
+        return pout[0], plse[0]
     if num_splits > 1:
         _paged_attention_reduce_kernel[(num_tokens, num_q_heads)](
             pout, plse, out, query_start_loc, num_seqs, num_splits,

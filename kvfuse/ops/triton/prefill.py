@@ -29,34 +29,68 @@ reads the next sequence's rows (or zeros past the tensor): those keys sit after 
 query of the tile and are masked, those query rows are never stored. Layouts a descriptor cannot
 describe fall back to pointer loads, with the same results.
 
+Quantized caches (FP8 e4m3 / e5m2 and NVFP4, scales per tensor or per KV head) take the same
+kernel through :func:`cached_new_token_prefill`: their new rows' cached bytes are what attention
+must see, not the step's model-dtype K/V, so the new rows are first gathered from the pages into
+dense tensors (:func:`_gather_new_rows_kernel`, a pass over ``q_len`` rows, not the context):
+
+- FP8 e4m3: the codes themselves, keys ``[tokens, kv_heads * head_size]`` and values transposed
+  ``[kv_heads * head_size, tokens]`` (FP8 tensor-core dots want both operands K-major). The kernel
+  then runs FP8 dots: each query row is scaled to e4m3's range (``448 / max|q_row|``, the row's
+  scale folded into its score scale) and P is rounded to e4m3 as ``2^8 p`` (e4m3's normal range
+  then covers ``p >= 2^-14``; the denominator sums the same ``2^8 p``, so the factor cancels).
+- FP8 e5m2 and NVFP4: values decoded exactly into the model dtype (an e5m2 code is a model-dtype
+  value; NVFP4 as ``e2m1 * block scale * 2^-6``, at most 5 significant bits), with the per-tensor
+  or per-head scale (and NVFP4's 2^6) folded into the scores and the output.
+
+The cached prefix of such a call (chunked prefill) is attended by the paged kernel first, keys
+``[0, P)`` only (``PREFIX_ONLY``), which leaves each row's normalised output and base-2
+log-sum-exp; the new-token kernel starts its online softmax from that state (``m = lse``,
+``l = 1``, ``acc = o``), so the two parts merge exactly as one softmax would. Sequences without a
+prefix skip both the prefix program's work and the merge.
+
 What it does not take (the launcher in :mod:`.attention` routes those calls to the paged
-kernel): quantized caches (their cached bytes differ from the model-dtype K/V) including mixed
-formats (one side quantized), sliding windows,
-float32 queries and decode-sized batches.
+kernel): per-token-head FP8 and mixed formats, sliding windows, float32 queries and
+decode-sized batches.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from ... import envs
-from ...kv_cache import KVQuantMode
+from ...kv_cache import KVFormat, KVQuantMode, nvfp4_v_scales_swizzled
 from ..registry import AttentionCall
 from .attention import (
     _LOG2E,
+    _MODE_NVFP4,
     Tile,
     TileTable,
     _attend_range,
     _next_pow2,
+    _nvfp4_tile,
     _row_align,
     _softcap,
     _softmax_update,
     _tile_sequence,
 )
 
-__all__ = ["new_token_prefill", "takes"]
+__all__ = ["new_token_prefill", "takes", "cached_new_token_prefill", "takes_cached"]
+
+# What the new-token kernel reads as the new keys and values (QUANT).
+_STEP_KV = tl.constexpr(0)  # the step's model-dtype K/V (a bf16 / fp16 cache)
+_FP8_CODES = tl.constexpr(1)  # gathered e4m3 codes, values transposed; FP8 dots
+_DECODED = tl.constexpr(2)  # gathered values decoded into the model dtype
+#: P is rounded to e4m3 as 2^P_SHIFT * p (see the module docstring).
+_P_SHIFT = tl.constexpr(8.0)
+_E4M3_MAX = tl.constexpr(448.0)
+#: Modes whose new rows the gather decodes into the model dtype, and the factor their decoded
+#: values carry (NVFP4's decode is e2m1 * block scale * 2^-6).
+_DECODED_FACTOR = {KVQuantMode.FP8_E5M2: 1.0, KVQuantMode.NVFP4: 64.0}
 
 
 @triton.jit
@@ -85,15 +119,63 @@ def _scaled_softmax_update(s, allowed, m_i, l_i, qk_scale, cap, MASKED: tl.const
 
 
 @triton.jit
+def _row_scaled_softmax_update(s, allowed, m_i, l_i, qk_row, cap, MASKED: tl.constexpr, SOFTCAP: tl.constexpr):
+    """:func:`_scaled_softmax_update` for FP8 dots: row ``i`` of the scores carries its own scale
+    ``qk_row[i] > 0`` (the query row's quantization scale folded in), and P comes out as
+    ``2^_P_SHIFT * p`` (``m`` stays the true maximum; ``l`` sums the shifted P)."""
+    if SOFTCAP or MASKED:
+        s = _softcap(s * qk_row[:, None], cap, SOFTCAP)
+        if MASKED:
+            s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - (m_use - _P_SHIFT)[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_row)
+        p = tl.math.exp2(s * qk_row[:, None] - (m_new - _P_SHIFT)[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def _to_e4m3(x, PREROUND: tl.constexpr):
+    """float32 ``x`` (``|x| <= 448``) to e4m3, rounding to nearest even. PREROUND (under the CPU
+    interpreter, whose float32 -> e4m3 conversion drops the carry when rounding crosses a power of
+    two, e.g. 31.4 -> 16): round to 3 mantissa bits in integer arithmetic first, which leaves
+    normal values exactly representable."""
+    if PREROUND:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def _new_keys_softmax(s, allowed, m_i, l_i, qk_scale, cap, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+                      QUANT: tl.constexpr, PREROUND: tl.constexpr):
+    """The softmax update of one key tile's scores ``s``: (P in the dtype it meets V in, alpha, m, l)."""
+    if QUANT == _FP8_CODES:
+        p, alpha, m_i, l_i = _row_scaled_softmax_update(s, allowed, m_i, l_i, qk_scale, cap, MASKED, SOFTCAP)
+        p = _to_e4m3(p, PREROUND)
+    else:
+        p, alpha, m_i, l_i = _scaled_softmax_update(s, allowed, m_i, l_i, qk_scale, cap, MASKED, SOFTCAP)
+    return p, alpha, m_i, l_i
+
+
+@triton.jit
 def _attend_new_keys(
-    acc, m_i, l_i, q, tok, lo, hi, qk_scale, cap, k_rows, v_rows, stride_kt, stride_vt,
+    acc, m_i, l_i, q, tok, lo, hi, qk_scale, cap, k_rows, v_rows, stride_kt, stride_vt, stride_vd,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, SOFTCAP: tl.constexpr, QUANT: tl.constexpr, PREROUND: tl.constexpr,
 ):
     """New keys ``[lo, hi)`` (indices into the sequence's new tokens) for query tokens ``tok``.
 
     MASKED: the diagonal block (causality, and ``hi`` inside the last tile); unmasked ranges are
-    whole tiles that every row sees, loaded without masks."""
+    whole tiles that every row sees, loaded without masks. Value element ``(j, d)`` is at
+    ``v_rows + j * stride_vt + d * stride_vd`` (transposed values: ``stride_vt`` 1, ``v_rows`` at the
+    sequence's column)."""
     offs_d = tl.arange(0, HEAD_PAD)
     dmask = offs_d < HEAD
     for start in range(lo, hi, BLOCK_N):
@@ -104,34 +186,42 @@ def _attend_new_keys(
             if MASKED:
                 lmask = lmask & kmask[None, :]
             k = tl.load(k_rows + j[None, :].to(tl.int64) * stride_kt + offs_d[:, None], mask=lmask, other=0.0)
-            v = tl.load(v_rows + j[:, None].to(tl.int64) * stride_vt + offs_d[None, :], mask=tl.trans(lmask),
-                        other=0.0)
+            v = tl.load(v_rows + j[:, None].to(tl.int64) * stride_vt + offs_d[None, :] * stride_vd,
+                        mask=tl.trans(lmask), other=0.0)
         else:
             k = tl.load(k_rows + j[None, :].to(tl.int64) * stride_kt + offs_d[:, None])
-            v = tl.load(v_rows + j[:, None].to(tl.int64) * stride_vt + offs_d[None, :])
+            v = tl.load(v_rows + j[:, None].to(tl.int64) * stride_vt + offs_d[None, :] * stride_vd)
         s = tl.dot(q, k.to(DOT_DTYPE))
         allowed = kmask[None, :] & (j[None, :] <= tok[:, None])
-        p, alpha, m_i, l_i = _scaled_softmax_update(s, allowed, m_i, l_i, qk_scale, cap, MASKED, SOFTCAP)
+        p, alpha, m_i, l_i = _new_keys_softmax(s, allowed, m_i, l_i, qk_scale, cap, MASKED, SOFTCAP, QUANT,
+                                               PREROUND)
         acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None])
     return acc, m_i, l_i
 
 
 @triton.jit
 def _attend_new_keys_tma(
-    acc, m_i, l_i, q, tok, lo, hi, qk_scale, cap, k_desc, v_desc, row0, col,
+    acc, m_i, l_i, q, tok, lo, hi, qk_scale, cap, k_desc, v_desc, row0, v_row0, col,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, SOFTCAP: tl.constexpr,
+    QUANT: tl.constexpr, PREROUND: tl.constexpr,
 ):
     """:func:`_attend_new_keys` through tensor descriptors: key/value rows ``row0 + [lo, hi)`` at
-    column ``col`` of the ``[tokens, heads * head_size]`` views. Rows past the tensor read as zeros;
-    rows past ``hi`` (the next sequence's) are masked like any key after the query."""
+    column ``col`` of the ``[tokens, heads * head_size]`` views (FP8 codes: values from the
+    transposed ``[heads * head_size, columns]`` view, rows ``col``, columns ``v_row0 + [lo, hi)``).
+    Rows past the tensor read as zeros; rows past ``hi`` (the next sequence's) are masked like any
+    key after the query."""
     for start in range(lo, hi, BLOCK_N):
         start = tl.multiple_of(start, BLOCK_N)
         k = k_desc.load([row0 + start, col])
         s = tl.dot(q, k.to(DOT_DTYPE).T)
         j = start + tl.arange(0, BLOCK_N)
         allowed = j[None, :] <= tok[:, None]
-        p, alpha, m_i, l_i = _scaled_softmax_update(s, allowed, m_i, l_i, qk_scale, cap, MASKED, SOFTCAP)
-        v = v_desc.load([row0 + start, col])
+        p, alpha, m_i, l_i = _new_keys_softmax(s, allowed, m_i, l_i, qk_scale, cap, MASKED, SOFTCAP, QUANT,
+                                               PREROUND)
+        if QUANT == _FP8_CODES:
+            v = v_desc.load([col, v_row0 + start]).T
+        else:
+            v = v_desc.load([row0 + start, col])
         acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None])
     return acc, m_i, l_i
 
@@ -139,15 +229,20 @@ def _attend_new_keys_tma(
 @triton.jit
 def _new_token_prefill_kernel(
     q_ptr, k_ptr, v_ptr, q_desc, k_desc, v_desc, cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr, out_ptr,
-    qk_scale, cap, num_seqs,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
+    k_scale_ptr, v_scale_ptr, pout_ptr, plse_ptr,
+    qk_scale, cap, value_factor, num_seqs, k_scale_stride_h, v_scale_stride_h,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_vd,
+    stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh, stride_pt, stride_ph, stride_lt,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_DTYPE: tl.constexpr, ROW_ALIGN: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, PREFETCH_PAGES: tl.constexpr, LONGEST_FIRST: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, QUANT: tl.constexpr = 0, PREROUND: tl.constexpr = False,
 ):
-    """One (query tile, query head): BLOCK_M new tokens of one sequence over its prefix and itself."""
+    """One (query tile, query head): BLOCK_M new tokens of one sequence over its prefix and itself.
+
+    QUANT (:data:`_STEP_KV`, :data:`_FP8_CODES`, :data:`_DECODED`): what ``k_ptr`` / ``v_ptr``
+    hold. Quantized caches (the last two) take their prefix from the paged kernel's partial
+    output (``pout_ptr`` / ``plse_ptr``), a bf16 / fp16 cache from the pages here."""
     tile = tl.program_id(0)
     if LONGEST_FIRST:
         tile = tl.num_programs(0) - 1 - tile
@@ -171,7 +266,26 @@ def _new_token_prefill_kernel(
         q = q_desc.load([q_start + m0, h * HEAD])
     else:
         q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=qmask, other=0.0)
-    q = q.to(DOT_DTYPE)
+
+    # l's unit: FP8 dots accumulate 2^_P_SHIFT * p.
+    l_unit = 1.0
+    v_out = 1.0
+    if QUANT == _STEP_KV:
+        qk = qk_scale
+    else:
+        qk = qk_scale * tl.load(k_scale_ptr + kvh * k_scale_stride_h) * value_factor
+        v_out = tl.load(v_scale_ptr + kvh * v_scale_stride_h) * value_factor
+    if QUANT == _FP8_CODES:
+        # Each query row scaled onto e4m3's range; the scale goes into the row's score scale.
+        l_unit = 256.0  # 2^_P_SHIFT
+        qf = q.to(tl.float32)
+        amax = tl.max(tl.abs(qf), 1)
+        q_mult = tl.where(amax > 0, _E4M3_MAX / amax, 1.0)
+        qf = tl.minimum(tl.maximum(qf * q_mult[:, None], -_E4M3_MAX), _E4M3_MAX)
+        q = _to_e4m3(qf, PREROUND).to(DOT_DTYPE)
+        qk = qk / q_mult
+    else:
+        q = q.to(DOT_DTYPE)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -179,42 +293,151 @@ def _new_token_prefill_kernel(
         # The sink: a virtual key of value zero that seeds the running max and denominator.
         sink = tl.load(sinks_ptr + h + tok * 0) * 1.4426950408889634
         m_i = sink
-        l_i = tl.where(sink == float("-inf"), 0.0, 1.0)
+        l_i = tl.where(sink == float("-inf"), 0.0, l_unit)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
 
-    # The cached prefix, from the pages: whole tiles unmasked, then the partial one masked.
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    qpos = prefix + tok
-    whole = prefix // BLOCK_N * BLOCK_N
-    acc, m_i, l_i = _attend_range(
-        acc, m_i, l_i, q, qpos, 0, whole, 0, qk_scale, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
-        stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, False, DOT_DTYPE, "tf32", ROW_ALIGN,
-        False, SOFTCAP, False, PREFETCH_PAGES)
-    acc, m_i, l_i = _attend_range(
-        acc, m_i, l_i, q, qpos, whole, prefix, 0, qk_scale, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
-        stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, False, DOT_DTYPE, "tf32", ROW_ALIGN,
-        False, SOFTCAP, False, False)
+    if QUANT == _STEP_KV:
+        # The cached prefix, from the pages: whole tiles unmasked, then the partial one masked.
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+        qpos = prefix + tok
+        whole = prefix // BLOCK_N * BLOCK_N
+        acc, m_i, l_i = _attend_range(
+            acc, m_i, l_i, q, qpos, 0, whole, 0, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+            stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, False, DOT_DTYPE, "tf32", ROW_ALIGN,
+            False, SOFTCAP, False, PREFETCH_PAGES)
+        acc, m_i, l_i = _attend_range(
+            acc, m_i, l_i, q, qpos, whole, prefix, 0, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
+            stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, False, DOT_DTYPE, "tf32", ROW_ALIGN,
+            False, SOFTCAP, False, False)
+    elif prefix > 0:
+        # The paged kernel's state after the prefix (the sink included): m = lse, l = 1, acc = o.
+        lse = tl.load(plse_ptr + rows * stride_lt + h, mask=row_ok, other=float("-inf"))
+        o_prefix = tl.load(pout_ptr + rows[:, None] * stride_pt + h * stride_ph + offs_d[None, :], mask=qmask,
+                           other=0.0)
+        seen = lse > float("-inf")
+        m_i = lse
+        l_i = tl.where(seen, l_unit, 0.0)
+        acc = tl.where(seen[:, None], o_prefix * (l_unit / v_out), 0.0)
 
     # The new tokens, from the step's K/V: every row sees [0, m0); the diagonal block is masked.
     diagonal_end = tl.minimum(m0 + BLOCK_M, q_len)
+    v_row0 = q_start
+    if QUANT == _FP8_CODES:
+        v_row0 = _value_column(q_start, b)
     if TMA:
-        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, tok, 0, m0, qk_scale, cap, k_desc, v_desc, q_start,
-                                             kvh * HEAD, BLOCK_N, False, DOT_DTYPE, SOFTCAP)
-        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, tok, m0, diagonal_end, qk_scale, cap, k_desc, v_desc,
-                                             q_start, kvh * HEAD, BLOCK_N, True, DOT_DTYPE, SOFTCAP)
+        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, tok, 0, m0, qk, cap, k_desc, v_desc, q_start, v_row0,
+                                             kvh * HEAD, BLOCK_N, False, DOT_DTYPE, SOFTCAP, QUANT, PREROUND)
+        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, tok, m0, diagonal_end, qk, cap, k_desc, v_desc,
+                                             q_start, v_row0, kvh * HEAD, BLOCK_N, True, DOT_DTYPE, SOFTCAP, QUANT, PREROUND)
     else:
         k_rows = k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh
-        v_rows = v_ptr + q_start.to(tl.int64) * stride_vt + kvh * stride_vh
-        acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, tok, 0, m0, qk_scale, cap, k_rows, v_rows,
-                                         stride_kt, stride_vt, HEAD, HEAD_PAD, BLOCK_N, False, DOT_DTYPE, SOFTCAP)
-        acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, tok, m0, diagonal_end, qk_scale, cap,
-                                         k_rows, v_rows, stride_kt, stride_vt, HEAD, HEAD_PAD, BLOCK_N, True,
-                                         DOT_DTYPE, SOFTCAP)
+        v_rows = v_ptr + v_row0.to(tl.int64) * stride_vt + kvh * stride_vh
+        acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, tok, 0, m0, qk, cap, k_rows, v_rows,
+                                         stride_kt, stride_vt, stride_vd, HEAD, HEAD_PAD, BLOCK_N, False, DOT_DTYPE,
+                                         SOFTCAP, QUANT, PREROUND)
+        acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, tok, m0, diagonal_end, qk, cap,
+                                         k_rows, v_rows, stride_kt, stride_vt, stride_vd, HEAD, HEAD_PAD, BLOCK_N,
+                                         True, DOT_DTYPE, SOFTCAP, QUANT, PREROUND)
 
-    inv = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
+    inv = tl.where(l_i > 0, v_out / tl.where(l_i > 0, l_i, 1.0), 0.0)
     o = acc * inv[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def _value_column(q_start, b):
+    """First column of sequence ``b``'s values in the transposed FP8 value tensor: 16-aligned (a
+    tensor descriptor's innermost block offset must be a multiple of 16 bytes), with a gap of at
+    least one column before the next sequence's (:func:`value_columns`)."""
+    return q_start // 16 * 16 + 16 * b
+
+
+def value_columns(num_tokens: int, num_seqs: int) -> int:
+    """Columns of the transposed FP8 value tensor (:func:`_value_column` of a past-the-end sequence),
+    a multiple of 16."""
+    return (num_tokens // 16 + num_seqs + 1) * 16
+
+
+@triton.jit
+def _gather_new_rows_kernel(
+    cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_out_ptr, v_out_ptr, num_seqs, num_tokens, top_bit,
+    stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt, stride_kt, stride_vt, stride_vd,
+    MODE: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_T: tl.constexpr, PAGE: tl.constexpr,
+    USE_ASM: tl.constexpr, SWIZZLE_V: tl.constexpr, V_COLUMNS: tl.constexpr,
+):
+    """Rows ``[BLOCK_T * pid0, +BLOCK_T)`` of the call's query, KV head ``pid1``: the cached K/V of
+    each row's own position, into ``k_out[row, head * HEAD + d]`` and ``v_out`` at ``row *
+    stride_vt + (head * HEAD + d) * stride_vd`` (V_COLUMNS: at column :func:`_value_column` + the
+    row's index in its sequence instead of ``row``). Rows outside every sequence (padding, or
+    metadata with fewer cached positions than new tokens) get zeros, so a tile that reads past
+    its sequence's end meets finite values (V_COLUMNS: the caller zero-fills).
+
+    MODE FP8 e4m3: the codes as stored; e5m2: converted to the output's dtype (exact); NVFP4:
+    ``e2m1 * block scale * 2^-6`` (exact, :func:`~kvfuse.ops.triton.attention._nvfp4_tile`)."""
+    r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    kvh = tl.program_id(1)
+    in_range = r < num_tokens
+    # The row's sequence: the last b with qsl[b] <= r (binary lifting over query_start_loc).
+    b = tl.zeros([BLOCK_T], tl.int32)
+    bit = top_bit
+    while bit > 0:
+        cand = b + bit
+        first = tl.load(qsl_ptr + cand, mask=cand < num_seqs, other=2147483647)
+        b = tl.where(first <= r, cand, b)
+        bit = bit // 2
+    q_start = tl.load(qsl_ptr + b)
+    q_end = tl.load(qsl_ptr + b + 1)
+    prefix = tl.load(seq_lens_ptr + b) - (q_end - q_start)
+    pos = prefix + (r - q_start)
+    valid = in_range & (r >= q_start) & (r < q_end) & (prefix >= 0)
+    blk = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + pos // PAGE, mask=valid, other=0).to(tl.int64)
+    t = pos % PAGE
+    rows = r.to(tl.int64)
+    if MODE == _MODE_NVFP4:
+        HALF: tl.constexpr = HEAD // 2
+        HALF_PAD: tl.constexpr = HEAD_PAD // 2
+        NB: tl.constexpr = HEAD // 16
+        num_kv_heads = tl.num_programs(1)
+        page = blk * stride_cb
+        scales_at = PAGE * HALF * num_kv_heads.to(tl.int64)
+        hs = num_kv_heads * NB
+        row = (t * num_kv_heads + kvh).to(tl.int64)
+        k_data = cache_ptr + page + row * HALF
+        k_lo, k_hi = _nvfp4_tile(k_data, cache_ptr, page + scales_at + row * NB, hs, valid, HALF, HALF_PAD, NB,
+                                 BLOCK_T, False, True, USE_ASM, False, False)
+        if SWIZZLE_V:
+            v_row = ((t - t % 4) * num_kv_heads + kvh).to(tl.int64) * NB + t % 4
+        else:
+            v_row = row * NB
+        v_lo, v_hi = _nvfp4_tile(k_data + stride_ckv, cache_ptr, stride_ckv + page + scales_at + v_row, hs, valid,
+                                 HALF, HALF_PAD, NB, BLOCK_T, False, True, USE_ASM, SWIZZLE_V, False)
+        offs_e = tl.arange(0, HALF_PAD)
+        smask = in_range[:, None] & (offs_e[None, :] < HALF)
+        k_dst = k_out_ptr + rows[:, None] * stride_kt + kvh * HEAD + 2 * offs_e[None, :]
+        v_dst = v_out_ptr + rows[:, None] * stride_vt + (kvh * HEAD + 2 * offs_e[None, :]) * stride_vd
+        ty = k_out_ptr.dtype.element_ty
+        tl.store(k_dst, k_lo.to(ty), mask=smask)
+        tl.store(k_dst + 1, k_hi.to(ty), mask=smask)
+        tl.store(v_dst, v_lo.to(ty), mask=smask)
+        tl.store(v_dst + stride_vd, v_hi.to(ty), mask=smask)
+    else:
+        offs_d = tl.arange(0, HEAD_PAD)
+        dmask = offs_d[None, :] < HEAD
+        off = blk * stride_cb + t.to(tl.int64) * stride_cs + kvh * stride_ch
+        k = tl.load(cache_ptr + off[:, None] + offs_d[None, :], mask=valid[:, None] & dmask, other=0.0)
+        v = tl.load(cache_ptr + stride_ckv + off[:, None] + offs_d[None, :], mask=valid[:, None] & dmask, other=0.0)
+        smask = in_range[:, None] & dmask
+        ty = k_out_ptr.dtype.element_ty
+        tl.store(k_out_ptr + rows[:, None] * stride_kt + kvh * HEAD + offs_d[None, :], k.to(ty), mask=smask)
+        v_col = rows
+        v_mask = smask
+        if V_COLUMNS:
+            # Each sequence's values from its own aligned column; other columns keep their zeros.
+            v_col = (r - q_start + _value_column(q_start, b)).to(tl.int64)
+            v_mask = valid[:, None] & dmask
+        tl.store(v_out_ptr + v_col[:, None] * stride_vt + (kvh * HEAD + offs_d[None, :]) * stride_vd, v.to(ty),
+                 mask=v_mask)
 
 
 def takes(call: AttentionCall, decode: bool) -> bool:
@@ -225,57 +448,186 @@ def takes(call: AttentionCall, decode: bool) -> bool:
             and call.query.dtype in (torch.bfloat16, torch.float16) and call.kv_cache.dtype == call.query.dtype)
 
 
-def descriptors(call: AttentionCall, cfg: Tile, head_size: int):
+def takes_cached(call: AttentionCall, decode: bool) -> bool:
+    """Whether :func:`cached_new_token_prefill` serves ``call``: a prefill-sized call without a
+    sliding window over an FP8 e4m3 / e5m2 or NVFP4 cache (one mode for K and V), a bf16 / fp16
+    query, and a head size the gathered tiles can hold (a multiple of 16, at most 256)."""
+    fmt = KVFormat.of(call.kv_quant_mode)
+    head_size = call.query.shape[2]
+    return (not decode and not fmt.is_mixed and fmt.key in (KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2,
+                                                              KVQuantMode.NVFP4)
+            and call.sliding_window is None and call.query.dtype in (torch.bfloat16, torch.float16)
+            and head_size % 16 == 0 and head_size <= 256)
+
+
+def _descriptor(t: torch.Tensor, shape, block):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(shape), [t.stride(0), 1], list(block))
+
+
+def descriptors(call: AttentionCall, cfg: Tile, head_size: int, key: Optional[torch.Tensor] = None,
+                value: Optional[torch.Tensor] = None, values_transposed: bool = False):
     """Tensor descriptors of the query, key and value as ``[tokens, heads * head_size]`` row-major
     views (blocks of ``BLOCK_M`` / ``BLOCK_N`` rows by one head), or None when ``cfg`` does not ask
     for them or a tensor's layout rules them out: heads not adjacent within a row (a head-major
     query), a row stride or base address that is not a multiple of 16 bytes (what the Hopper
     tensor memory accelerator requires), a head size that is not a power of two (a block
-    dimension must be one), or no tokens at all."""
+    dimension must be one), or no tokens at all.
+
+    ``key`` / ``value``: dense tensors in place of the call's step K/V (gathered rows);
+    ``values_transposed``: ``value`` is ``[heads * head_size, >= tokens]`` (FP8 codes), described
+    as blocks of one head by ``BLOCK_N`` tokens."""
+    key = call.key if key is None else key
+    value = call.value if value is None else value
     if not cfg.TMA or head_size & (head_size - 1) or head_size < 16 or call.query.shape[0] == 0:
         return None
-    tensors = (call.query, call.key, call.value)
-    for t in tensors:
+    row_major = (call.query, key) if values_transposed else (call.query, key, value)
+    for t in row_major:
         if (t.stride(2) != 1 or t.stride(1) != head_size or (t.stride(0) * t.element_size()) % 16
                 or t.data_ptr() % 16):
             return None
-    from triton.tools.tensor_descriptor import TensorDescriptor
+    if values_transposed and ((value.stride(0) * value.element_size()) % 16 or value.stride(1) != 1
+                              or value.data_ptr() % 16):
+        return None
+    descs = [_descriptor(t, [t.shape[0], t.shape[1] * head_size], [rows, head_size])
+             for t, rows in zip(row_major, (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_N))]
+    if values_transposed:
+        descs.append(_descriptor(value, value.shape, [head_size, cfg.BLOCK_N]))
+    return tuple(descs)
 
-    return tuple(TensorDescriptor(t, [t.shape[0], t.shape[1] * head_size], [t.stride(0), 1], [rows, head_size])
-                 for t, rows in zip(tensors, (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_N)))
+
+def _tile(tiles: TileTable, head_size: int, fp8_dots: bool, interpret: bool) -> Tile:
+    """The new-token tile: ``small`` / ``large`` by head size, ``<size>_fp8`` for FP8 dots where
+    the table has one."""
+    if interpret:
+        return tiles.interpret
+    size = "small" if head_size <= 128 else "large"
+    cfg = tiles.new_tokens.get(f"{size}_fp8", tiles.new_tokens[size]) if fp8_dots else tiles.new_tokens[size]
+    if cfg.BLOCK_M % cfg.BLOCK_N:
+        raise ValueError(f"new-token prefill tile {cfg}: BLOCK_M must be a multiple of BLOCK_N")
+    if fp8_dots and cfg.BLOCK_N < 32:
+        raise ValueError(f"new-token prefill tile {cfg}: FP8 dots need BLOCK_N >= 32 (P @ V's reduction)")
+    return cfg
 
 
-def new_token_prefill(call: AttentionCall, tiles: TileTable) -> torch.Tensor:
-    """Launch :func:`_new_token_prefill_kernel` for ``call`` (:func:`takes` must hold)."""
-    query, kv_cache, key, value = call.query, call.kv_cache, call.key, call.value
+def _launch(call: AttentionCall, cfg: Tile, key: torch.Tensor, value: torch.Tensor, quant: int,
+            values_transposed: bool = False, value_factor: float = 1.0, partials=None) -> torch.Tensor:
+    """Launch :func:`_new_token_prefill_kernel` with new keys / values ``key`` / ``value``."""
+    query, kv_cache = call.query, call.kv_cache
     interpret = envs.settings().triton_interpret
     num_tokens, num_q_heads, head_size = query.shape
     num_seqs = call.block_table.shape[0]
     page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-    head_pad = max(16, _next_pow2(head_size))
-    cfg: Tile = tiles.interpret if interpret else tiles.new_tokens["small" if head_size <= 128 else "large"]
-    if cfg.BLOCK_M % cfg.BLOCK_N:
-        raise ValueError(f"new-token prefill tile {cfg}: BLOCK_M must be a multiple of BLOCK_N")
-    row_align = _row_align(kv_cache.stride()[:4])
+    fp8_dots = quant == int(_FP8_CODES)
+    head_pad = max(32 if fp8_dots else 16, _next_pow2(head_size))
+    row_align = _row_align(kv_cache.stride()[:4]) if quant == int(_STEP_KV) else 16
     # Contiguous whatever the query's layout, as the op's fake says; rows outside query_start_loc
     # (padding) read as zeros.
     out = torch.zeros_like(query, memory_format=torch.contiguous_format)
     softcap = float(call.logit_softcap) > 0
     cap = float(call.logit_softcap) * _LOG2E if softcap else 1.0
     grid = (num_tokens // cfg.BLOCK_M + num_seqs, num_q_heads)
-    descs = descriptors(call, cfg, head_size)
+    descs = descriptors(call, cfg, head_size, key, value, values_transposed) if head_pad == head_size else None
+    if interpret:
+        dot_dtype = tl.float32
+    elif fp8_dots:
+        dot_dtype = tl.float8e4nv
+    else:
+        dot_dtype = tl.float16 if query.dtype == torch.float16 else tl.bfloat16
+    if values_transposed:
+        # value is [kv_heads * head_size, tokens (padded)]: (token, head, element) strides.
+        v_strides = (1, head_size * value.stride(0), value.stride(0))
+    else:
+        v_strides = (value.stride(0), value.stride(1), 1)
+    pout, plse = partials if partials is not None else (out, out)
+    k_scale, v_scale = call.k_scale, call.v_scale
     _new_token_prefill_kernel[grid](
-        query, key, value, *(descs or (query, key, value)), kv_cache, call.block_table, call.seq_lens, call.query_start_loc,
-        call.sinks if call.sinks is not None else call.k_scale,  # never read without HAS_SINKS
-        out, float(call.sm_scale) * _LOG2E, cap, num_seqs,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        query, key, value, *(descs or (query, key, value)), kv_cache, call.block_table, call.seq_lens,
+        call.query_start_loc,
+        call.sinks if call.sinks is not None else k_scale,  # never read without HAS_SINKS
+        out, k_scale, v_scale, pout, plse,
+        float(call.sm_scale) * _LOG2E, cap, value_factor, num_seqs,
+        k_scale.stride(0) if k_scale.numel() > 1 else 0, v_scale.stride(0) if v_scale.numel() > 1 else 0,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1), *v_strides,
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         call.block_table.stride(0), out.stride(0), out.stride(1),
+        pout.stride(0), pout.stride(1), plse.stride(0) if partials is not None else 0,
         HEAD=head_size, HEAD_PAD=head_pad, GROUP=num_q_heads // num_kv_heads, BLOCK_M=cfg.BLOCK_M,
-        BLOCK_N=cfg.BLOCK_N, PAGE=page, DOT_DTYPE=tl.float32 if interpret else tl.float16 if query.dtype ==
-        torch.float16 else tl.bfloat16, ROW_ALIGN=row_align, SOFTCAP=softcap, HAS_SINKS=call.sinks is not None,
-        PREFETCH_PAGES=cfg.PREFETCH_PAGES, LONGEST_FIRST=cfg.LONGEST_FIRST, TMA=descs is not None,
+        BLOCK_N=cfg.BLOCK_N, PAGE=page, DOT_DTYPE=dot_dtype, ROW_ALIGN=row_align, SOFTCAP=softcap,
+        HAS_SINKS=call.sinks is not None, PREFETCH_PAGES=cfg.PREFETCH_PAGES, LONGEST_FIRST=cfg.LONGEST_FIRST,
+        TMA=descs is not None, QUANT=quant, PREROUND=interpret,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
     )
     return out
+
+
+def new_token_prefill(call: AttentionCall, tiles: TileTable) -> torch.Tensor:
+    """Prefill of a bf16 / fp16 cache's call with the step's K/V (:func:`takes` must hold)."""
+    cfg = _tile(tiles, call.query.shape[2], False, envs.settings().triton_interpret)
+    return _launch(call, cfg, call.key, call.value, int(_STEP_KV))
+
+
+#: Rows per program of the gather.
+_GATHER_ROWS = 64
+
+
+def gather_new_rows(call: AttentionCall, fp8_codes: bool, inline_asm: bool = True):
+    """The cached K/V of every query row's own position, dense (:func:`_gather_new_rows_kernel`):
+    ``(key [tokens, kv_heads, head_size], value)``, value ``[kv_heads * head_size,``
+    :func:`value_columns` ``]`` of e4m3 codes, each sequence from its :func:`_value_column`, when
+    ``fp8_codes``, else ``[tokens, kv_heads, head_size]`` values decoded into the query's dtype
+    (without the cache's scales)."""
+    query, kv_cache = call.query, call.kv_cache
+    interpret = envs.settings().triton_interpret
+    mode = KVFormat.of(call.kv_quant_mode).key
+    num_tokens, _, head_size = query.shape
+    num_seqs = call.block_table.shape[0]
+    page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    if fp8_codes:
+        if mode is not KVQuantMode.FP8_E4M3:
+            raise ValueError(f"kv_quant_mode={mode.name}: only FP8_E4M3 rows are gathered as codes")
+        key = torch.empty((num_tokens, num_kv_heads, head_size), dtype=kv_cache.dtype, device=query.device)
+        # Zeros between the sequences' columns: a value tile that crosses its sequence's end reads
+        # them (masked keys, but NaN times a zero weight would still be NaN).
+        value = torch.zeros((num_kv_heads * head_size, value_columns(num_tokens, num_seqs)), dtype=kv_cache.dtype,
+                            device=query.device)
+        v_strides = (1, value.stride(0))
+    else:
+        key = torch.empty((num_tokens, num_kv_heads, head_size), dtype=query.dtype, device=query.device)
+        value = torch.empty_like(key)
+        v_strides = (value.stride(0), 1)
+    if num_tokens == 0 or num_seqs == 0:
+        return key, value
+    block_t = 16 if interpret else _GATHER_ROWS
+    head_pad = max(32, _next_pow2(head_size))
+    _gather_new_rows_kernel[(triton.cdiv(num_tokens, block_t), num_kv_heads)](
+        kv_cache, call.block_table, call.seq_lens, call.query_start_loc, key, value, num_seqs, num_tokens,
+        1 << (num_seqs - 1).bit_length() - 1 if num_seqs > 1 else 0,
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), call.block_table.stride(0),
+        key.stride(0), *v_strides,
+        MODE=int(mode), HEAD=head_size, HEAD_PAD=head_pad, BLOCK_T=block_t, PAGE=page,
+        USE_ASM=inline_asm and not interpret, SWIZZLE_V=mode is KVQuantMode.NVFP4
+        and nvfp4_v_scales_swizzled(page, head_size), V_COLUMNS=fp8_codes,
+        num_warps=4,
+    )
+    return key, value
+
+
+def cached_new_token_prefill(call: AttentionCall, tiles: TileTable, fp8_dots: bool = True, inline_asm: bool = True,
+                             quant_dot_fp16: bool = True) -> torch.Tensor:
+    """Prefill of a quantized cache's call (:func:`takes_cached` must hold): the new rows gathered
+    from the pages, the prefix through the paged kernel, the new keys through the new-token kernel
+    (see the module docstring). ``fp8_dots``: FP8 e4m3 caches take FP8 tensor-core dots (else
+    their rows are decoded like e5m2's); ``inline_asm`` / ``quant_dot_fp16``: the paged kernel's
+    options (:func:`~kvfuse.ops.triton.attention.paged_attention`), for the gather and the prefix."""
+    from .attention import prefix_partials
+
+    mode = KVFormat.of(call.kv_quant_mode).key
+    codes = fp8_dots and mode is KVQuantMode.FP8_E4M3
+    cfg = _tile(tiles, call.query.shape[2], codes, envs.settings().triton_interpret)
+    key, value = gather_new_rows(call, codes, inline_asm=inline_asm)
+    partials = prefix_partials(call, tiles, inline_asm=inline_asm, quant_dot_fp16=quant_dot_fp16)
+    return _launch(call, cfg, key, value, int(_FP8_CODES if codes else _DECODED), values_transposed=codes,
+                   value_factor=_DECODED_FACTOR.get(mode, 1.0), partials=partials)
