@@ -103,7 +103,7 @@ NEW_TOKEN_SWEEP = ((128, 64, 8, 4, {}), (64, 64, 4, 3, {}), (64, 64, 4, 3, {"TMA
                    (128, 64, 8, 3, {"TMA": True}), (128, 128, 8, 3, {"TMA": True}))
 #: The same for FP8 dots (an FP8 e4m3 cache's prefill): byte-wide K/V tiles leave room for longer
 #: key tiles and deeper pipelines.
-NEW_TOKEN_SWEEP_FP8 = ((64, 64, 4, 3, {"TMA": True}), (64, 128, 4, 3, {"TMA": True}), (128, 64, 8, 3, {"TMA": True}),
+NEW_TOKEN_SWEEP_FP8 = ((64, 64, 4, 3, {"TMA": True}), (64, 64, 4, 4, {"TMA": True}), (128, 64, 8, 3, {"TMA": True}),
                        (128, 128, 8, 3, {"TMA": True}), (128, 128, 8, 4, {"TMA": True}),
                        (128, 64, 8, 3, {}))
 

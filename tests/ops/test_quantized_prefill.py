@@ -30,7 +30,7 @@ triton = pytest.importorskip("triton")
 #: The error's source is the query's rounding (3 mantissa bits: every score moves by about 1.5%
 #: of its magnitude); P's rounding adds less (see ``fp8_dots_bound``).
 FP8_DOTS_MEAN = 0.01
-FP8_DOTS_MAX = 0.15
+FP8_DOTS_MAX = 0.25
 
 #: (name, mode, FP8 dots): the gathered path's variants.
 VARIANTS = {"fp8_dots": (KVQuantMode.FP8_E4M3, True), "fp8_decoded": (KVQuantMode.FP8_E4M3, False),
