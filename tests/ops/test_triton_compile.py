@@ -182,7 +182,7 @@ def test_matrix_covers_every_branch(report):
     for name in ("TMA", "SOFTCAP", "HAS_SINKS"):
         expect("attention_new", f"{name}[FP8 dots]", both, _seen(new, name, lambda c: c["QUANT"] == 1))
     expect("attention_new", "DOT_DTYPE", {"fp16", "bf16", "fp8e4nv"}, _seen(new, "DOT_DTYPE"))
-    expect("attention_new", "PREFIX_PARTIALS", both, _seen(new, "PREFIX_PARTIALS"))
+    expect("attention", "PREFIX_ONLY[dense]", both, _seen(at, "PREFIX_ONLY", dense))
     expect("attention", "PREFIX_ONLY[nvfp4]", both, _seen(at, "PREFIX_ONLY", is_fp4))
     gathers = _launches(report, "attention_gather")
     expect("attention_gather", "MODE", {int(KVQuantMode.FP8_E4M3), int(KVQuantMode.FP8_E5M2), nvfp4},

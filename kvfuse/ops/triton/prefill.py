@@ -71,13 +71,11 @@ from .attention import (
     Tile,
     TileTable,
     _attend_range,
-    _kv_offsets,
     _next_pow2,
     _nvfp4_tile,
     _row_align,
     _softcap,
     _softmax_update,
-    _tile_pages,
     _tile_sequence,
 )
 
@@ -229,39 +227,6 @@ def _attend_new_keys_tma(
 
 
 @triton.jit
-def _attend_pages_fp8(
-    acc, m_i, l_i, q, lo, hi, qk_row, cap, cache_ptr, bt_row_ptr, kvh, stride_cb, stride_ckv, stride_cs, stride_ch,
-    HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ROW_ALIGN: tl.constexpr, SOFTCAP: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
-    PREROUND: tl.constexpr,
-):
-    """Cached prefix keys ``[lo, hi)`` of an FP8 e4m3 cache with FP8 dots (the query row-scaled
-    e4m3, P as in :func:`_row_scaled_softmax_update`): every query row sees every prefix key, so
-    only the range's end is masked (MASKED, the partial last tile)."""
-    offs_d = tl.arange(0, HEAD_PAD)
-    dmask = offs_d < HEAD
-    if PREFETCH_PAGES:
-        ahead = _tile_pages(bt_row_ptr, lo, hi, BLOCK_N, PAGE)
-    for start in range(lo, hi, BLOCK_N):
-        kpos = start + tl.arange(0, BLOCK_N)
-        kmask = kpos < hi
-        if PREFETCH_PAGES:
-            blk = ahead
-            ahead = _tile_pages(bt_row_ptr, start + BLOCK_N, hi, BLOCK_N, PAGE)
-        else:
-            blk = _tile_pages(bt_row_ptr, start, hi, BLOCK_N, PAGE)
-        off = _kv_offsets(blk, kpos, kvh, stride_cb, stride_cs, stride_ch, PAGE, ROW_ALIGN)
-        k = tl.load(cache_ptr + off[None, :] + offs_d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
-        s = tl.dot(q, k.to(DOT_DTYPE))
-        p, alpha, m_i, l_i = _new_keys_softmax(s, kmask[None, :], m_i, l_i, qk_row, cap, MASKED, SOFTCAP,
-                                               _FP8_CODES, PREROUND)
-        v = tl.load(cache_ptr + stride_ckv + off[:, None] + offs_d[None, :], mask=kmask[:, None] & dmask[None, :],
-                    other=0.0)
-        acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None])
-    return acc, m_i, l_i
-
-
-@triton.jit
 def _new_token_prefill_kernel(
     q_ptr, k_ptr, v_ptr, q_desc, k_desc, v_desc, cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr, out_ptr,
     k_scale_ptr, v_scale_ptr, pout_ptr, plse_ptr,
@@ -272,14 +237,12 @@ def _new_token_prefill_kernel(
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_DTYPE: tl.constexpr, ROW_ALIGN: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, PREFETCH_PAGES: tl.constexpr, LONGEST_FIRST: tl.constexpr,
     TMA: tl.constexpr, QUANT: tl.constexpr = 0, PREROUND: tl.constexpr = False,
-    PREFIX_PARTIALS: tl.constexpr = False,
 ):
     """One (query tile, query head): BLOCK_M new tokens of one sequence over its prefix and itself.
 
     QUANT (:data:`_STEP_KV`, :data:`_FP8_CODES`, :data:`_DECODED`): what ``k_ptr`` / ``v_ptr``
-    hold. The cached prefix is read from the pages here (FP8 codes with FP8 dots, every other
-    format with the query's dtype), or, with PREFIX_PARTIALS (NVFP4), taken from the paged
-    kernel's partial output (``pout_ptr`` / ``plse_ptr``)."""
+    hold. Quantized caches (the last two) take their prefix from the paged kernel's partial
+    output (``pout_ptr`` / ``plse_ptr``), a bf16 / fp16 cache from the pages here."""
     tile = tl.program_id(0)
     if LONGEST_FIRST:
         tile = tl.num_programs(0) - 1 - tile
@@ -333,29 +296,11 @@ def _new_token_prefill_kernel(
         l_i = tl.where(sink == float("-inf"), 0.0, l_unit)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
 
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    whole = prefix // BLOCK_N * BLOCK_N
-    if PREFIX_PARTIALS:
-        if prefix > 0:
-            # The paged kernel's state after the prefix (the sink included): m = lse, l = 1, acc = o.
-            lse = tl.load(plse_ptr + rows * stride_lt + h, mask=row_ok, other=float("-inf"))
-            o_prefix = tl.load(pout_ptr + rows[:, None] * stride_pt + h * stride_ph + offs_d[None, :], mask=qmask,
-                               other=0.0)
-            seen = lse > float("-inf")
-            m_i = lse
-            l_i = tl.where(seen, l_unit, 0.0)
-            acc = tl.where(seen[:, None], o_prefix * (l_unit / v_out), 0.0)
-    elif QUANT == _FP8_CODES:
+    if QUANT == _STEP_KV:
         # The cached prefix, from the pages: whole tiles unmasked, then the partial one masked.
-        acc, m_i, l_i = _attend_pages_fp8(
-            acc, m_i, l_i, q, 0, whole, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv, stride_cs, stride_ch,
-            HEAD, HEAD_PAD, BLOCK_N, PAGE, False, DOT_DTYPE, ROW_ALIGN, SOFTCAP, PREFETCH_PAGES, PREROUND)
-        acc, m_i, l_i = _attend_pages_fp8(
-            acc, m_i, l_i, q, whole, prefix, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv, stride_cs,
-            stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, DOT_DTYPE, ROW_ALIGN, SOFTCAP, False, PREROUND)
-    else:
-        # The cached prefix, from the pages (FP8 codes convert exactly to the dot dtype).
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
         qpos = prefix + tok
+        whole = prefix // BLOCK_N * BLOCK_N
         acc, m_i, l_i = _attend_range(
             acc, m_i, l_i, q, qpos, 0, whole, 0, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, False, False, DOT_DTYPE, "tf32", ROW_ALIGN,
@@ -364,6 +309,15 @@ def _new_token_prefill_kernel(
             acc, m_i, l_i, q, qpos, whole, prefix, 0, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, False, DOT_DTYPE, "tf32", ROW_ALIGN,
             False, SOFTCAP, False, False)
+    elif prefix > 0:
+        # The paged kernel's state after the prefix (the sink included): m = lse, l = 1, acc = o.
+        lse = tl.load(plse_ptr + rows * stride_lt + h, mask=row_ok, other=float("-inf"))
+        o_prefix = tl.load(pout_ptr + rows[:, None] * stride_pt + h * stride_ph + offs_d[None, :], mask=qmask,
+                           other=0.0)
+        seen = lse > float("-inf")
+        m_i = lse
+        l_i = tl.where(seen, l_unit, 0.0)
+        acc = tl.where(seen[:, None], o_prefix * (l_unit / v_out), 0.0)
 
     # The new tokens, from the step's K/V: every row sees [0, m0); the diagonal block is masked.
     diagonal_end = tl.minimum(m0 + BLOCK_M, q_len)
@@ -612,7 +566,7 @@ def _launch(call: AttentionCall, cfg: Tile, key: torch.Tensor, value: torch.Tens
         HEAD=head_size, HEAD_PAD=head_pad, GROUP=num_q_heads // num_kv_heads, BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N, PAGE=page, DOT_DTYPE=dot_dtype, ROW_ALIGN=row_align, SOFTCAP=softcap,
         HAS_SINKS=call.sinks is not None, PREFETCH_PAGES=cfg.PREFETCH_PAGES, LONGEST_FIRST=cfg.LONGEST_FIRST,
-        TMA=descs is not None, QUANT=quant, PREROUND=interpret, PREFIX_PARTIALS=partials is not None,
+        TMA=descs is not None, QUANT=quant, PREROUND=interpret,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
     )
@@ -685,8 +639,6 @@ def cached_new_token_prefill(call: AttentionCall, tiles: TileTable, fp8_dots: bo
     codes = fp8_dots and mode is KVQuantMode.FP8_E4M3
     cfg = _tile(tiles, call.query.shape[2], codes, envs.settings().triton_interpret)
     key, value = gather_new_rows(call, codes, inline_asm=inline_asm)
-    partials = None
-    if mode is KVQuantMode.NVFP4:
-        partials = prefix_partials(call, tiles, inline_asm=inline_asm, quant_dot_fp16=quant_dot_fp16)
+    partials = prefix_partials(call, tiles, inline_asm=inline_asm, quant_dot_fp16=quant_dot_fp16)
     return _launch(call, cfg, key, value, int(_FP8_CODES if codes else _DECODED), values_transposed=codes,
                    value_factor=_DECODED_FACTOR.get(mode, 1.0), partials=partials)
