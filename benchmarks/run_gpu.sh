@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
 #
-#   bash benchmarks/run_gpu.sh [tests-ops | tests-ops-attention tests-ops-rest] [tests-native] [tests-models] [write] [attention] [decode] [focus] [variants] [prefill] [hf] [rope] [native] [tp]
+#   bash benchmarks/run_gpu.sh [tests-ops | tests-ops-attention tests-ops-rest] [tests-native] [tests-models] [write] [attention] [decode] [focus] [variants] [prefill] [prefill-sweep] [hf] [rope] [native] [tp]
 #
 # No argument: tests-ops tests-native tests-models write attention decode. The GPU suite is split
 # in three phases (Triton/reference/FlashInfer ops; the native kernels' tests and their
@@ -33,10 +33,12 @@ for phase in $phases; do
         tests-ops) dirs="tests/ops tests/test_*.py --ignore tests/ops/test_native.py" ;;
         # The op phase in two halves, each inside one call's 10 minutes (the whole took longer).
         tests-ops-attention) dirs="tests/ops/test_triton_attention.py tests/ops/test_attention_features.py
-          tests/ops/test_new_token_prefill.py tests/ops/test_per_token_head.py tests/ops/test_head_scales.py" ;;
+          tests/ops/test_new_token_prefill.py tests/ops/test_quantized_prefill.py tests/ops/test_per_token_head.py
+          tests/ops/test_head_scales.py" ;;
         tests-ops-rest) dirs="tests/ops tests/test_*.py --ignore tests/ops/test_native.py
           --ignore tests/ops/test_triton_attention.py --ignore tests/ops/test_attention_features.py
-          --ignore tests/ops/test_new_token_prefill.py --ignore tests/ops/test_per_token_head.py
+          --ignore tests/ops/test_new_token_prefill.py --ignore tests/ops/test_quantized_prefill.py
+          --ignore tests/ops/test_per_token_head.py
           --ignore tests/ops/test_head_scales.py" ;;
         tests-native) dirs="tests/ops/test_native.py tests/ops/test_native_attention.py tests/ops/test_per_token_head.py" ;;
         *) dirs="tests/compile tests/models tests/integrations tests/distributed" ;;
@@ -99,11 +101,16 @@ for phase in $phases; do
       ;;
     prefill)
       # Issue 16's prefill matrix with its anchors (FlashInfer paged prefill, SDPA): 4k and 16k
-      # fresh prompts, chunked prefill and 4-token speculative decode, plus the new-token tile sweep;
+      # fresh prompts, chunked prefill and 4-token speculative decode, bf16 / FP8 / NVFP4 caches;
       # three round-robin rounds (medians), since a long compute-bound run lowers the clock.
-      timeout 560 python3 -m benchmarks.attention --only prefill,extend --prefills 4096,16384 --modes bf16,fp8 \
-        --impls kvfuse,flashinfer,torch_sdpa --sweep-new-tokens --rounds 3 --out "$RES/prefill" 2>&1 \
+      timeout 560 python3 -m benchmarks.attention --only prefill,extend --prefills 4096,16384 --modes bf16,fp8,nvfp4 \
+        --impls kvfuse,flashinfer,torch_sdpa --rounds 3 --out "$RES/prefill" 2>&1 \
         | grep -v '^ ' | tail -4
+      ;;
+    prefill-sweep)
+      # The new-token tiles (bf16 step K/V, FP8 dots), one round: what picked the defaults.
+      timeout 560 python3 -m benchmarks.attention --only prefill,extend --prefills 4096,16384 --modes bf16,fp8 \
+        --impls kvfuse --sweep-new-tokens --out "$RES/prefill_sweep" 2>&1 | grep -v '^ ' | tail -4
       ;;
     decode)
       timeout 200 python3 -m benchmarks.decode_step --out "$RES" 2>&1 | tail -6
@@ -129,7 +136,7 @@ for phase in $phases; do
         | tail -8 | tee "$RES/native_tests.log"
       timeout 480 python3 -m benchmarks.native_sweep --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
       ;;
-    *) echo "unknown phase $phase (tests-ops | tests-ops-attention | tests-ops-rest | tests-native | tests-models | write | attention | decode | focus | variants | prefill | hf | rope | native | tp)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests-ops | tests-ops-attention | tests-ops-rest | tests-native | tests-models | write | attention | decode | focus | variants | prefill | prefill-sweep | hf | rope | native | tp)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done

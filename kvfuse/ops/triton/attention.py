@@ -908,7 +908,6 @@ def _paged_attention_reduce_kernel(
              mask=offs_d < HEAD)
 
 
-_PREFIX_FP16 = True
 _DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -1051,11 +1050,11 @@ def _paged_attention(call: AttentionCall, tiles: TileTable, num_splits: Optional
     out_dtype = query.dtype
     dot_dtype = _DOT_DTYPES[query.dtype]
     if (v_mode is None and mode is not KVQuantMode.NONE and query.dtype == torch.bfloat16 and quant_dot_fp16
-            and (mode is KVQuantMode.NVFP4 or (decode and num_splits == 1) or (prefix_only and _PREFIX_FP16))):
+            and (mode is KVQuantMode.NVFP4 or (decode and num_splits == 1) or prefix_only)):
         # FP8 and NVFP4 values convert to fp16 exactly and in one instruction per pair (bf16 needs a
         # longer sequence); fp16 also keeps 3 more bits of P. The query is range-checked in-kernel.
-        # FP8 only where it was measured faster (BENCHMARKS.md: decode without split-KV); with
-        # split-KV the bf16 dot was faster.
+        # FP8 only where it was measured faster (BENCHMARKS.md: decode without split-KV, and the
+        # prefix partials of a quantized prefill); with split-KV the bf16 dot was faster.
         dot_dtype = tl.float16
     elif (v_mode is not None and KVQuantMode.NONE not in sides and query.dtype == torch.bfloat16
           and quant_dot_fp16):

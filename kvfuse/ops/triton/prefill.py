@@ -44,10 +44,11 @@ dense tensors (:func:`_gather_new_rows_kernel`, a pass over ``q_len`` rows, not 
   or per-head scale (and NVFP4's 2^6) folded into the scores and the output.
 
 The cached prefix of such a call (chunked prefill) is attended by the paged kernel first, keys
-``[0, P)`` only (``PREFIX_ONLY``), which leaves each row's normalised output and base-2
-log-sum-exp; the new-token kernel starts its online softmax from that state (``m = lse``,
+``[0, P)`` only (``PREFIX_ONLY``, fp16 dots), which leaves each row's normalised output and
+base-2 log-sum-exp; the new-token kernel starts its online softmax from that state (``m = lse``,
 ``l = 1``, ``acc = o``), so the two parts merge exactly as one softmax would. Sequences without a
-prefix skip both the prefix program's work and the merge.
+prefix skip both the prefix program's work and the merge. (Reading an FP8 prefix from the pages
+inside the new-token kernel with FP8 dots measured slower than this: BENCHMARKS.md.)
 
 What it does not take (the launcher in :mod:`.attention` routes those calls to the paged
 kernel): per-token-head FP8 and mixed formats, sliding windows, float32 queries and
@@ -364,7 +365,7 @@ def _gather_new_rows_kernel(
     cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_out_ptr, v_out_ptr, num_seqs, num_tokens, top_bit,
     stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt, stride_kt, stride_vt, stride_vd,
     MODE: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_T: tl.constexpr, PAGE: tl.constexpr,
-    USE_ASM: tl.constexpr, SWIZZLE_V: tl.constexpr, V_COLUMNS: tl.constexpr, JOIN: tl.constexpr = True,
+    USE_ASM: tl.constexpr, SWIZZLE_V: tl.constexpr, V_COLUMNS: tl.constexpr,
 ):
     """Rows ``[BLOCK_T * pid0, +BLOCK_T)`` of the call's query, KV head ``pid1``: the cached K/V of
     each row's own position, into ``k_out[row, head * HEAD + d]`` and ``v_out`` at ``row *
@@ -412,25 +413,15 @@ def _gather_new_rows_kernel(
             v_row = row * NB
         v_lo, v_hi = _nvfp4_tile(k_data + stride_ckv, cache_ptr, stride_ckv + page + scales_at + v_row, hs, valid,
                                  HALF, HALF_PAD, NB, BLOCK_T, False, True, USE_ASM, SWIZZLE_V, False)
+        # Even and odd elements interleaved in registers, so that each row is one contiguous store
+        # (two stores at a stride of two elements made the gather the prefill's bottleneck).
         ty = k_out_ptr.dtype.element_ty
-        if JOIN:
-            # Even and odd elements interleaved in registers: one contiguous store per row.
-            offs_d = tl.arange(0, HEAD_PAD)
-            smask = in_range[:, None] & (offs_d[None, :] < HEAD)
-            k = tl.reshape(tl.join(k_lo.to(ty), k_hi.to(ty)), (BLOCK_T, HEAD_PAD))
-            v = tl.reshape(tl.join(v_lo.to(ty), v_hi.to(ty)), (BLOCK_T, HEAD_PAD))
-            tl.store(k_out_ptr + rows[:, None] * stride_kt + kvh * HEAD + offs_d[None, :], k, mask=smask)
-            tl.store(v_out_ptr + rows[:, None] * stride_vt + (kvh * HEAD + offs_d[None, :]) * stride_vd, v,
-                     mask=smask)
-        else:
-            offs_e = tl.arange(0, HALF_PAD)
-            smask = in_range[:, None] & (offs_e[None, :] < HALF)
-            k_dst = k_out_ptr + rows[:, None] * stride_kt + kvh * HEAD + 2 * offs_e[None, :]
-            v_dst = v_out_ptr + rows[:, None] * stride_vt + (kvh * HEAD + 2 * offs_e[None, :]) * stride_vd
-            tl.store(k_dst, k_lo.to(ty), mask=smask)
-            tl.store(k_dst + 1, k_hi.to(ty), mask=smask)
-            tl.store(v_dst, v_lo.to(ty), mask=smask)
-            tl.store(v_dst + stride_vd, v_hi.to(ty), mask=smask)
+        offs_d = tl.arange(0, HEAD_PAD)
+        smask = in_range[:, None] & (offs_d[None, :] < HEAD)
+        k = tl.reshape(tl.join(k_lo.to(ty), k_hi.to(ty)), (BLOCK_T, HEAD_PAD))
+        v = tl.reshape(tl.join(v_lo.to(ty), v_hi.to(ty)), (BLOCK_T, HEAD_PAD))
+        tl.store(k_out_ptr + rows[:, None] * stride_kt + kvh * HEAD + offs_d[None, :], k, mask=smask)
+        tl.store(v_out_ptr + rows[:, None] * stride_vt + (kvh * HEAD + offs_d[None, :]) * stride_vd, v, mask=smask)
     else:
         offs_d = tl.arange(0, HEAD_PAD)
         dmask = offs_d[None, :] < HEAD
@@ -581,7 +572,6 @@ def new_token_prefill(call: AttentionCall, tiles: TileTable) -> torch.Tensor:
 
 #: Rows per program of the gather.
 _GATHER_ROWS = 64
-_GATHER_JOIN = True
 
 
 def gather_new_rows(call: AttentionCall, fp8_codes: bool, inline_asm: bool = True):
@@ -620,7 +610,7 @@ def gather_new_rows(call: AttentionCall, fp8_codes: bool, inline_asm: bool = Tru
         key.stride(0), *v_strides,
         MODE=int(mode), HEAD=head_size, HEAD_PAD=head_pad, BLOCK_T=block_t, PAGE=page,
         USE_ASM=inline_asm and not interpret, SWIZZLE_V=mode is KVQuantMode.NVFP4
-        and nvfp4_v_scales_swizzled(page, head_size), V_COLUMNS=fp8_codes, JOIN=_GATHER_JOIN,
+        and nvfp4_v_scales_swizzled(page, head_size), V_COLUMNS=fp8_codes,
         num_warps=4,
     )
     return key, value
