@@ -35,7 +35,7 @@ from kvfuse.ops.registry import AttentionCall
 
 # Launch tiles of kvfuse's Triton kernel for this run: the defaults, or what --tune found.
 TILES = None
-# --sweep-new-tokens: time NEW_TOKEN_SWEEP's tiles at bf16 prefill.
+# --sweep-new-tokens: time NEW_TOKEN_SWEEP's tiles at bf16 prefill (and the FP8 / prefix-partial sweeps).
 SWEEP_NEW_TOKENS = False
 # --rounds: prefill and append cases time every implementation this many times, round-robin, and
 # report the median (a long run of compute-bound kernels lowers the clock for whatever runs next).
@@ -73,11 +73,12 @@ def _step_kv(cache, block_table, seq_lens, new):
     return key, value
 
 
-def _kvfuse_rows(args, impls, new, sweep=False):
+def _kvfuse_rows(args, impls, new, sweep=False, cached_prefix=False):
     """kvfuse's timed functions for a call with ``new`` tokens per sequence: {impl: (fn, graph)}.
 
     A layer with a bf16 cache hands attention its step's K/V (``kvfuse``, the new-token kernel);
-    ``kvfuse_pages`` is the same call without them; ``sweep`` adds NEW_TOKEN_SWEEP's tiles."""
+    ``kvfuse_pages`` is the same call without them; ``sweep`` adds NEW_TOKEN_SWEEP's tiles (FP8:
+    NEW_TOKEN_SWEEP_FP8's) and, for a quantized cache with a ``cached_prefix``, PREFIX_TILE_SWEEP's."""
     if "kvfuse" not in impls:
         return {}
     mode = KVQuantMode(args[7])
@@ -89,6 +90,8 @@ def _kvfuse_rows(args, impls, new, sweep=False):
             fns["kvfuse_decoded"] = (_kvfuse(args, fp8_dots=False), True)
             if sweep:
                 fns.update(_new_token_variants(args, None, None, tile_key="small_fp8", sweep=NEW_TOKEN_SWEEP_FP8))
+        if sweep and cached_prefix and new > 4:
+            fns.update(_prefix_tile_variants(args))
         return fns
     key, value = _step_kv(args[1], args[4], args[5], new)
     fns = {"kvfuse": (_kvfuse(args, key=key, value=value), True), "kvfuse_pages": (_kvfuse(args), True)}
@@ -106,6 +109,29 @@ NEW_TOKEN_SWEEP = ((128, 64, 8, 4, {}), (64, 64, 4, 3, {}), (64, 64, 4, 3, {"TMA
 NEW_TOKEN_SWEEP_FP8 = ((64, 64, 4, 3, {"TMA": True}), (64, 64, 4, 4, {"TMA": True}), (128, 64, 8, 3, {"TMA": True}),
                        (128, 128, 8, 3, {"TMA": True}), (128, 128, 8, 4, {"TMA": True}),
                        (128, 64, 8, 3, {}))
+
+
+#: Prefix-partial tiles of a quantized prefill timed by --sweep-new-tokens (as prefill["small_prefix"]):
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_M counts query rows times the GQA group.
+PREFIX_TILE_SWEEP = ((128, 128, 8, 2), (128, 64, 4, 3), (256, 64, 8, 3), (256, 128, 8, 2))
+
+
+def _prefix_tile_variants(args):
+    """kvfuse's quantized prefill with every PREFIX_TILE_SWEEP tile for its prefix partials."""
+    import dataclasses
+
+    from kvfuse.ops.triton import attention as ta
+
+    base = TILES or ta.DEFAULT_TILES
+    fns = {}
+    for bm, bn, warps, stages in PREFIX_TILE_SWEEP:
+        start = base.prefill.get("small_prefix", base.prefill["small"])
+        tile = dataclasses.replace(start, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        tiles = dataclasses.replace(base, prefill={**base.prefill, "small_prefix": tile})
+        call = AttentionCall(*args)
+        fns[f"kvfuse prefix m{bm} n{bn} w{warps} s{stages}"] = (
+            (lambda call=call, tiles=tiles: ta.paged_attention(call, tiles=tiles)), True)
+    return fns
 
 
 def _new_token_variants(args, key, value, tile_key="small", sweep=NEW_TOKEN_SWEEP):
@@ -382,7 +408,7 @@ def run_extend(case, mode_name, impls, rows, copy_bw):
     args = (query, cache, scale, scale, block_table, seq_lens, qsl, int(mode), 1 / math.sqrt(HEAD), None)
     flops = 4 * HQ * HEAD * batch * new * (prefix + (new + 1) / 2)
     nbytes = kv_bytes(mode, batch, context)
-    fns = _kvfuse_rows(args, impls, new, sweep=SWEEP_NEW_TOKENS)
+    fns = _kvfuse_rows(args, impls, new, sweep=SWEEP_NEW_TOKENS, cached_prefix=prefix > 0)
     if "flashinfer" in impls and mode in (KVQuantMode.NONE, KVQuantMode.FP8_E4M3):
         import flashinfer
 

@@ -108,8 +108,9 @@ for phase in $phases; do
         | grep -v '^ ' | tail -4
       ;;
     prefill-sweep)
-      # The new-token tiles (bf16 step K/V, FP8 dots), one round: what picked the defaults.
-      timeout 560 python3 -m benchmarks.attention --only prefill,extend --prefills 4096,16384 --modes bf16,fp8 \
+      # The new-token tiles (bf16 step K/V, FP8 dots) and the prefix-partial tiles of quantized
+      # chunked prefill, one round: what picked the defaults.
+      timeout 560 python3 -m benchmarks.attention --only prefill,extend --prefills 4096,16384 --modes bf16,fp8,nvfp4 \
         --impls kvfuse --sweep-new-tokens --out "$RES/prefill_sweep" 2>&1 | grep -v '^ ' | tail -4
       ;;
     decode)

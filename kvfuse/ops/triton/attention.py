@@ -94,7 +94,8 @@ class Tile:
 class TileTable:
     """Tiles by use: ``decode[key]`` / ``prefill[key]`` with keys ``small`` / ``large`` (head size
     <= 128 or not), decode also per cache format (``small_fp8``, ``small_nvfp4``) and for split
-    launches (``<key>_split``, where present); ``interpret`` under the CPU interpreter."""
+    launches (``<key>_split``, where present), prefill also for the prefix partials of a quantized
+    prefill (``<key>_prefix``, where present); ``interpret`` under the CPU interpreter."""
 
     decode: Mapping[str, Tile]
     prefill: Mapping[str, Tile]
@@ -144,6 +145,9 @@ DEFAULT_TILES = TileTable(
     prefill={
         "small": Tile(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, PREFETCH_PAGES=True, LONGEST_FIRST=True),
         "small_fp8_pth": Tile(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, LONGEST_FIRST=True),
+        # The prefix partials of FP8 / NVFP4 prefill (every row sees every key): more rows per tile.
+        "small_prefix": Tile(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=3, PREFETCH_PAGES=True,
+                             LONGEST_FIRST=True),
         "large": Tile(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, LONGEST_FIRST=True),
     },
     interpret=Tile(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1, TMA=True),
@@ -923,8 +927,12 @@ def _decode_sized(num_tokens: int, num_seqs: int) -> bool:
 
 def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
                  mode: Union[KVQuantMode, KVFormat], query_itemsize: int = 2, split: bool = False,
-                 tiles: TileTable = DEFAULT_TILES, interpret: bool = False) -> tuple[Tile, bool]:
+                 tiles: TileTable = DEFAULT_TILES, interpret: bool = False,
+                 prefix_only: bool = False) -> tuple[Tile, bool]:
     """(tile, decode?) from shapes only: few query tokens per sequence -> decode tiles + split-KV.
+
+    ``prefix_only``: the prefix partials of a quantized prefill (:func:`prefix_partials`), which
+    take a prefill table's ``<key>_prefix`` entry where present.
 
     ``split``: the launch splits the context; a ``<key>_split`` entry, where present, replaces the
     key's (every decode entry has the same BLOCK_M, so the split decision does not change).
@@ -951,6 +959,8 @@ def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
             key = "small_fp8_pth"
     if decode and split and key + "_split" in table:
         key += "_split"
+    if prefix_only and not decode and key + "_prefix" in table:
+        key += "_prefix"
     tile = table[key]
     if decode:
         avg_q = _next_pow2(max(1, -(-num_tokens // max(num_seqs, 1))))
@@ -1028,7 +1038,7 @@ def _paged_attention(call: AttentionCall, tiles: TileTable, num_splits: Optional
         return torch.zeros_like(query, memory_format=torch.contiguous_format)
 
     cfg, decode = _pick_config(num_tokens, num_seqs, head_size, group_pad, fmt.narrowed, query.element_size(),
-                               tiles=tiles, interpret=interpret)
+                               tiles=tiles, interpret=interpret, prefix_only=prefix_only)
     block_m = max(cfg.BLOCK_M, group_pad, 16)
     block_q = block_m // group_pad
     num_tiles = num_tokens // block_q + num_seqs
