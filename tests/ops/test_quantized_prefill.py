@@ -236,17 +236,16 @@ def test_calls_it_does_not_take(fields):
 
 
 def test_prefix_partials_are_the_prefix_softmax():
-    """prefix_partials: each row's output (the query's dtype, in the given tensor) and base-2
-    log-sum-exp over its sequence's prefix keys only (every new token sees all of them); rows of a
-    sequence without a prefix, and padding rows, are not written (sentinels kept)."""
+    """prefix_partials: each row's output and base-2 log-sum-exp over its sequence's prefix keys
+    only (every new token sees all of them); rows of a sequence without a prefix are not written
+    (on the GPU they keep the allocator's NaN)."""
     import math
 
     from kvfuse.ops.triton import attention as ta
 
     args = make_case([40, 19], [17, 19], 4, 2, 64, KVQuantMode.NVFP4, pad_rows=2, seed=58)
-    dest = torch.full_like(args["query"], 7.0)
-    out, lse = ta.prefix_partials(AttentionCall(**args), out=dest)
-    assert out.data_ptr() == dest.data_ptr() and out.dtype == args["query"].dtype
+    poison_allocator(64 * args["query"].numel())
+    out, lse = ta.prefix_partials(AttentionCall(**args))
     cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
     pos = torch.arange(23)  # sequence 0: 40 cached positions, 17 of them new
     blocks, offsets = cpu["block_table"][0, pos // 16].long(), pos % 16
@@ -255,11 +254,10 @@ def test_prefix_partials_are_the_prefix_softmax():
             for side, scale in ((0, cpu["k_scale"]), (1, cpu["v_scale"])))
     s = torch.einsum("thd,jhd->thj", cpu["query"][:17].float(), k) * cpu["sm_scale"]
     expected = torch.einsum("thj,jhd->thd", torch.softmax(s, -1), v)
-    torch.testing.assert_close(out[:17].cpu().float(), expected, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(out[:17].cpu(), expected, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(lse[:17].cpu(), torch.logsumexp(s, -1) / math.log(2), atol=1e-3, rtol=1e-4)
-    assert torch.all(out[17:].float() == 7.0), "rows without a prefix and padding rows are not written"
-    with pytest.raises(ValueError, match=r"out: a contiguous \(38, 4, 64\) torch.bfloat16 tensor"):
-        ta.prefix_partials(AttentionCall(**args), out=dest.float())
+    if torch.cuda.is_available():
+        assert torch.isnan(out[17:]).all() and torch.isnan(lse[17:]).all()
 
 
 @pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4], ids=lambda m: m.name)

@@ -790,7 +790,7 @@ def _paged_attention_kernel(
         o = acc * inv[:, None]
         if SPLIT:
             dst = pout_ptr + split * stride_ps + rows[:, None] * stride_pt + head[:, None] * stride_ph
-            tl.store(dst + offs_d[None, :], o.to(pout_ptr.dtype.element_ty), mask=qmask)
+            tl.store(dst + offs_d[None, :], o, mask=qmask)
         else:
             dst = out_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh
             tl.store(dst + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=qmask)
@@ -838,8 +838,8 @@ def _paged_attention_kernel(
         o_o = acc_o * inv[:, None]
         if SPLIT:
             dst = pout_ptr + split * stride_ps + rows[:, None] * stride_pt + head[:, None] * stride_ph
-            tl.store(dst + 2 * offs_e[None, :], o_e.to(pout_ptr.dtype.element_ty), mask=qmask)
-            tl.store(dst + 2 * offs_e[None, :] + 1, o_o.to(pout_ptr.dtype.element_ty), mask=qmask)
+            tl.store(dst + 2 * offs_e[None, :], o_e, mask=qmask)
+            tl.store(dst + 2 * offs_e[None, :] + 1, o_o, mask=qmask)
         else:
             dst = out_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh
             tl.store(dst + 2 * offs_e[None, :], o_e.to(out_ptr.dtype.element_ty), mask=qmask)
@@ -873,7 +873,7 @@ def _paged_attention_kernel(
         o = acc * inv[:, None]
         if SPLIT:
             dst = pout_ptr + split * stride_ps + rows[:, None] * stride_pt + head[:, None] * stride_ph
-            tl.store(dst + offs_d[None, :], o.to(pout_ptr.dtype.element_ty), mask=qmask)
+            tl.store(dst + offs_d[None, :], o, mask=qmask)
         else:
             dst = out_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh
             tl.store(dst + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=qmask)
@@ -1001,20 +1001,18 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     return _paged_attention(call, tiles, num_splits, inline_asm, quant_dot_fp16, prefix_only=False)
 
 
-def prefix_partials(call: AttentionCall, tiles: TileTable = DEFAULT_TILES, *, out: Optional[torch.Tensor] = None,
-                    inline_asm: bool = True, quant_dot_fp16: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def prefix_partials(call: AttentionCall, tiles: TileTable = DEFAULT_TILES, *, inline_asm: bool = True,
+                    quant_dot_fp16: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The paged kernel over each sequence's cached prefix only (keys before its first new token):
-    ``(out [tokens, q_heads, head_size], lse [tokens, q_heads] float32)``, the normalised output
-    (scales applied) in the query's dtype and the base-2 log-sum-exp of the scaled scores, the sink
-    included. ``out`` (contiguous, the query's shape and dtype; default: zeros) is written in place,
-    which lets the new-token kernel merge into the same tensor (no float32 copy of the output).
-    Rows of sequences without a prefix are not written (the new-token kernel does not read them).
-    Options as :func:`paged_attention`'s."""
-    return _paged_attention(call, tiles, 1, inline_asm, quant_dot_fp16, prefix_only=True, prefix_out=out)
+    ``(out [tokens, q_heads, head_size] float32, lse [tokens, q_heads])``, the normalised output
+    (scales applied) and the base-2 log-sum-exp of the scaled scores, the sink included. Rows of
+    sequences without a prefix are not written (the new-token kernel does not read them). Options
+    as :func:`paged_attention`'s."""
+    return _paged_attention(call, tiles, 1, inline_asm, quant_dot_fp16, prefix_only=True)
 
 
 def _paged_attention(call: AttentionCall, tiles: TileTable, num_splits: Optional[int], inline_asm: bool,
-                     quant_dot_fp16: bool, prefix_only: bool, prefix_out: Optional[torch.Tensor] = None):
+                     quant_dot_fp16: bool, prefix_only: bool):
     query, kv_cache, k_scale, v_scale = call.query, call.kv_cache, call.k_scale, call.v_scale
     block_table, seq_lens, query_start_loc = call.block_table, call.seq_lens, call.query_start_loc
     fmt = KVFormat.of(call.kv_quant_mode)
@@ -1109,14 +1107,7 @@ def _paged_attention(call: AttentionCall, tiles: TileTable, num_splits: Optional
     swizzle_v = (v_mode or mode) is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size)
     word_scales = KVQuantMode.NVFP4 in sides and cfg.WORD_SCALES and _words_inside_storage(kv_cache)
     partials = num_splits > 1 or prefix_only  # written as split partials (pout, plse)
-    if prefix_only:
-        out = prefix_out if prefix_out is not None else torch.zeros_like(query, memory_format=torch.contiguous_format)
-        if out.shape != query.shape or out.dtype != query.dtype or not out.is_contiguous():
-            raise ValueError(f"out: a contiguous {tuple(query.shape)} {query.dtype} tensor, got {tuple(out.shape)} "
-                             f"{out.dtype} with strides {out.stride()}")
-        pout = out.unsqueeze(0)
-        plse = torch.empty((1, num_tokens, num_q_heads), dtype=torch.float32, device=query.device)
-    elif partials:
+    if partials:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
         pout = torch.empty((num_splits, num_tokens, num_q_heads, head_size), dtype=torch.float32,
                            device=query.device)

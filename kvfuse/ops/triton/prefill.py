@@ -318,7 +318,7 @@ def _new_token_prefill_kernel(
         seen = lse > float("-inf")
         m_i = lse
         l_i = tl.where(seen, l_unit, 0.0)
-        acc = tl.where(seen[:, None], o_prefix.to(tl.float32) * (l_unit / v_out), 0.0)
+        acc = tl.where(seen[:, None], o_prefix * (l_unit / v_out), 0.0)
 
     # The new tokens, from the step's K/V: every row sees [0, m0); the diagonal block is masked.
     diagonal_end = tl.minimum(m0 + BLOCK_M, q_len)
@@ -514,9 +514,7 @@ def _tile(tiles: TileTable, head_size: int, fp8_dots: bool, interpret: bool) -> 
 
 def _launch(call: AttentionCall, cfg: Tile, key: torch.Tensor, value: torch.Tensor, quant: int,
             values_transposed: bool = False, value_factor: float = 1.0, partials=None) -> torch.Tensor:
-    """Launch :func:`_new_token_prefill_kernel` with new keys / values ``key`` / ``value``;
-    ``partials``: :func:`~kvfuse.ops.triton.attention.prefix_partials`' ``(out, lse)``, merged into
-    that same ``out``."""
+    """Launch :func:`_new_token_prefill_kernel` with new keys / values ``key`` / ``value``."""
     query, kv_cache = call.query, call.kv_cache
     interpret = envs.settings().triton_interpret
     num_tokens, num_q_heads, head_size = query.shape
@@ -527,7 +525,7 @@ def _launch(call: AttentionCall, cfg: Tile, key: torch.Tensor, value: torch.Tens
     row_align = _row_align(kv_cache.stride()[:4])
     # Contiguous whatever the query's layout, as the op's fake says; rows outside query_start_loc
     # (padding) read as zeros.
-    out = partials[0] if partials is not None else torch.zeros_like(query, memory_format=torch.contiguous_format)
+    out = torch.zeros_like(query, memory_format=torch.contiguous_format)
     softcap = float(call.logit_softcap) > 0
     cap = float(call.logit_softcap) * _LOG2E if softcap else 1.0
     grid = (num_tokens // cfg.BLOCK_M + num_seqs, num_q_heads)
@@ -631,6 +629,6 @@ def cached_new_token_prefill(call: AttentionCall, tiles: TileTable, fp8_dots: bo
     codes = fp8_dots and mode is KVQuantMode.FP8_E4M3
     cfg = _tile(tiles, call.query.shape[2], codes, envs.settings().triton_interpret)
     key, value = gather_new_rows(call, codes, inline_asm=inline_asm)
-    partials = prefix_partials(call, tiles, inline_asm=inline_asm, quant_dot_fp16=quant_dot_fp16)  # zeros elsewhere
+    partials = prefix_partials(call, tiles, inline_asm=inline_asm, quant_dot_fp16=quant_dot_fp16)
     return _launch(call, cfg, key, value, int(_FP8_CODES if codes else _DECODED), values_transposed=codes,
                    value_factor=_DECODED_FACTOR.get(mode, 1.0), partials=partials)
