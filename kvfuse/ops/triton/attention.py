@@ -100,7 +100,8 @@ class TileTable:
     decode: Mapping[str, Tile]
     prefill: Mapping[str, Tile]
     interpret: Tile
-    #: :mod:`.prefill`'s kernel (new keys from the step's K/V), ``small`` / ``large`` as above.
+    #: :mod:`.prefill`'s kernel (new keys from the step's K/V or gathered rows), ``small`` / ``large``
+    #: as above, ``<size>_fp8`` for FP8 dots where present (else ``<size>``).
     new_tokens: Mapping[str, Tile] = dataclasses.field(default_factory=lambda: dict(_NEW_TOKEN_TILES))
 
     def __post_init__(self) -> None:
@@ -441,6 +442,17 @@ def _nvfp4_tile(data_ptr, cache_ptr, scale_off, HS, kmask, HALF: tl.constexpr, H
 
 
 @triton.jit
+def _nvfp4_v_scale_row(t, kvh, row, num_kv_heads, NB: tl.constexpr, SWIZZLE_V: tl.constexpr):
+    """Offset of token ``t``'s V block scales (KV head ``kvh``, linear row index ``row``) from its
+    page side's scale base: ``row * NB``, or with the 4-token interleave the group's base plus
+    ``t % 4`` (its blocks then step by 4, :func:`_nvfp4_scale_col`)."""
+    if SWIZZLE_V:
+        return ((t - t % 4) * num_kv_heads + kvh).to(tl.int64) * NB + t % 4
+    else:
+        return row * NB
+
+
+@triton.jit
 def _attend_range_nvfp4(
     acc_e, acc_o, m_i, l_i, q_e, q_o, qpos, lo, hi, window, qk_scale, cap,
     cache_ptr, bt_row_ptr, kvh, num_kv_heads, stride_cb, stride_ckv,
@@ -490,10 +502,7 @@ def _attend_range_nvfp4(
         s = _softcap(s, cap, SOFTCAP)
         allowed = _allowed(kpos, kmask, qpos, window, HAS_WINDOW)
         p, alpha, m_i, l_i = _softmax_update(s, allowed, m_i, l_i, MASKED)
-        if SWIZZLE_V:
-            v_row = ((t - t % 4) * num_kv_heads + kvh).to(tl.int64) * NB + t % 4
-        else:
-            v_row = row * NB
+        v_row = _nvfp4_v_scale_row(t, kvh, row, num_kv_heads, NB, SWIZZLE_V)
         v_lo, v_hi = _nvfp4_tile(k_data + stride_ckv, cache_ptr, stride_ckv + page + scales_at + v_row, hs, kmask,
                                  HALF, HALF_PAD, NB, BLOCK_N, False, SCALE_GATHER, USE_ASM, SWIZZLE_V, WORD_SCALES)
         p = p.to(DOT_DTYPE)
@@ -1108,10 +1117,12 @@ def _paged_attention(call: AttentionCall, tiles: TileTable, num_splits: Optional
     word_scales = KVQuantMode.NVFP4 in sides and cfg.WORD_SCALES and _words_inside_storage(kv_cache)
     partials = num_splits > 1 or prefix_only  # written as split partials (pout, plse)
     if partials:
-        out = torch.empty_like(query, memory_format=torch.contiguous_format)
         pout = torch.empty((num_splits, num_tokens, num_q_heads, head_size), dtype=torch.float32,
                            device=query.device)
         plse = torch.empty((num_splits, num_tokens, num_q_heads), dtype=torch.float32, device=query.device)
+        # The reduction writes ``out``; the prefix partials are the result themselves (``out``: a
+        # placeholder argument the kernel does not write under SPLIT).
+        out = pout[0] if prefix_only else torch.empty_like(query, memory_format=torch.contiguous_format)
     else:
         # Padding rows (outside query_start_loc) must read as zeros; no program owns them.
         out = torch.zeros_like(query, memory_format=torch.contiguous_format)

@@ -74,6 +74,7 @@ from .attention import (
     _attend_range,
     _next_pow2,
     _nvfp4_tile,
+    _nvfp4_v_scale_row,
     _row_align,
     _softcap,
     _softmax_update,
@@ -407,10 +408,7 @@ def _gather_new_rows_kernel(
         k_data = cache_ptr + page + row * HALF
         k_lo, k_hi = _nvfp4_tile(k_data, cache_ptr, page + scales_at + row * NB, hs, valid, HALF, HALF_PAD, NB,
                                  BLOCK_T, False, True, USE_ASM, False, False)
-        if SWIZZLE_V:
-            v_row = ((t - t % 4) * num_kv_heads + kvh).to(tl.int64) * NB + t % 4
-        else:
-            v_row = row * NB
+        v_row = _nvfp4_v_scale_row(t, kvh, row, num_kv_heads, NB, SWIZZLE_V)
         v_lo, v_hi = _nvfp4_tile(k_data + stride_ckv, cache_ptr, stride_ckv + page + scales_at + v_row, hs, valid,
                                  HALF, HALF_PAD, NB, BLOCK_T, False, True, USE_ASM, SWIZZLE_V, False)
         # Even and odd elements interleaved in registers, so that each row is one contiguous store
