@@ -79,6 +79,7 @@ from .attention import (
     _softcap,
     _softmax_update,
     _tile_sequence,
+    prefix_partials,
 )
 
 __all__ = ["new_token_prefill", "takes", "cached_new_token_prefill", "takes_cached"]
@@ -87,12 +88,14 @@ __all__ = ["new_token_prefill", "takes", "cached_new_token_prefill", "takes_cach
 _STEP_KV = tl.constexpr(0)  # the step's model-dtype K/V (a bf16 / fp16 cache)
 _FP8_CODES = tl.constexpr(1)  # gathered e4m3 codes, values transposed; FP8 dots
 _DECODED = tl.constexpr(2)  # gathered values decoded into the model dtype
-#: P is rounded to e4m3 as 2^P_SHIFT * p (see the module docstring).
-_P_SHIFT = tl.constexpr(8.0)
+#: P is rounded to e4m3 as 2^P_SHIFT * p (see the module docstring); _P_UNIT = 2^P_SHIFT.
+_P_SHIFT_BITS = 8
+_P_SHIFT = tl.constexpr(float(_P_SHIFT_BITS))
+_P_UNIT = tl.constexpr(float(2 ** _P_SHIFT_BITS))
 _E4M3_MAX = tl.constexpr(448.0)
-#: Modes whose new rows the gather decodes into the model dtype, and the factor their decoded
-#: values carry (NVFP4's decode is e2m1 * block scale * 2^-6).
-_DECODED_FACTOR = {KVQuantMode.FP8_E5M2: 1.0, KVQuantMode.NVFP4: 64.0}
+#: The factor each gathered mode's rows carry beyond the cache's scale (NVFP4's decode is
+#: e2m1 * block scale * 2^-6; FP8 codes and values are the scaled values themselves).
+_GATHERED_FACTOR = {KVQuantMode.FP8_E4M3: 1.0, KVQuantMode.FP8_E5M2: 1.0, KVQuantMode.NVFP4: 64.0}
 
 
 @triton.jit
@@ -279,7 +282,7 @@ def _new_token_prefill_kernel(
         v_out = tl.load(v_scale_ptr + kvh * v_scale_stride_h) * value_factor
     if QUANT == _FP8_CODES:
         # Each query row scaled onto e4m3's range; the scale goes into the row's score scale.
-        l_unit = 256.0  # 2^_P_SHIFT
+        l_unit = _P_UNIT
         qf = q.to(tl.float32)
         amax = tl.max(tl.abs(qf), 1)
         q_mult = tl.where(amax > 0, _E4M3_MAX / amax, 1.0)
@@ -330,7 +333,8 @@ def _new_token_prefill_kernel(
         acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, tok, 0, m0, qk, cap, k_desc, v_desc, q_start, v_row0,
                                              kvh * HEAD, BLOCK_N, False, DOT_DTYPE, SOFTCAP, QUANT, PREROUND)
         acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, tok, m0, diagonal_end, qk, cap, k_desc, v_desc,
-                                             q_start, v_row0, kvh * HEAD, BLOCK_N, True, DOT_DTYPE, SOFTCAP, QUANT, PREROUND)
+                                             q_start, v_row0, kvh * HEAD, BLOCK_N, True, DOT_DTYPE, SOFTCAP, QUANT,
+                                             PREROUND)
     else:
         k_rows = k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh
         v_rows = v_ptr + v_row0.to(tl.int64) * stride_vt + kvh * stride_vh
@@ -621,12 +625,10 @@ def cached_new_token_prefill(call: AttentionCall, tiles: TileTable, fp8_dots: bo
     (see the module docstring). ``fp8_dots``: FP8 e4m3 caches take FP8 tensor-core dots (else
     their rows are decoded like e5m2's); ``inline_asm`` / ``quant_dot_fp16``: the paged kernel's
     options (:func:`~kvfuse.ops.triton.attention.paged_attention`), for the gather and the prefix."""
-    from .attention import prefix_partials
-
     mode = KVFormat.of(call.kv_quant_mode).key
     codes = fp8_dots and mode is KVQuantMode.FP8_E4M3
     cfg = _tile(tiles, call.query.shape[2], codes, envs.settings().triton_interpret)
     key, value = gather_new_rows(call, codes, inline_asm=inline_asm)
     partials = prefix_partials(call, tiles, inline_asm=inline_asm, quant_dot_fp16=quant_dot_fp16)
     return _launch(call, cfg, key, value, int(_FP8_CODES if codes else _DECODED), values_transposed=codes,
-                   value_factor=_DECODED_FACTOR.get(mode, 1.0), partials=partials)
+                   value_factor=_GATHERED_FACTOR[mode], partials=partials)
