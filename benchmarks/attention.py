@@ -77,15 +77,21 @@ def _kvfuse_rows(args, impls, new, sweep=False, cached_prefix=False):
     """kvfuse's timed functions for a call with ``new`` tokens per sequence: {impl: (fn, graph)}.
 
     A layer with a bf16 cache hands attention its step's K/V (``kvfuse``, the new-token kernel);
-    ``kvfuse_pages`` is the same call without them; ``sweep`` adds NEW_TOKEN_SWEEP's tiles (FP8:
-    NEW_TOKEN_SWEEP_FP8's) and, for a quantized cache with a ``cached_prefix``, PREFIX_TILE_SWEEP's."""
+    ``kvfuse_pages`` is the same call without them; for prefill-sized calls ``kvfuse_paged_prefix``
+    reads the prefix from the pages instead of gathering it first. A quantized cache's prefill
+    gathers the whole context (``kvfuse``) or, for prefill-sized calls, only its new rows with the
+    prefix through the paged kernel (``kvfuse_partials``). ``sweep`` adds NEW_TOKEN_SWEEP's tiles
+    (FP8: NEW_TOKEN_SWEEP_FP8's) and, for a quantized cache with a ``cached_prefix``,
+    PREFIX_TILE_SWEEP's."""
     if "kvfuse" not in impls:
         return {}
     mode = KVQuantMode(args[7])
     if mode is not KVQuantMode.NONE:
-        # The quantized prefill path (new rows gathered from the pages; FP8 dots for e4m3), its
+        # The quantized prefill path (rows gathered from the pages; FP8 dots for e4m3), its
         # decoded-rows variant for e4m3, and the paged kernel it replaced.
         fns = {"kvfuse": (_kvfuse(args), True), "kvfuse_pages": (_kvfuse(args, new_token_kernel=False), True)}
+        if new > 4:
+            fns["kvfuse_partials"] = (_kvfuse(args, whole_context=False), True)
         if mode is KVQuantMode.FP8_E4M3:
             fns["kvfuse_decoded"] = (_kvfuse(args, fp8_dots=False), True)
             if sweep:
@@ -95,6 +101,8 @@ def _kvfuse_rows(args, impls, new, sweep=False, cached_prefix=False):
         return fns
     key, value = _step_kv(args[1], args[4], args[5], new)
     fns = {"kvfuse": (_kvfuse(args, key=key, value=value), True), "kvfuse_pages": (_kvfuse(args), True)}
+    if new > 4:
+        fns["kvfuse_paged_prefix"] = (_kvfuse(args, key=key, value=value, whole_context=False), True)
     if sweep:
         fns.update(_new_token_variants(args, key, value))
     return fns
@@ -102,16 +110,18 @@ def _kvfuse_rows(args, impls, new, sweep=False, cached_prefix=False):
 
 #: New-token prefill tiles timed by --sweep-new-tokens: (BLOCK_M, BLOCK_N, num_warps, num_stages,
 #: other Tile fields).
-NEW_TOKEN_SWEEP = ((128, 64, 8, 4, {}), (64, 64, 4, 3, {}), (64, 64, 4, 3, {"TMA": True}),
-                   (128, 64, 8, 3, {"TMA": True}), (128, 128, 8, 3, {"TMA": True}))
+NEW_TOKEN_SWEEP = ((64, 64, 4, 3, {"TMA": True, "Q_REGISTERS": True, "GRID_ORDER": "tiles"}),
+                   (64, 64, 4, 3, {"TMA": True, "Q_REGISTERS": True, "GRID_ORDER": "heads"}),
+                   (64, 64, 4, 3, {"TMA": True, "Q_REGISTERS": True, "GRID_ORDER": "group"}))
 #: The same for FP8 dots (an FP8 e4m3 cache's prefill): byte-wide K/V tiles leave room for longer
 #: key tiles and deeper pipelines.
-NEW_TOKEN_SWEEP_FP8 = ((64, 64, 4, 3, {"TMA": True}), (64, 64, 4, 4, {"TMA": True}), (128, 64, 8, 3, {"TMA": True}),
-                       (128, 128, 8, 3, {"TMA": True}), (128, 128, 8, 4, {"TMA": True}),
-                       (128, 64, 8, 3, {}))
+NEW_TOKEN_SWEEP_FP8 = ((64, 64, 4, 3, {"TMA": True, "GRID_ORDER": "tiles"}),
+                       (64, 64, 4, 3, {"TMA": True, "GRID_ORDER": "heads"}),
+                       (64, 64, 4, 3, {"TMA": True, "GRID_ORDER": "group"}))
 
 
-#: Prefix-partial tiles of a quantized prefill timed by --sweep-new-tokens (as prefill["small_prefix"]):
+#: Prefix-partial tiles of a quantized prefill (the path for gathers over WHOLE_CONTEXT_MAX_BYTES)
+#: timed by --sweep-new-tokens (as prefill["small_prefix"]):
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_M counts query rows times the GQA group.
 PREFIX_TILE_SWEEP = ((128, 128, 8, 2), (128, 64, 4, 3), (256, 64, 8, 3), (256, 128, 8, 2))
 
@@ -130,7 +140,7 @@ def _prefix_tile_variants(args):
         tiles = dataclasses.replace(base, prefill={**base.prefill, "small_prefix": tile})
         call = AttentionCall(*args)
         fns[f"kvfuse prefix m{bm} n{bn} w{warps} s{stages}"] = (
-            (lambda call=call, tiles=tiles: ta.paged_attention(call, tiles=tiles)), True)
+            (lambda call=call, tiles=tiles: ta.paged_attention(call, tiles=tiles, whole_context=False)), True)
     return fns
 
 
@@ -149,7 +159,7 @@ def _new_token_variants(args, key, value, tile_key="small", sweep=NEW_TOKEN_SWEE
                                    **{"TMA": False, **fields})
         tiles = dataclasses.replace(base, new_tokens={**base.new_tokens, tile_key: tile})
         call = AttentionCall(*args, key=key, value=value)
-        flags = "".join(f" {name.lower()}" for name, on in fields.items() if on)
+        flags = "".join(f" {name.lower()}" + ("" if on is True else f"={on}") for name, on in fields.items())
         fns[f"kvfuse m{bm} n{bn} w{warps} s{stages}{flags}"] = (
             (lambda call=call, tiles=tiles: ta.paged_attention(call, tiles=tiles)), True)
     return fns

@@ -324,12 +324,14 @@ def bench_cold_l2(fn, reps=20, graph=True):
 
 def tile_fields(specs: Sequence[str]) -> dict:
     """Tile fields given on a benchmark's command line (``--tile FIELD=VALUE``, repeatable): VALUE
-    an integer (booleans as 0 / 1) or ``none``; FIELD one of
+    an integer (booleans as 0 / 1), ``none``, or a word for the fields that take one
+    (``GRID_ORDER``, checked when the tile is built); FIELD one of
     :class:`kvfuse.ops.triton.attention.Tile`'s."""
     import dataclasses
 
     from kvfuse.ops.triton.attention import Tile
 
+    words = {f.name for f in dataclasses.fields(Tile) if f.type in (str, "str")}
     allowed = sorted(f.name for f in dataclasses.fields(Tile))
     fields = {}
     for spec in specs:
@@ -340,6 +342,9 @@ def tile_fields(specs: Sequence[str]) -> dict:
             fields[name] = None
         elif re.fullmatch(r"-?\d+", value):
             fields[name] = int(value)
+        elif name in words:
+            fields[name] = value
         else:
-            raise ValueError(f"--tile {spec!r}: VALUE must be an integer (0 / 1 for switches) or none")
+            raise ValueError(f"--tile {spec!r}: VALUE must be an integer (0 / 1 for switches) or none "
+                             f"(a word only for {', '.join(sorted(words))})")
     return fields

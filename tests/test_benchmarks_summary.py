@@ -68,3 +68,4 @@ def test_tile_fields_from_the_command_line():
         tile_fields(["PREFETCH_PAGES"])
     with pytest.raises(ValueError, match=r"--tile 'MAXNREG=lots': VALUE must be an integer"):
         tile_fields(["MAXNREG=lots"])
+    assert tile_fields(["GRID_ORDER=heads"]) == dict(GRID_ORDER="heads")

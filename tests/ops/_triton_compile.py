@@ -197,23 +197,30 @@ def _attention_cases() -> list[Case]:
         # New-token prefill (the step's K/V, bf16/fp16 caches): every head size, softcap, sinks, fp16.
         *(Case(f"attention-new-d{head}-{q_dtype}", "attention",
                dict(mode="NONE", head=head, phase="prefill", q_dtype=q_dtype, group=group, step_kv=True, **extra))
-          for head, q_dtype, group, extra in ((64, "bfloat16", 4, {}), (80, "float16", 2, dict(sinks=True)),
-                                              (128, "bfloat16", 4, {}), (256, "bfloat16", 1, dict(softcap=30.0)))),
+          for head, q_dtype, group, extra in ((64, "bfloat16", 4, dict(grid_order="heads")),
+                                              (80, "float16", 2, dict(sinks=True)),
+                                              (128, "bfloat16", 4, dict(grid_order="group")),
+                                              (256, "bfloat16", 1, dict(softcap=30.0)))),
     ]
-    # Quantized prefill from gathered new rows (prefill.cached_new_token_prefill): FP8 dots through
-    # descriptors (d64/d128), pointers (d80) and the large tile (d256), decoded e4m3 / e5m2 / NVFP4
-    # rows, soft-cap + sinks + per-head scales, fp16 queries.
+    # Quantized prefill from gathered rows (prefill.cached_new_token_prefill), the whole context
+    # or the new rows with the paged kernel's prefix partials ("-partials"): FP8 dots
+    # through descriptors (d64/d128), pointers (d80) and the large tile (d256), decoded e4m3 /
+    # e5m2 / NVFP4 rows, soft-cap + sinks + per-head scales, fp16 queries.
     cases += [
-        Case(f"attention-gathered-{mode}-d{head}-{q_dtype}{'-decoded' if fp8_dots is False else ''}", "attention",
-             dict(mode=mode, head=head, phase="prefill", q_dtype=q_dtype, group=group, fp8_dots=fp8_dots, **extra))
-        for mode, head, q_dtype, group, fp8_dots, extra in (
-            ("FP8_E4M3", 128, "bfloat16", 4, None, {}),
-            ("FP8_E4M3", 64, "float16", 2, None, dict(softcap=30.0, sinks=True, head_scales=True)),
-            ("FP8_E4M3", 80, "bfloat16", 4, None, {}),
-            ("FP8_E4M3", 256, "bfloat16", 1, None, dict(sinks=True)),
-            ("FP8_E4M3", 128, "bfloat16", 4, False, {}),
-            ("FP8_E5M2", 128, "float16", 4, None, dict(softcap=30.0, head_scales=True)),
-            ("NVFP4", 64, "bfloat16", 8, None, dict(sinks=True, inline_asm=False)),
+        Case(f"attention-gathered-{mode}-d{head}-{q_dtype}{'-decoded' if fp8_dots is False else ''}"
+             f"{'-partials' if not whole else ''}", "attention",
+             dict(mode=mode, head=head, phase="prefill", q_dtype=q_dtype, group=group, fp8_dots=fp8_dots,
+                  whole_context=whole, **extra))
+        for mode, head, q_dtype, group, fp8_dots, whole, extra in (
+            ("FP8_E4M3", 128, "bfloat16", 4, None, True, {}),
+            ("FP8_E4M3", 128, "bfloat16", 4, None, False, {}),
+            ("FP8_E4M3", 64, "float16", 2, None, False, dict(softcap=30.0, sinks=True, head_scales=True)),
+            ("FP8_E4M3", 80, "bfloat16", 4, None, True, {}),
+            ("FP8_E4M3", 256, "bfloat16", 1, None, False, dict(sinks=True)),
+            ("FP8_E4M3", 128, "bfloat16", 4, False, True, {}),
+            ("FP8_E5M2", 128, "float16", 4, None, False, dict(softcap=30.0, head_scales=True)),
+            ("NVFP4", 64, "bfloat16", 8, None, False, dict(sinks=True, inline_asm=False)),
+            ("NVFP4", 128, "bfloat16", 4, None, True, {}),
         )
     ]
     # Mixed formats (K and V in different modes, _attend_range_mixed): decode and prefill of the two
@@ -420,13 +427,16 @@ def _run_case(case: Case) -> list[Launch]:
             tiles = attention.DEFAULT_TILES
             fields = {k: p[n] for n, k in (("keys_first", "KEYS_FIRST"), ("scale_gather", "SCALE_GATHER"),
                                            ("word_scales", "WORD_SCALES"), ("prefetch_pages", "PREFETCH_PAGES"),
-                                           ("longest_first", "LONGEST_FIRST"))
+                                           ("longest_first", "LONGEST_FIRST"), ("grid_order", "GRID_ORDER"))
                       if p.get(n) is not None}
             if fields:
                 tiles = tiles.replace(**fields)
             attention.paged_attention(call, tiles=tiles, num_splits=p.get("splits"),
                                       inline_asm=p.get("inline_asm", True),
-                                      quant_dot_fp16=p.get("quant_dot_fp16", True), fp8_dots=p.get("fp8_dots"))
+                                      quant_dot_fp16=p.get("quant_dot_fp16", True), fp8_dots=p.get("fp8_dots"),
+                                      # Quantized prefill cases keep the prefix partials (the paged
+                                      # kernel's prefill tiles) unless they name the whole context.
+                                      whole_context=p.get("whole_context", None if p.get("step_kv") else False))
         else:
             mode = KVQuantMode[p["mode"]]
             t, h, hq, d, r = p["tokens"], p["heads"], p["q_heads"], p["head"], p["rotary"]

@@ -51,21 +51,14 @@ def run(args, key, value, **options):
 def tiles_reading(through_descriptors: bool):
     """The default tile table with the new-token tiles (and the interpreter's) reading the query
     and the step's K/V through tensor descriptors or through pointers."""
-    import dataclasses
-
-    from kvfuse.ops.triton.attention import DEFAULT_TILES
-
-    tiles = DEFAULT_TILES
-    return dataclasses.replace(
-        tiles, interpret=dataclasses.replace(tiles.interpret, TMA=through_descriptors),
-        new_tokens={k: dataclasses.replace(t, TMA=through_descriptors) for k, t in tiles.new_tokens.items()})
+    return tiles_with(TMA=through_descriptors)
 
 
-def check(args, tiles=None, **call_fields):
+def check(args, tiles=None, whole_context=None, **call_fields):
     args = dict(args, **call_fields)
     key, value = step_kv(args)
     expected = reference_out(args)
-    out = run(args, key, value, **({"tiles": tiles} if tiles is not None else {}))
+    out = run(args, key, value, whole_context=whole_context, **({"tiles": tiles} if tiles is not None else {}))
     atol, rtol = TOL[args["query"].dtype]
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=atol, rtol=rtol)
     covered = int(args["query_start_loc"][-1])
@@ -80,10 +73,15 @@ CPU_CASES = {
 }
 
 
+#: The prefix of a bf16 cache: gathered and read through descriptors, or read from the pages.
+PREFIXES = {"gathered": True, "pages": False}
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
 @pytest.mark.parametrize("reads", ["descriptors", "pointers"])
 @pytest.mark.parametrize("case", CPU_CASES)
 @pytest.mark.parametrize("heads,head_size", [((4, 2), 64), ((2, 2), 80), ((6, 2), 32)], ids=str)
-def test_matches_reference(case, heads, head_size, reads):
+def test_matches_reference(case, heads, head_size, reads, prefix):
     from kvfuse.ops.triton import prefill
 
     seq_lens, q_lens = CPU_CASES[case]
@@ -92,7 +90,93 @@ def test_matches_reference(case, heads, head_size, reads):
     key, value = step_kv(args)
     used = prefill.descriptors(AttentionCall(**args, key=key, value=value), tiles.interpret, head_size) is not None
     assert used == (reads == "descriptors" and head_size != 80)  # 80: no power of two, pointers
+    check(args, tiles, PREFIXES[prefix])
+
+
+@pytest.mark.parametrize("reads", ["descriptors", "pointers"])
+def test_prefix_gathered_where_descriptors_read_it(reads, monkeypatch):
+    """By default the prefix is gathered (positions before the new tokens only) where descriptors
+    read the query and K/V and the gather fits WHOLE_CONTEXT_MAX_BYTES; pointer layouts, larger
+    gathers and whole_context=False read the pages."""
+    from kvfuse.ops.triton import prefill
+
+    args = make_case([40, 21], [17, 21], 4, 2, 64, KVQuantMode.NONE, seed=35)
+    gathers = []
+    real = prefill.gather_context
+    monkeypatch.setattr(prefill, "gather_context", lambda *a, **k: gathers.append(k) or real(*a, **k))
+    tiles = tiles_reading(reads == "descriptors")
     check(args, tiles)
+    assert gathers == ([{"prefix_only": True}] if reads == "descriptors" else [])
+    gathers.clear()
+    check(args, tiles, False)
+    monkeypatch.setattr(prefill, "WHOLE_CONTEXT_MAX_BYTES", 0)
+    check(args, tiles)
+    assert gathers == []
+
+
+def tiles_with(**fields):
+    """The default tile table with ``fields`` set in the new-token tiles and the interpreter's."""
+    import dataclasses
+
+    from kvfuse.ops.triton.attention import DEFAULT_TILES
+
+    return dataclasses.replace(
+        DEFAULT_TILES, interpret=dataclasses.replace(DEFAULT_TILES.interpret, **fields),
+        new_tokens={k: dataclasses.replace(t, **fields) for k, t in DEFAULT_TILES.new_tokens.items()})
+
+
+@pytest.mark.parametrize("reads", ["descriptors", "pointers"])
+@pytest.mark.parametrize("block_n", [16, 32], ids=["keys=queries", "keys=2x queries"])
+def test_key_tiles_longer_than_query_tiles_and_query_in_registers(block_n, reads):
+    """BLOCK_N = 2 BLOCK_M: the key tile that reaches into a query tile's diagonal starts below
+    its first token (odd query tiles), so the masked range starts there; the query held in
+    registers is the same query."""
+    seq_lens, q_lens = [45, 19, 33], [29, 19, 33]
+    args = make_case(seq_lens, q_lens, 4, 2, 64, KVQuantMode.NONE, pad_rows=3, seed=33)
+    check(args, tiles_with(BLOCK_M=16, BLOCK_N=block_n, Q_REGISTERS=True, TMA=reads == "descriptors"))
+
+
+@pytest.mark.parametrize("longest_first", [True, False])
+@pytest.mark.parametrize("order", ["heads", "group"])
+def test_grid_orders(order, longest_first):
+    """GRID_ORDER: however the grid is laid out, every (tile, head) program finds its own rows
+    and head."""
+    args = make_case([45, 19, 33], [29, 19, 33], 4, 2, 64, KVQuantMode.NONE, pad_rows=3, seed=36)
+    check(args, tiles_with(GRID_ORDER=order, LONGEST_FIRST=longest_first))
+
+
+def test_auto_grid_order_by_l2():
+    """auto: heads first while the new tokens' K/V (all heads) fit in half the L2, else tiles;
+    on the CPU interpreter (no L2 to speak of) tiles."""
+    from kvfuse.ops.triton import prefill
+
+    h100_l2 = 50 * 1024 * 1024
+    kv = lambda tokens, element: 2 * tokens * 8 * 128 * element  # noqa: E731 - 8 KV heads, D=128
+    assert prefill.auto_grid_order(kv(4096, 2), h100_l2) == "heads"  # bf16 4096 tokens: 16.8 MB
+    assert prefill.auto_grid_order(kv(4096, 1), h100_l2) == "heads"  # FP8 codes
+    assert prefill.auto_grid_order(kv(16384, 1), h100_l2) == "tiles"  # 33.5 MB
+    assert prefill.auto_grid_order(kv(16384, 2), h100_l2) == "tiles"
+    tiles = tiles_with(GRID_ORDER="auto")
+    args = make_case([45, 19], [29, 19], 4, 2, 64, KVQuantMode.NONE, seed=37)
+    key, value = step_kv(args)
+    assert prefill.grid_order_for(tiles.interpret, args["query"], key, 2, interpret=True) == "tiles"
+    assert prefill.grid_order_for(tiles_with(GRID_ORDER="group").interpret, args["query"], key, 2, True) == "group"
+    check(args, tiles)
+
+
+def test_grid_order_is_validated():
+    from kvfuse.ops.triton.attention import Tile
+
+    with pytest.raises(ValueError, match="GRID_ORDER='rows'"):
+        Tile(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, GRID_ORDER="rows")
+
+
+def test_tile_sizes_must_nest():
+    from kvfuse.ops.triton import prefill
+
+    tiles = tiles_with(BLOCK_M=32, BLOCK_N=48)
+    with pytest.raises(ValueError, match="one of BLOCK_M and BLOCK_N must divide the other"):
+        prefill._tile(tiles, 64, False, interpret=False)
 
 
 def test_descriptors_only_for_layouts_they_describe():
@@ -226,12 +310,26 @@ def test_opcheck_with_step_kv():
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("prefix", PREFIXES)
 @pytest.mark.parametrize("reads", ["descriptors", "pointers"])
 @pytest.mark.parametrize("head_size", [64, 80, 128, 256])
-def test_gpu_fresh_and_chunked(head_size, reads):
+def test_gpu_fresh_and_chunked(head_size, reads, prefix):
     args = make_case([4099, 533, 7, 1100], [4099, 533, 7, 512], 32, 8, head_size, KVQuantMode.NONE, pad_rows=5,
                      seed=40)
-    check(args, tiles_reading(reads == "descriptors"))
+    check(args, tiles_reading(reads == "descriptors"), PREFIXES[prefix])
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(64, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2),
+                                  (64, 64, 4, 3, "heads"), (64, 64, 4, 3, "group")], ids=str)
+def test_gpu_tiles_with_query_in_registers(tile):
+    """The tiles benchmarks/attention.py sweeps with the query held in registers (the last two
+    in the other grid orders)."""
+    block_m, block_n, warps, stages, *order = tile
+    args = make_case([4099, 533, 7, 1100], [4099, 533, 7, 512], 32, 8, 128, KVQuantMode.NONE, pad_rows=5, seed=42)
+    check(args, tiles_with(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, Q_REGISTERS=True,
+                           TMA=True, GRID_ORDER=order[0] if order else "tiles"))
 
 
 @gpu

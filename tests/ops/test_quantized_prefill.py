@@ -64,7 +64,11 @@ def run(args, **options):
     return paged_attention(AttentionCall(**args), **options)
 
 
-def check(args, fp8_dots, **fields):
+#: How the prefix is attended: every cached key gathered densely, or the paged kernel's partials.
+CONTEXTS = {"whole": True, "partials": False}
+
+
+def check(args, fp8_dots, whole_context=None, **fields):
     """The gathered path (asserted taken) vs the reference: FP8 dots within the stated bound, every
     other variant within the query dtype's tolerance; padding rows zeros."""
     from kvfuse.ops.triton import prefill
@@ -72,7 +76,7 @@ def check(args, fp8_dots, **fields):
     args = dict(args, **fields)
     assert prefill.takes_cached(AttentionCall(**args), decode=False)
     expected = reference_out(args).float()
-    out = run(args, fp8_dots=fp8_dots)
+    out = run(args, fp8_dots=fp8_dots, whole_context=whole_context)
     covered = int(args["query_start_loc"][-1])
     assert torch.all(out[covered:] == 0), "padding rows must be zeros"
     out = out.cpu().float()
@@ -94,35 +98,99 @@ CPU_CASES = {
 }
 
 
+@pytest.mark.parametrize("context", CONTEXTS)
 @pytest.mark.parametrize("case", CPU_CASES)
 @pytest.mark.parametrize("heads,head_size", [((4, 2), 64), ((2, 2), 80), ((6, 2), 32)], ids=str)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_matches_reference(variant, case, heads, head_size):
+def test_matches_reference(variant, case, heads, head_size, context):
     mode, fp8_dots = VARIANTS[variant]
     seq_lens, q_lens = CPU_CASES[case]
     args = make_case(seq_lens, q_lens, heads[0], heads[1], head_size, mode, pad_rows=3, seed=51)
-    check(args, fp8_dots)
+    check(args, fp8_dots, CONTEXTS[context])
 
 
+@pytest.mark.parametrize("context", CONTEXTS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_per_head_scales(variant):
+def test_per_head_scales(variant, context):
     """Scales per KV head (each head's own, 1.5x apart): the new rows and the prefix each use
     their program's head."""
     mode, fp8_dots = VARIANTS[variant]
     args = make_case([40, 21], [17, 21], 4, 2, 64, mode, pad_rows=2, seed=52)
     args["k_scale"] = args["k_scale"] * torch.tensor([1.0, 1.5], device=DEVICE)
     args["v_scale"] = args["v_scale"] * torch.tensor([1.5, 1.0], device=DEVICE)
-    check(args, fp8_dots)
+    check(args, fp8_dots, CONTEXTS[context])
 
 
+@pytest.mark.parametrize("context", CONTEXTS)
 @pytest.mark.parametrize("variant", ["fp8_dots", "nvfp4"])
-def test_softcap_and_sinks(variant):
-    """Sinks are counted once, by the prefix's partial where the sequence has a prefix (sequence
-    0) and by the new-token kernel where it has none (sequence 1); a -inf sink is no sink."""
+def test_softcap_and_sinks(variant, context):
+    """Sinks are counted once (by the prefix's partial where the sequence has a prefix, sequence
+    0, and the paged kernel's partials are used), softcap applies to prefix and new keys alike;
+    a -inf sink is no sink."""
     mode, fp8_dots = VARIANTS[variant]
     args = make_case([40, 29], [9, 29], 4, 2, 64, mode, seed=53)
     sinks = torch.tensor([0.5, -1.0, 2.0, float("-inf")], device=DEVICE)
-    check(args, fp8_dots, logit_softcap=5.0, sinks=sinks)
+    check(args, fp8_dots, CONTEXTS[context], logit_softcap=5.0, sinks=sinks)
+
+
+@pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4], ids=lambda m: m.name)
+def test_gathered_context_is_the_cache(mode):
+    """gather_context: every cached position of each sequence at row (FP8 values: column)
+    ``b * stride + pos``, the stride the table's capacity rounded up to 128; zeros from each
+    sequence's length to the next multiple of 128 (the last key tile reads them)."""
+    from kvfuse.ops.triton import prefill
+
+    seq_lens, q_lens = [40, 130, 5], [17, 19, 1]
+    args = make_case(seq_lens, q_lens, 4, 2, 64, mode, pad_rows=3, seed=58)
+    call = AttentionCall(**args)
+    codes = mode is KVQuantMode.FP8_E4M3
+    key, value, stride = prefill.gather_context(call, codes)
+    cols = args["block_table"].shape[1]
+    assert stride == -(-cols * 16 // 128) * 128 and stride % 128 == 0 and stride >= max(seq_lens)
+    assert key.shape == (3 * stride, 2, 64)
+    assert prefill.context_bytes(call, codes) == key.numel() * key.element_size() * 2
+    cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    cache, table = cpu["kv_cache"], cpu["block_table"]
+    layout = cache_layout(KVFormat.of(mode), cache, 64)
+    key, value = key.cpu(), value.cpu()
+    one = torch.ones(())
+    for b, seq_len in enumerate(seq_lens):
+        pos = torch.arange(seq_len)
+        blocks, offsets = table[b, pos // 16].long(), pos % 16
+        k_rows = read_cache_rows(cache, blocks, offsets, 0, layout)
+        v_rows = read_cache_rows(cache, blocks, offsets, 1, layout)
+        rows = slice(b * stride, b * stride + seq_len)
+        tail = slice(b * stride + seq_len, b * stride + -(-seq_len // 128) * 128)
+        if codes:
+            got_v = value[:, rows].T.reshape(seq_len, 2, 64)
+            assert torch.equal(key[rows].view(torch.uint8), k_rows.view(torch.uint8))
+            assert torch.equal(got_v.view(torch.uint8), v_rows.view(torch.uint8))
+            assert torch.all(value[:, tail].float() == 0)
+        else:
+            for got, enc in ((key[rows], k_rows), (value[rows], v_rows)):
+                torch.testing.assert_close(got.float() * 64.0, reference.decode_rows(enc, one, int(mode)), atol=0,
+                                           rtol=0)
+            assert torch.all(value[tail].float() == 0)
+        assert torch.all(key[tail].float() == 0)
+
+
+def test_whole_context_by_its_size(monkeypatch):
+    """By default the whole context is gathered while its tensors fit WHOLE_CONTEXT_MAX_BYTES;
+    beyond, the new rows are gathered and the prefix goes through the paged kernel's partials.
+    Both give the reference's output."""
+    from kvfuse.ops.triton import prefill
+
+    args = make_case([40, 21], [17, 21], 4, 2, 64, KVQuantMode.NVFP4, seed=59)
+    taken = []
+    for name in ("gather_context", "gather_new_rows"):
+        real = getattr(prefill, name)
+        monkeypatch.setattr(prefill, name,
+                            lambda *a, _real=real, _name=name, **k: taken.append(_name) or _real(*a, **k))
+    need = prefill.context_bytes(AttentionCall(**args), False)
+    check(args, False)
+    monkeypatch.setattr(prefill, "WHOLE_CONTEXT_MAX_BYTES", need - 1)
+    check(args, False)
+    assert taken == ["gather_context", "gather_new_rows"]
 
 
 def test_fp16_query():
@@ -224,12 +292,13 @@ def test_calls_it_does_not_take(fields):
     assert not prefill.takes_cached(call, decode=bool(fields.get("decode")))
     if not isinstance(mode, KVFormat):
         calls = []
-        real = prefill.gather_new_rows
-        prefill.gather_new_rows = lambda *a, **k: calls.append(1) or real(*a, **k)
+        real_rows, real_context = prefill.gather_new_rows, prefill.gather_context
+        prefill.gather_new_rows = lambda *a, **k: calls.append(1) or real_rows(*a, **k)
+        prefill.gather_context = lambda *a, **k: calls.append(1) or real_context(*a, **k)
         try:
             out = run(args)
         finally:
-            prefill.gather_new_rows = real
+            prefill.gather_new_rows, prefill.gather_context = real_rows, real_context
         assert not calls
         atol, rtol = TOL[args["query"].dtype]
         torch.testing.assert_close(out.cpu().float(), reference_out(args).float(), atol=atol, rtol=rtol)
@@ -272,7 +341,7 @@ def test_opcheck_prefill_through_triton(mode, monkeypatch):
     monkeypatch.setenv("KVFUSE_ATTENTION_BACKEND", "triton")
     backends.clear_cache()
     taken = []
-    monkeypatch.setattr(prefill, "gather_new_rows", lambda *a, _real=prefill.gather_new_rows, **k: taken.append(1)
+    monkeypatch.setattr(prefill, "gather_context", lambda *a, _real=prefill.gather_context, **k: taken.append(1)
                         or _real(*a, **k))
     try:
         args = make_case([20, 9], [12, 9], 4, 2, 64, mode, seed=59)
@@ -291,20 +360,22 @@ def test_opcheck_prefill_through_triton(mode, monkeypatch):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("context", CONTEXTS)
 @pytest.mark.parametrize("head_size", [64, 80, 128, 256])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_gpu_fresh_and_chunked(variant, head_size):
+def test_gpu_fresh_and_chunked(variant, head_size, context):
     mode, fp8_dots = VARIANTS[variant]
     args = make_case([4099, 533, 7, 1100], [4099, 533, 7, 512], 32, 8, head_size, mode, pad_rows=5, seed=60)
-    check(args, fp8_dots)
+    check(args, fp8_dots, CONTEXTS[context])
 
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("context", CONTEXTS)
 @pytest.mark.parametrize("variant", ["fp8_dots", "nvfp4"])
-def test_gpu_softcap_sinks_fp16_head_scales(variant):
+def test_gpu_softcap_sinks_fp16_head_scales(variant, context):
     mode, fp8_dots = VARIANTS[variant]
     args = make_case([700, 1300], [700, 300], 16, 4, 128, mode, q_dtype=torch.float16, seed=61)
     args["k_scale"] = args["k_scale"] * torch.linspace(0.5, 2.0, 4, device=DEVICE)
     args["v_scale"] = args["v_scale"] * torch.linspace(2.0, 0.5, 4, device=DEVICE)
-    check(args, fp8_dots, logit_softcap=30.0, sinks=torch.linspace(-2, 2, 16, device=DEVICE))
+    check(args, fp8_dots, CONTEXTS[context], logit_softcap=30.0, sinks=torch.linspace(-2, 2, 16, device=DEVICE))

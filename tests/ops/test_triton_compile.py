@@ -182,12 +182,21 @@ def test_matrix_covers_every_branch(report):
     for name in ("TMA", "SOFTCAP", "HAS_SINKS"):
         expect("attention_new", f"{name}[FP8 dots]", both, _seen(new, name, lambda c: c["QUANT"] == 1))
     expect("attention_new", "DOT_DTYPE", {"fp16", "bf16", "fp8e4nv"}, _seen(new, "DOT_DTYPE"))
+    expect("attention_new", "GRID_ORDER", {0, 1, 2}, _seen(new, "GRID_ORDER"))
+    expect("attention_new", "DENSE_PREFIX[QUANT=0]", both, _seen(new, "DENSE_PREFIX", lambda c: c["QUANT"] == 0))
+    for quant in (1, 2):
+        expect("attention_new", f"WHOLE_CONTEXT[QUANT={quant}]", both,
+               _seen(new, "WHOLE_CONTEXT", lambda c, quant=quant: c["QUANT"] == quant))
     expect("attention", "PREFIX_ONLY[dense]", both, _seen(at, "PREFIX_ONLY", dense))
     expect("attention", "PREFIX_ONLY[nvfp4]", both, _seen(at, "PREFIX_ONLY", is_fp4))
     gathers = _launches(report, "attention_gather")
     expect("attention_gather", "MODE", {int(KVQuantMode.FP8_E4M3), int(KVQuantMode.FP8_E5M2), nvfp4},
            _seen(gathers, "MODE"))
     expect("attention_gather", "V_COLUMNS", both, _seen(gathers, "V_COLUMNS"))
+    expect("attention_gather", "WHOLE_CONTEXT[FP8 codes]", both,
+           _seen(gathers, "WHOLE_CONTEXT", lambda c: c["V_COLUMNS"]))
+    expect("attention_gather", "WHOLE_CONTEXT[nvfp4]", both, _seen(gathers, "WHOLE_CONTEXT", is_fp4))
+    expect("attention_gather", "PREFIX_ONLY", both, _seen(gathers, "PREFIX_ONLY"))
     expect("attention_gather", "SWIZZLE_V[nvfp4]", both, _seen(gathers, "SWIZZLE_V", is_fp4))
     expect("attention_gather", "USE_ASM[nvfp4]", both, _seen(gathers, "USE_ASM", is_fp4))
     if not _launches(report, "attention_reduce"):

@@ -75,7 +75,14 @@ class Tile:
     reads the next tile's block-table entries one iteration ahead (see :func:`_tile_pages`);
     ``LONGEST_FIRST``: query tiles run in reverse order, the causally longest first; ``TMA``: the
     new-token prefill kernel reads the query and the step's K/V through tensor descriptors (where
-    their layout allows, see :func:`kvfuse.ops.triton.prefill.descriptors`)."""
+    their layout allows, see :func:`kvfuse.ops.triton.prefill.descriptors`); ``Q_REGISTERS``: that
+    kernel holds a bf16 / fp16 query tile in registers for the score dot (Hopper's wgmma then
+    reads only the key tile from shared memory; by default Triton re-reads a loaded query
+    from shared memory at every key tile); ``GRID_ORDER``: the order that kernel's programs are
+    dispatched in: ``tiles`` (each query head's tiles together, head after head), ``heads`` (each
+    query tile's heads together, so with ``LONGEST_FIRST`` every head's longest tile goes first)
+    or ``group`` (one KV head's query heads and tiles together, KV head after KV head); ``auto``
+    picks by the call's size (:func:`kvfuse.ops.triton.prefill.grid_order_for`)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -88,6 +95,12 @@ class Tile:
     PREFETCH_PAGES: bool = False
     LONGEST_FIRST: bool = False
     TMA: bool = False
+    Q_REGISTERS: bool = False
+    GRID_ORDER: str = "tiles"
+
+    def __post_init__(self) -> None:
+        if self.GRID_ORDER not in ("tiles", "heads", "group", "auto"):
+            raise ValueError(f"Tile GRID_ORDER={self.GRID_ORDER!r}: expected 'tiles', 'heads', 'group' or 'auto'")
 
 
 @dataclass(frozen=True)
@@ -123,7 +136,7 @@ class TileTable:
 # `benchmarks/attention.py --sweep-new-tokens` on an H100 (BENCHMARKS.md, prefill); `large` untuned.
 _NEW_TOKEN_TILES = {
     "small": Tile(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, PREFETCH_PAGES=True, LONGEST_FIRST=True,
-                  TMA=True),
+                  TMA=True, Q_REGISTERS=True, GRID_ORDER="auto"),
     "large": Tile(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, PREFETCH_PAGES=True, LONGEST_FIRST=True),
 }
 
@@ -981,7 +994,8 @@ def _pick_config(num_tokens: int, num_seqs: int, head_size: int, group_pad: int,
 
 def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, num_splits: Optional[int] = None,
                     inline_asm: bool = True, quant_dot_fp16: bool = True,
-                    fp8_dots: Optional[bool] = None, new_token_kernel: bool = True) -> torch.Tensor:
+                    fp8_dots: Optional[bool] = None, new_token_kernel: bool = True,
+                    whole_context: Optional[bool] = None) -> torch.Tensor:
     """Varlen causal paged attention; semantics of :func:`kvfuse.ops.reference.paged_attention`.
 
     Rows whose sequence has no allowed key (``seq_len <= 0``, or more query tokens than cached
@@ -995,18 +1009,22 @@ def paged_attention(call: AttentionCall, *, tiles: TileTable = DEFAULT_TILES, nu
     dots for FP8/NVFP4 caches with a bf16 query where measured faster (else bf16 dots); ``fp8_dots``
     FP8 tensor-core dots in the prefill of an FP8 e4m3 cache (:func:`.prefill.cached_new_token_prefill`;
     default: ``KVFUSE_FP8_PREFILL_DOTS``, on); ``new_token_kernel`` False: the paged kernel serves
-    prefill calls too (benchmarks compare the two).
+    prefill calls too (benchmarks compare the two); ``whole_context`` whether a quantized cache's
+    prefill gathers every cached key densely (True) or only the new rows, with the prefix through
+    the paged kernel (False), and whether a bf16 / fp16 cache's gathers its prefix (True) or reads
+    it from the pages (False); default: by the gather's size
+    (:data:`.prefill.WHOLE_CONTEXT_MAX_BYTES`).
     """
     if num_splits is None and new_token_kernel:
         decode = _decode_sized(call.query.shape[0], call.block_table.shape[0])
         if call.query.shape[0] and call.block_table.shape[0]:
             if prefill.takes(call, decode):
-                return prefill.new_token_prefill(call, tiles)
+                return prefill.new_token_prefill(call, tiles, dense_prefix=whole_context)
             if prefill.takes_cached(call, decode):
                 if fp8_dots is None:
                     fp8_dots = envs.settings().fp8_prefill_dots
                 return prefill.cached_new_token_prefill(call, tiles, fp8_dots=fp8_dots, inline_asm=inline_asm,
-                                                        quant_dot_fp16=quant_dot_fp16)
+                                                        quant_dot_fp16=quant_dot_fp16, whole_context=whole_context)
     return _paged_attention(call, tiles, num_splits, inline_asm, quant_dot_fp16, prefix_only=False)
 
 

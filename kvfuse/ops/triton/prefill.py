@@ -6,6 +6,17 @@ to the ``key`` / ``value`` tensors the write consumed, so those newest ``q_len``
 sequence can be read from the contiguous tensors (no block-table lookup, no page gather), and
 only the cached prefix from the pages.
 
+The prefix is read densely too where that fits (:data:`WHOLE_CONTEXT_MAX_BYTES`): a tensor
+descriptor cannot span the pages a block table scatters, and reading the pages inside the kernel
+takes per-element addresses (and, tried, a descriptor per quarter tile made the score dots too
+small to pay: BENCHMARKS.md), so the prefix is first copied into dense tensors by
+:func:`gather_context` (a memory-bound pass over the prefix, a fraction of the attention's time)
+and read through descriptors like the new keys (``DENSE_PREFIX``). Sequence ``b``'s position
+``j`` sits at row ``b * stride + j``, the stride being the block table's capacity rounded up to
+128 (:func:`context_stride`): its size is known without reading ``seq_lens`` on the host, which
+also bounds what the gather may allocate, so engines that pass block tables much wider than
+their batch's longest sequence take the per-element page reads instead.
+
 A program owns ``BLOCK_M`` consecutive query tokens of one sequence and one query head (head
 ``h`` reads KV head ``h // GROUP``; the group's programs share K/V through L2). With ``P =
 seq_len - q_len`` cached positions before the new tokens, query token ``i`` sits at position
@@ -17,8 +28,9 @@ seq_len - q_len`` cached positions before the new tokens, query token ``i`` sits
 in one base-2 online softmax with fp32 accumulators (the math of
 :mod:`kvfuse.ops.triton.attention`; for the new keys the scale is folded into the exponent, see
 :func:`_scaled_softmax_update`). New keys below the tile's first token are visible to every
-row and run unmasked; only the diagonal block ``[m0, m0 + BLOCK_M)`` is masked, which is why
-``BLOCK_M`` is a multiple of ``BLOCK_N``.
+row and run unmasked; only the key tiles that reach into the diagonal block ``[m0, m0 + BLOCK_M)``
+are masked (one of ``BLOCK_M`` and ``BLOCK_N`` divides the other, so key tiles never straddle
+``m0`` from below unless they start at ``m0 // BLOCK_N * BLOCK_N``).
 
 With ``Tile.TMA`` the query tile and the new K/V tiles are read through tensor descriptors over
 the ``[tokens, heads * head_size]`` views (:func:`descriptors`): on Hopper the tensor memory
@@ -30,12 +42,13 @@ query of the tile and are masked, those query rows are never stored. Layouts a d
 describe fall back to pointer loads, with the same results.
 
 Quantized caches (FP8 e4m3 / e5m2 and NVFP4, scales per tensor or per KV head) take the same
-kernel through :func:`cached_new_token_prefill`: their new rows' cached bytes are what attention
-must see, not the step's model-dtype K/V, so the new rows are first gathered from the pages into
-dense tensors (:func:`_gather_new_rows_kernel`, a pass over ``q_len`` rows, not the context):
+kernel through :func:`cached_new_token_prefill`: their cached bytes are what attention must see,
+not the step's model-dtype K/V, so every cached key of each sequence, prefix and new rows alike,
+is first gathered from the pages into dense tensors laid out as above (:func:`gather_context`,
+``WHOLE_CONTEXT``), and the kernel attends to the prefix as to new keys that every row sees:
 
-- FP8 e4m3: the codes themselves, keys ``[tokens, kv_heads * head_size]`` and values transposed
-  ``[kv_heads * head_size, tokens]`` (FP8 tensor-core dots want both operands K-major). The kernel
+- FP8 e4m3: the codes themselves, keys ``[rows, kv_heads * head_size]`` and values transposed
+  ``[kv_heads * head_size, rows]`` (FP8 tensor-core dots want both operands K-major). The kernel
   then runs FP8 dots: each query row is scaled to e4m3's range (``448 / max|q_row|``, the row's
   scale folded into its score scale) and P is rounded to e4m3 as ``2^8 p`` (e4m3's normal range
   then covers ``p >= 2^-14``; the denominator sums the same ``2^8 p``, so the factor cancels).
@@ -43,12 +56,14 @@ dense tensors (:func:`_gather_new_rows_kernel`, a pass over ``q_len`` rows, not 
   value; NVFP4 as ``e2m1 * block scale * 2^-6``, at most 5 significant bits), with the per-tensor
   or per-head scale (and NVFP4's 2^6) folded into the scores and the output.
 
-The cached prefix of such a call (chunked prefill) is attended by the paged kernel first, keys
-``[0, P)`` only (``PREFIX_ONLY``, fp16 dots), which leaves each row's normalised output and
-base-2 log-sum-exp; the new-token kernel starts its online softmax from that state (``m = lse``,
-``l = 1``, ``acc = o``), so the two parts merge exactly as one softmax would. Sequences without a
-prefix skip both the prefix program's work and the merge. (Reading an FP8 prefix from the pages
-inside the new-token kernel with FP8 dots measured slower than this: BENCHMARKS.md.)
+Where the whole context does not fit :data:`WHOLE_CONTEXT_MAX_BYTES`, only the new rows are
+gathered (:func:`gather_new_rows`, a pass over ``q_len`` rows) and the cached prefix is attended
+by the paged kernel first, keys ``[0, P)`` only (``PREFIX_ONLY``, fp16 dots), which leaves each
+row's normalised output and base-2 log-sum-exp; the new-token kernel starts its online softmax
+from that state (``m = lse``, ``l = 1``, ``acc = o``), so the two parts merge exactly as one
+softmax would. Sequences without a prefix skip both the prefix program's work and the merge.
+(Reading an FP8 prefix from the pages inside the new-token kernel with FP8 dots measured slower
+than either: BENCHMARKS.md.)
 
 What it does not take (the launcher in :mod:`.attention` routes those calls to the paged
 kernel): per-token-head FP8 and mixed formats, sliding windows, float32 queries and
@@ -57,6 +72,7 @@ decode-sized batches.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -93,6 +109,11 @@ _P_SHIFT_BITS = 8
 _P_SHIFT = tl.constexpr(float(_P_SHIFT_BITS))
 _P_UNIT = tl.constexpr(float(2 ** _P_SHIFT_BITS))
 _E4M3_MAX = tl.constexpr(448.0)
+# The order the grid dispatches (query tile, query head) programs in (Tile.GRID_ORDER).
+_GRID_TILES = tl.constexpr(0)  # each head's tiles together, head after head
+_GRID_HEADS = tl.constexpr(1)  # each tile's heads together, tile after tile
+_GRID_GROUP = tl.constexpr(2)  # each KV head's group: its tiles' query heads together
+_GRID_ORDERS = {"tiles": 0, "heads": 1, "group": 2}
 #: The factor each gathered mode's rows carry beyond the cache's scale (NVFP4's decode is
 #: e2m1 * block scale * 2^-6; FP8 codes and values are the scaled values themselves).
 _GATHERED_FACTOR = {KVQuantMode.FP8_E4M3: 1.0, KVQuantMode.FP8_E5M2: 1.0, KVQuantMode.NVFP4: 64.0}
@@ -233,25 +254,42 @@ def _attend_new_keys_tma(
 
 @triton.jit
 def _new_token_prefill_kernel(
-    q_ptr, k_ptr, v_ptr, q_desc, k_desc, v_desc, cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr, out_ptr,
-    k_scale_ptr, v_scale_ptr, pout_ptr, plse_ptr,
-    qk_scale, cap, value_factor, num_seqs, k_scale_stride_h, v_scale_stride_h,
+    q_ptr, k_ptr, v_ptr, q_desc, k_desc, v_desc, pk_desc, pv_desc, cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr,
+    sinks_ptr, out_ptr, k_scale_ptr, v_scale_ptr, pout_ptr, plse_ptr,
+    qk_scale, cap, value_factor, num_seqs, seq_stride, k_scale_stride_h, v_scale_stride_h,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_vd,
     stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh, stride_pt, stride_ph, stride_lt,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_DTYPE: tl.constexpr, ROW_ALIGN: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, PREFETCH_PAGES: tl.constexpr, LONGEST_FIRST: tl.constexpr,
-    TMA: tl.constexpr, QUANT: tl.constexpr = 0, PREROUND: tl.constexpr = False,
+    TMA: tl.constexpr, QUANT: tl.constexpr = 0, PREROUND: tl.constexpr = False, Q_REGISTERS: tl.constexpr = False,
+    WHOLE_CONTEXT: tl.constexpr = False, DENSE_PREFIX: tl.constexpr = False, GRID_ORDER: tl.constexpr = 0,
 ):
     """One (query tile, query head): BLOCK_M new tokens of one sequence over its prefix and itself.
 
     QUANT (:data:`_STEP_KV`, :data:`_FP8_CODES`, :data:`_DECODED`): what ``k_ptr`` / ``v_ptr``
     hold. Quantized caches (the last two) take their prefix from the paged kernel's partial
-    output (``pout_ptr`` / ``plse_ptr``), a bf16 / fp16 cache from the pages here."""
-    tile = tl.program_id(0)
-    if LONGEST_FIRST:
-        tile = tl.num_programs(0) - 1 - tile
-    h = tl.program_id(1)
+    output (``pout_ptr`` / ``plse_ptr``), a bf16 / fp16 cache from the pages here, unless
+    WHOLE_CONTEXT: then ``k_ptr`` / ``v_ptr`` hold every cached position of each sequence
+    (sequence ``b``'s key ``j`` at row, or value column, ``b * seq_stride + j``), and the prefix is
+    attended like the new keys below the diagonal. DENSE_PREFIX (a bf16 / fp16 cache, with TMA):
+    the prefix's keys and values are read through ``pk_desc`` / ``pv_desc``, sequence ``b``'s
+    position ``j`` at row ``b * seq_stride + j`` (:func:`gather_context` with ``prefix_only``)."""
+    if GRID_ORDER == _GRID_HEADS:
+        tile = tl.program_id(1)
+        if LONGEST_FIRST:
+            tile = tl.num_programs(1) - 1 - tile
+        h = tl.program_id(0)
+    elif GRID_ORDER == _GRID_GROUP:
+        tile = tl.program_id(1)
+        if LONGEST_FIRST:
+            tile = tl.num_programs(1) - 1 - tile
+        h = tl.program_id(2) * GROUP + tl.program_id(0)
+    else:
+        tile = tl.program_id(0)
+        if LONGEST_FIRST:
+            tile = tl.num_programs(0) - 1 - tile
+        h = tl.program_id(1)
     kvh = h // GROUP
 
     b, q_start, q_len, local = _tile_sequence(qsl_ptr, tile, num_seqs, BLOCK_M)
@@ -291,6 +329,12 @@ def _new_token_prefill_kernel(
         qk = qk / q_mult
     else:
         q = q.to(DOT_DTYPE)
+        if Q_REGISTERS:
+            # Exact for every value (-0 becomes +0, which no dot tells apart). A query tile that
+            # is computed rather than loaded is what Triton's Hopper lowering keeps in registers
+            # as wgmma's A operand; a loaded one it re-reads from shared memory for every key
+            # tile (see Tile.Q_REGISTERS).
+            q = q + 0.0
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -301,7 +345,18 @@ def _new_token_prefill_kernel(
         l_i = tl.where(sink == float("-inf"), 0.0, l_unit)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
 
-    if QUANT == _STEP_KV:
+    if QUANT == _STEP_KV and DENSE_PREFIX:
+        # The cached prefix, gathered: whole tiles unmasked, then the partial one (its keys past
+        # the prefix are zeros, masked like keys after a query).
+        whole = prefix // BLOCK_N * BLOCK_N
+        last = prefix - 1 + tok * 0
+        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, last, 0, whole, qk, cap, pk_desc, pv_desc,
+                                             b * seq_stride, b * seq_stride, kvh * HEAD, BLOCK_N, False, DOT_DTYPE,
+                                             SOFTCAP, QUANT, PREROUND)
+        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, last, whole, prefix, qk, cap, pk_desc, pv_desc,
+                                             b * seq_stride, b * seq_stride, kvh * HEAD, BLOCK_N, True, DOT_DTYPE,
+                                             SOFTCAP, QUANT, PREROUND)
+    elif QUANT == _STEP_KV:
         # The cached prefix, from the pages: whole tiles unmasked, then the partial one masked.
         bt_row = bt_ptr + b.to(tl.int64) * stride_bt
         qpos = prefix + tok
@@ -314,7 +369,7 @@ def _new_token_prefill_kernel(
             acc, m_i, l_i, q, qpos, whole, prefix, 0, qk, cap, cache_ptr, bt_row, kvh, stride_cb, stride_ckv,
             stride_cs, stride_ch, HEAD, HEAD_PAD, BLOCK_N, PAGE, True, False, DOT_DTYPE, "tf32", ROW_ALIGN,
             False, SOFTCAP, False, False)
-    elif prefix > 0:
+    elif prefix > 0 and not WHOLE_CONTEXT:
         # The paged kernel's state after the prefix (the sink included): m = lse, l = 1, acc = o.
         lse = tl.load(plse_ptr + rows * stride_lt + h, mask=row_ok, other=float("-inf"))
         o_prefix = tl.load(pout_ptr + rows[:, None] * stride_pt + h * stride_ph + offs_d[None, :], mask=qmask,
@@ -324,24 +379,37 @@ def _new_token_prefill_kernel(
         l_i = tl.where(seen, l_unit, 0.0)
         acc = tl.where(seen[:, None], o_prefix * (l_unit / v_out), 0.0)
 
-    # The new tokens, from the step's K/V: every row sees [0, m0); the diagonal block is masked.
-    diagonal_end = tl.minimum(m0 + BLOCK_M, q_len)
-    v_row0 = q_start
-    if QUANT == _FP8_CODES:
-        v_row0 = _value_column(q_start, b)
-    if TMA:
-        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, tok, 0, m0, qk, cap, k_desc, v_desc, q_start, v_row0,
-                                             kvh * HEAD, BLOCK_N, False, DOT_DTYPE, SOFTCAP, QUANT, PREROUND)
-        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, tok, m0, diagonal_end, qk, cap, k_desc, v_desc,
-                                             q_start, v_row0, kvh * HEAD, BLOCK_N, True, DOT_DTYPE, SOFTCAP, QUANT,
-                                             PREROUND)
+    # The new tokens, from the step's K/V: every row sees [0, m0); the key tiles that reach into
+    # [m0, m0 + BLOCK_M) are masked (a key tile longer than the query tile starts below m0).
+    # With the whole context, key j of the sequence is at row key_row0 + j and query token i at
+    # key position prefix + i; else the keys start at the sequence's first new token.
+    if WHOLE_CONTEXT:
+        key_row0 = b * seq_stride
+        v_row0 = key_row0
+        first = prefix
     else:
-        k_rows = k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh
+        key_row0 = q_start
+        v_row0 = q_start
+        if QUANT == _FP8_CODES:
+            v_row0 = _value_column(q_start, b)
+        first = 0
+    key_tok = first + tok
+    diagonal_start = (first + m0) // BLOCK_N * BLOCK_N
+    diagonal_end = first + tl.minimum(m0 + BLOCK_M, q_len)
+    if TMA:
+        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, key_tok, 0, diagonal_start, qk, cap, k_desc, v_desc,
+                                             key_row0, v_row0, kvh * HEAD, BLOCK_N, False, DOT_DTYPE, SOFTCAP, QUANT,
+                                             PREROUND)
+        acc, m_i, l_i = _attend_new_keys_tma(acc, m_i, l_i, q, key_tok, diagonal_start, diagonal_end, qk, cap, k_desc,
+                                             v_desc, key_row0, v_row0, kvh * HEAD, BLOCK_N, True, DOT_DTYPE, SOFTCAP,
+                                             QUANT, PREROUND)
+    else:
+        k_rows = k_ptr + key_row0.to(tl.int64) * stride_kt + kvh * stride_kh
         v_rows = v_ptr + v_row0.to(tl.int64) * stride_vt + kvh * stride_vh
-        acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, tok, 0, m0, qk, cap, k_rows, v_rows,
+        acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, key_tok, 0, diagonal_start, qk, cap, k_rows, v_rows,
                                          stride_kt, stride_vt, stride_vd, HEAD, HEAD_PAD, BLOCK_N, False, DOT_DTYPE,
                                          SOFTCAP, QUANT, PREROUND)
-        acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, tok, m0, diagonal_end, qk, cap,
+        acc, m_i, l_i = _attend_new_keys(acc, m_i, l_i, q, key_tok, diagonal_start, diagonal_end, qk, cap,
                                          k_rows, v_rows, stride_kt, stride_vt, stride_vd, HEAD, HEAD_PAD, BLOCK_N,
                                          True, DOT_DTYPE, SOFTCAP, QUANT, PREROUND)
 
@@ -370,7 +438,8 @@ def _gather_new_rows_kernel(
     cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_out_ptr, v_out_ptr, num_seqs, num_tokens, top_bit,
     stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt, stride_kt, stride_vt, stride_vd,
     MODE: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_T: tl.constexpr, PAGE: tl.constexpr,
-    USE_ASM: tl.constexpr, SWIZZLE_V: tl.constexpr, V_COLUMNS: tl.constexpr,
+    USE_ASM: tl.constexpr, SWIZZLE_V: tl.constexpr, V_COLUMNS: tl.constexpr, WHOLE_CONTEXT: tl.constexpr = False,
+    PREFIX_ONLY: tl.constexpr = False,
 ):
     """Rows ``[BLOCK_T * pid0, +BLOCK_T)`` of the call's query, KV head ``pid1``: the cached K/V of
     each row's own position, into ``k_out[row, head * HEAD + d]`` and ``v_out`` at ``row *
@@ -380,23 +449,42 @@ def _gather_new_rows_kernel(
     its sequence's end meets finite values (V_COLUMNS: the caller zero-fills).
 
     MODE FP8 e4m3: the codes as stored; e5m2: converted to the output's dtype (exact); NVFP4:
-    ``e2m1 * block scale * 2^-6`` (exact, :func:`~kvfuse.ops.triton.attention._nvfp4_tile`)."""
-    r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ``e2m1 * block scale * 2^-6`` (exact, :func:`~kvfuse.ops.triton.attention._nvfp4_tile`).
+
+    WHOLE_CONTEXT: every cached position of sequence ``pid2`` instead, position ``pos`` at row (and
+    value column) ``pid2 * num_tokens + pos`` (``num_tokens`` is then the per-sequence stride, a
+    multiple of 128); positions from the sequence's length up to the next multiple of 128 get
+    zeros (the last key tile reads them), the rest of the stride is not written. PREFIX_ONLY:
+    the same for the cached positions before the sequence's new tokens."""
     kvh = tl.program_id(1)
-    in_range = r < num_tokens
-    # The row's sequence: the last b with qsl[b] <= r (binary lifting over query_start_loc).
-    b = tl.zeros([BLOCK_T], tl.int32)
-    bit = top_bit
-    while bit > 0:
-        cand = b + bit
-        first = tl.load(qsl_ptr + cand, mask=cand < num_seqs, other=2147483647)
-        b = tl.where(first <= r, cand, b)
-        bit = bit // 2
-    q_start = tl.load(qsl_ptr + b)
-    q_end = tl.load(qsl_ptr + b + 1)
-    prefix = tl.load(seq_lens_ptr + b) - (q_end - q_start)
-    pos = prefix + (r - q_start)
-    valid = in_range & (r >= q_start) & (r < q_end) & (prefix >= 0)
+    if WHOLE_CONTEXT:
+        b_seq = tl.program_id(2)
+        seq_len = tl.load(seq_lens_ptr + b_seq)
+        if PREFIX_ONLY:
+            seq_len -= tl.load(qsl_ptr + b_seq + 1) - tl.load(qsl_ptr + b_seq)
+        if tl.program_id(0) * BLOCK_T >= (seq_len + 127) // 128 * 128:
+            return
+        pos = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        b = b_seq + pos * 0
+        in_range = pos < num_tokens
+        valid = (pos < seq_len) & in_range
+        r = b_seq.to(tl.int64) * num_tokens + pos
+    else:
+        r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        in_range = r < num_tokens
+        # The row's sequence: the last b with qsl[b] <= r (binary lifting over query_start_loc).
+        b = tl.zeros([BLOCK_T], tl.int32)
+        bit = top_bit
+        while bit > 0:
+            cand = b + bit
+            first = tl.load(qsl_ptr + cand, mask=cand < num_seqs, other=2147483647)
+            b = tl.where(first <= r, cand, b)
+            bit = bit // 2
+        q_start = tl.load(qsl_ptr + b)
+        q_end = tl.load(qsl_ptr + b + 1)
+        prefix = tl.load(seq_lens_ptr + b) - (q_end - q_start)
+        pos = prefix + (r - q_start)
+        valid = in_range & (r >= q_start) & (r < q_end) & (prefix >= 0)
     blk = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + pos // PAGE, mask=valid, other=0).to(tl.int64)
     t = pos % PAGE
     rows = r.to(tl.int64)
@@ -435,7 +523,7 @@ def _gather_new_rows_kernel(
         tl.store(k_out_ptr + rows[:, None] * stride_kt + kvh * HEAD + offs_d[None, :], k.to(ty), mask=smask)
         v_col = rows
         v_mask = smask
-        if V_COLUMNS:
+        if V_COLUMNS and not WHOLE_CONTEXT:
             # Each sequence's values from its own aligned column; other columns keep their zeros.
             v_col = (r - q_start + _value_column(q_start, b)).to(tl.int64)
             v_mask = valid[:, None] & dmask
@@ -507,16 +595,45 @@ def _tile(tiles: TileTable, head_size: int, fp8_dots: bool, interpret: bool) -> 
         return tiles.interpret
     size = "small" if head_size <= 128 else "large"
     cfg = tiles.new_tokens.get(f"{size}_fp8", tiles.new_tokens[size]) if fp8_dots else tiles.new_tokens[size]
-    if cfg.BLOCK_M % cfg.BLOCK_N:
-        raise ValueError(f"new-token prefill tile {cfg}: BLOCK_M must be a multiple of BLOCK_N")
+    if cfg.BLOCK_M % cfg.BLOCK_N and cfg.BLOCK_N % cfg.BLOCK_M:
+        raise ValueError(f"new-token prefill tile {cfg}: one of BLOCK_M and BLOCK_N must divide the other")
     if fp8_dots and cfg.BLOCK_N < 32:
         raise ValueError(f"new-token prefill tile {cfg}: FP8 dots need BLOCK_N >= 32 (P @ V's reduction)")
     return cfg
 
 
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device_index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 0))
+
+
+def grid_order_for(cfg: Tile, query: torch.Tensor, key: torch.Tensor, num_kv_heads: int, interpret: bool) -> str:
+    """``cfg.GRID_ORDER``, with ``auto`` resolved: ``heads`` (every head's longest query tile
+    first, which evens out the causal tail) while the new tokens' K/V of all heads take at most
+    half the GPU's L2, else ``tiles`` (one head's tiles together, so the K/V in use is one KV
+    head's). With the K/V of every head in flight at once, a larger context stops fitting in L2
+    and is read from memory again (BENCHMARKS.md, prefill grid orders)."""
+    if cfg.GRID_ORDER != "auto":
+        return cfg.GRID_ORDER
+    if interpret or query.device.type != "cuda":
+        return "tiles"
+    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    return auto_grid_order(2 * query.shape[0] * num_kv_heads * query.shape[2] * key.element_size(), _l2_bytes(index))
+
+
+def auto_grid_order(kv_bytes: int, l2_bytes: int) -> str:
+    """The ``auto`` rule of :func:`grid_order_for`: ``heads`` while ``kv_bytes`` (the new
+    tokens' K and V, all heads) is at most half of ``l2_bytes``, else ``tiles``."""
+    return "heads" if 2 * kv_bytes <= l2_bytes else "tiles"
+
+
 def _launch(call: AttentionCall, cfg: Tile, key: torch.Tensor, value: torch.Tensor, quant: int,
-            values_transposed: bool = False, value_factor: float = 1.0, partials=None) -> torch.Tensor:
-    """Launch :func:`_new_token_prefill_kernel` with new keys / values ``key`` / ``value``."""
+            values_transposed: bool = False, value_factor: float = 1.0, partials=None,
+            seq_stride: Optional[int] = None, prefix_descs=None, descs=None) -> torch.Tensor:
+    """Launch :func:`_new_token_prefill_kernel` with new keys / values ``key`` / ``value`` (with
+    ``seq_stride``: every cached key of each sequence, laid out as :func:`gather_context` does, or
+    with ``prefix_descs`` the descriptors of the gathered prefix that :func:`new_token_prefill`
+    makes; ``descs``: the query / key / value descriptors where the caller has made them)."""
     query, kv_cache = call.query, call.kv_cache
     interpret = envs.settings().triton_interpret
     num_tokens, num_q_heads, head_size = query.shape
@@ -530,8 +647,16 @@ def _launch(call: AttentionCall, cfg: Tile, key: torch.Tensor, value: torch.Tens
     out = torch.zeros_like(query, memory_format=torch.contiguous_format)
     softcap = float(call.logit_softcap) > 0
     cap = float(call.logit_softcap) * _LOG2E if softcap else 1.0
-    grid = (num_tokens // cfg.BLOCK_M + num_seqs, num_q_heads)
-    descs = descriptors(call, cfg, head_size, key, value, values_transposed) if head_pad == head_size else None
+    tiles_of_rows = num_tokens // cfg.BLOCK_M + num_seqs
+    grid_order = _GRID_ORDERS[grid_order_for(cfg, query, key, num_kv_heads, interpret)]
+    if grid_order == _GRID_HEADS:
+        grid = (num_q_heads, tiles_of_rows)
+    elif grid_order == _GRID_GROUP:
+        grid = (num_q_heads // num_kv_heads, tiles_of_rows, num_kv_heads)
+    else:
+        grid = (tiles_of_rows, num_q_heads)
+    if descs is None and head_pad == head_size:
+        descs = descriptors(call, cfg, head_size, key, value, values_transposed)
     if interpret:
         dot_dtype = tl.float32
     elif fp8_dots:
@@ -546,11 +671,12 @@ def _launch(call: AttentionCall, cfg: Tile, key: torch.Tensor, value: torch.Tens
     pout, plse = partials if partials is not None else (out, out)
     k_scale, v_scale = call.k_scale, call.v_scale
     _new_token_prefill_kernel[grid](
-        query, key, value, *(descs or (query, key, value)), kv_cache, call.block_table, call.seq_lens,
+        query, key, value, *(descs or (query, key, value)), *(prefix_descs or (query, query)), kv_cache,
+        call.block_table, call.seq_lens,
         call.query_start_loc,
         call.sinks if call.sinks is not None else k_scale,  # never read without HAS_SINKS
         out, k_scale, v_scale, pout, plse,
-        float(call.sm_scale) * _LOG2E, cap, value_factor, num_seqs,
+        float(call.sm_scale) * _LOG2E, cap, value_factor, num_seqs, seq_stride or 0,
         k_scale.stride(0) if k_scale.numel() > 1 else 0, v_scale.stride(0) if v_scale.numel() > 1 else 0,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), *v_strides,
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -559,21 +685,80 @@ def _launch(call: AttentionCall, cfg: Tile, key: torch.Tensor, value: torch.Tens
         HEAD=head_size, HEAD_PAD=head_pad, GROUP=num_q_heads // num_kv_heads, BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N, PAGE=page, DOT_DTYPE=dot_dtype, ROW_ALIGN=row_align, SOFTCAP=softcap,
         HAS_SINKS=call.sinks is not None, PREFETCH_PAGES=cfg.PREFETCH_PAGES, LONGEST_FIRST=cfg.LONGEST_FIRST,
-        TMA=descs is not None, QUANT=quant, PREROUND=interpret,
+        TMA=descs is not None, QUANT=quant, PREROUND=interpret, Q_REGISTERS=cfg.Q_REGISTERS,
+        WHOLE_CONTEXT=seq_stride is not None and prefix_descs is None, DENSE_PREFIX=prefix_descs is not None,
+        GRID_ORDER=grid_order,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.MAXNREG} if cfg.MAXNREG and not interpret else {}),
     )
     return out
 
 
-def new_token_prefill(call: AttentionCall, tiles: TileTable) -> torch.Tensor:
-    """Prefill of a bf16 / fp16 cache's call with the step's K/V (:func:`takes` must hold)."""
+def new_token_prefill(call: AttentionCall, tiles: TileTable, dense_prefix: Optional[bool] = None) -> torch.Tensor:
+    """Prefill of a bf16 / fp16 cache's call with the step's K/V (:func:`takes` must hold).
+
+    ``dense_prefix``: gather the cached prefix into dense tensors first and read it through
+    tensor descriptors (True), or read it from the pages (False); default: where the query and
+    K/V take descriptors and the gather fits :data:`WHOLE_CONTEXT_MAX_BYTES`. Descriptors cannot
+    span pages, so per-element page addresses are the alternative (BENCHMARKS.md, prefill)."""
     cfg = _tile(tiles, call.query.shape[2], False, envs.settings().triton_interpret)
-    return _launch(call, cfg, call.key, call.value, int(_STEP_KV))
+    head_size = call.query.shape[2]
+    if dense_prefix is None:
+        dense_prefix = context_bytes(call, False) <= WHOLE_CONTEXT_MAX_BYTES
+    descs = descriptors(call, cfg, head_size)
+    if dense_prefix and descs is not None:
+        key, value, stride = gather_context(call, False, prefix_only=True)
+        block = [cfg.BLOCK_N, head_size]
+        prefix_descs = tuple(_descriptor(t, [t.shape[0], t.shape[1] * head_size], block) for t in (key, value))
+        return _launch(call, cfg, call.key, call.value, int(_STEP_KV), seq_stride=stride, prefix_descs=prefix_descs,
+                       descs=descs)
+    return _launch(call, cfg, call.key, call.value, int(_STEP_KV), descs=descs)
 
 
 #: Rows per program of the gather.
 _GATHER_ROWS = 64
+
+
+def _gather(call: AttentionCall, fp8_codes: bool, inline_asm: bool, rows: int, value_cols: int, zero_values: bool,
+            extent: int, top_bit: int, whole_context: bool = False, prefix_only: bool = False):
+    """Allocate the gathered tensors (``rows`` key rows; e4m3 values as ``value_cols`` columns,
+    zeroed first where the kernel leaves columns a key tile reads, ``zero_values``) and launch
+    :func:`_gather_new_rows_kernel` (skipped when there is nothing to gather) over ``extent`` rows
+    per KV head, and per sequence with ``whole_context``; ``extent`` / ``top_bit`` are the
+    kernel's ``num_tokens`` / ``top_bit``."""
+    query, kv_cache = call.query, call.kv_cache
+    interpret = envs.settings().triton_interpret
+    mode = KVFormat.of(call.kv_quant_mode).key
+    head_size = query.shape[2]
+    page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    if fp8_codes:
+        if mode is not KVQuantMode.FP8_E4M3:
+            raise ValueError(f"kv_quant_mode={mode.name}: only FP8_E4M3 rows are gathered as codes")
+        key = torch.empty((rows, num_kv_heads, head_size), dtype=kv_cache.dtype, device=query.device)
+        # Zeros where no row is gathered: a value tile that crosses its sequence's end reads them
+        # (masked keys, but NaN times a zero weight would still be NaN).
+        value = (torch.zeros if zero_values else torch.empty)((num_kv_heads * head_size, value_cols),
+                                                              dtype=kv_cache.dtype, device=query.device)
+        v_strides = (1, value.stride(0))
+    else:
+        key = torch.empty((rows, num_kv_heads, head_size), dtype=query.dtype, device=query.device)
+        value = torch.empty_like(key)
+        v_strides = (value.stride(0), 1)
+    num_seqs = call.block_table.shape[0]
+    if rows == 0 or num_seqs == 0:
+        return key, value
+    block_t = 16 if interpret else _GATHER_ROWS
+    grid = (triton.cdiv(extent, block_t), num_kv_heads) + ((num_seqs,) if whole_context else ())
+    _gather_new_rows_kernel[grid](
+        kv_cache, call.block_table, call.seq_lens, call.query_start_loc, key, value, num_seqs, extent, top_bit,
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), call.block_table.stride(0),
+        key.stride(0), *v_strides,
+        MODE=int(mode), HEAD=head_size, HEAD_PAD=max(32, _next_pow2(head_size)), BLOCK_T=block_t, PAGE=page,
+        USE_ASM=inline_asm and not interpret,
+        SWIZZLE_V=mode is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size), V_COLUMNS=fp8_codes,
+        WHOLE_CONTEXT=whole_context, PREFIX_ONLY=prefix_only, num_warps=4,
+    )
+    return key, value
 
 
 def gather_new_rows(call: AttentionCall, fp8_codes: bool, inline_asm: bool = True):
@@ -582,52 +767,65 @@ def gather_new_rows(call: AttentionCall, fp8_codes: bool, inline_asm: bool = Tru
     :func:`value_columns` ``]`` of e4m3 codes, each sequence from its :func:`_value_column`, when
     ``fp8_codes``, else ``[tokens, kv_heads, head_size]`` values decoded into the query's dtype
     (without the cache's scales)."""
-    query, kv_cache = call.query, call.kv_cache
-    interpret = envs.settings().triton_interpret
-    mode = KVFormat.of(call.kv_quant_mode).key
-    num_tokens, _, head_size = query.shape
-    num_seqs = call.block_table.shape[0]
-    page, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-    if fp8_codes:
-        if mode is not KVQuantMode.FP8_E4M3:
-            raise ValueError(f"kv_quant_mode={mode.name}: only FP8_E4M3 rows are gathered as codes")
-        key = torch.empty((num_tokens, num_kv_heads, head_size), dtype=kv_cache.dtype, device=query.device)
-        # Zeros between the sequences' columns: a value tile that crosses its sequence's end reads
-        # them (masked keys, but NaN times a zero weight would still be NaN).
-        value = torch.zeros((num_kv_heads * head_size, value_columns(num_tokens, num_seqs)), dtype=kv_cache.dtype,
-                            device=query.device)
-        v_strides = (1, value.stride(0))
-    else:
-        key = torch.empty((num_tokens, num_kv_heads, head_size), dtype=query.dtype, device=query.device)
-        value = torch.empty_like(key)
-        v_strides = (value.stride(0), 1)
-    if num_tokens == 0 or num_seqs == 0:
-        return key, value
-    block_t = 16 if interpret else _GATHER_ROWS
-    head_pad = max(32, _next_pow2(head_size))
-    _gather_new_rows_kernel[(triton.cdiv(num_tokens, block_t), num_kv_heads)](
-        kv_cache, call.block_table, call.seq_lens, call.query_start_loc, key, value, num_seqs, num_tokens,
-        1 << (num_seqs - 1).bit_length() - 1 if num_seqs > 1 else 0,
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), call.block_table.stride(0),
-        key.stride(0), *v_strides,
-        MODE=int(mode), HEAD=head_size, HEAD_PAD=head_pad, BLOCK_T=block_t, PAGE=page,
-        USE_ASM=inline_asm and not interpret, SWIZZLE_V=mode is KVQuantMode.NVFP4
-        and nvfp4_v_scales_swizzled(page, head_size), V_COLUMNS=fp8_codes,
-        num_warps=4,
-    )
-    return key, value
+    num_tokens, num_seqs = call.query.shape[0], call.block_table.shape[0]
+    return _gather(call, fp8_codes, inline_asm, num_tokens, value_columns(num_tokens, num_seqs), True, num_tokens,
+                   1 << (num_seqs - 1).bit_length() - 1 if num_seqs > 1 else 0)
+
+
+def context_stride(call: AttentionCall) -> int:
+    """Rows per sequence in :func:`gather_context`'s tensors: the block table's capacity rounded
+    up to 128 (the longest key tile), so each sequence's rows start 16-byte aligned in the
+    transposed FP8 values and its last key tile stays inside its own rows."""
+    capacity = call.block_table.shape[1] * call.kv_cache.shape[2]
+    return -(-capacity // 128) * 128
+
+
+def context_bytes(call: AttentionCall, fp8_codes: bool) -> int:
+    """Bytes :func:`gather_context` allocates for ``call``."""
+    num_seqs, num_kv_heads, head_size = call.block_table.shape[0], call.kv_cache.shape[3], call.query.shape[2]
+    element = 1 if fp8_codes else call.query.element_size()
+    return 2 * num_seqs * context_stride(call) * num_kv_heads * head_size * element
+
+
+#: The most bytes the whole-context gather may allocate for one call; larger calls (long block
+#: tables, big batches) keep the prefix in the pages and merge the paged kernel's partials.
+WHOLE_CONTEXT_MAX_BYTES = 1 << 30
+
+
+def gather_context(call: AttentionCall, fp8_codes: bool, inline_asm: bool = True, prefix_only: bool = False):
+    """Every cached position of every sequence, dense (:func:`_gather_new_rows_kernel` with
+    WHOLE_CONTEXT): ``(key, value, stride)``, sequence ``b``'s position ``j`` at row ``b * stride +
+    j`` of ``key [num_seqs * stride, kv_heads, head_size]`` and of ``value`` (same shape, decoded
+    into the query's dtype), or at that column of ``value [kv_heads * head_size, num_seqs *
+    stride]`` (e4m3 codes, transposed) when ``fp8_codes``. Rows from a sequence's length to the
+    next multiple of 128 are zeros; rows past them are not written. ``prefix_only``: the positions
+    before each sequence's new tokens only (a bf16 / fp16 cache's prefix, :func:`new_token_prefill`)."""
+    stride = context_stride(call)
+    rows = call.block_table.shape[0] * stride
+    # The kernel writes zeros up to each sequence's last key tile, and no tile reads further.
+    key, value = _gather(call, fp8_codes, inline_asm, rows, rows, False, stride, 0, whole_context=True,
+                         prefix_only=prefix_only)
+    return key, value, stride
 
 
 def cached_new_token_prefill(call: AttentionCall, tiles: TileTable, fp8_dots: bool = True, inline_asm: bool = True,
-                             quant_dot_fp16: bool = True) -> torch.Tensor:
-    """Prefill of a quantized cache's call (:func:`takes_cached` must hold): the new rows gathered
-    from the pages, the prefix through the paged kernel, the new keys through the new-token kernel
-    (see the module docstring). ``fp8_dots``: FP8 e4m3 caches take FP8 tensor-core dots (else
-    their rows are decoded like e5m2's); ``inline_asm`` / ``quant_dot_fp16``: the paged kernel's
-    options (:func:`~kvfuse.ops.triton.attention.paged_attention`), for the gather and the prefix."""
+                             quant_dot_fp16: bool = True, whole_context: Optional[bool] = None) -> torch.Tensor:
+    """Prefill of a quantized cache's call (:func:`takes_cached` must hold): the whole context
+    gathered from the pages and attended by the new-token kernel, or (``whole_context`` False, or
+    by default when the gather would exceed :data:`WHOLE_CONTEXT_MAX_BYTES`) the new rows gathered
+    and the prefix through the paged kernel (see the module docstring). ``fp8_dots``: FP8 e4m3
+    caches take FP8 tensor-core dots (else their rows are decoded like e5m2's); ``inline_asm`` /
+    ``quant_dot_fp16``: the paged kernel's options
+    (:func:`~kvfuse.ops.triton.attention.paged_attention`), for the gather and the prefix."""
     mode = KVFormat.of(call.kv_quant_mode).key
     codes = fp8_dots and mode is KVQuantMode.FP8_E4M3
     cfg = _tile(tiles, call.query.shape[2], codes, envs.settings().triton_interpret)
+    if whole_context is None:
+        whole_context = context_bytes(call, codes) <= WHOLE_CONTEXT_MAX_BYTES
+    if whole_context:
+        key, value, stride = gather_context(call, codes, inline_asm=inline_asm)
+        return _launch(call, cfg, key, value, int(_FP8_CODES if codes else _DECODED), values_transposed=codes,
+                       value_factor=_GATHERED_FACTOR[mode], seq_stride=stride)
     key, value = gather_new_rows(call, codes, inline_asm=inline_asm)
     partials = prefix_partials(call, tiles, inline_asm=inline_asm, quant_dot_fp16=quant_dot_fp16)
     return _launch(call, cfg, key, value, int(_FP8_CODES if codes else _DECODED), values_transposed=codes,
