@@ -8,13 +8,16 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 - ``write``: ``kvfuse::encode_and_cache_write`` of an already rotated K (the floor);
 - ``rope_k+write``: ``kvfuse::rope_encode_and_cache_write`` without a query (the issue's goal:
   <= 1.1x ``write``);
-- ``rope_k+write (split)`` / ``(gather)``: the same kernel with each rotation forced
+- ``rope_k+write (triton)``: Triton's fused kernel, which the op ran for every format before the
+  native rotary write (``csrc/cuda/cache_write.cu``) took FP8 and NVFP4 caches;
+- ``rope_k+write (split)`` / ``(gather)``: Triton's kernel with each rotation forced
   (``rotation=`` of the Triton launcher: partners taken from the loaded rows, or by a second
-  load), to time both in one run; the op picks one by format and token count
+  load), to time both in one run; its launcher picks one by format and token count
   (:mod:`kvfuse.ops.tuning`);
 - ``rotate_k, write``: the same function compiled without the rotary fusion (Inductor's rotation
   kernel, then the write);
-- ``rope_qk+write``: the fused op rotating the query too (what the pass emits per layer);
+- ``rope_qk+write``: the fused op rotating the query too (what the pass emits per layer), and
+  ``rope_qk+write (triton)``: Triton's kernel for it;
 - ``rotate_qk, write``: transformers' ``apply_rotary_pos_emb`` of Q and K compiled by Inductor,
   then the write (the unfused graph of a layer);
 - ``flashinfer``: ``rope_quantize_fp8_append_paged_kv_cache`` (FP8 only; it also quantizes Q
@@ -212,16 +215,19 @@ def _check(case: Case, with_compiled: bool = True) -> None:
 VARIANTS = {
     "write": _write,
     "rope_k+write": lambda c: _fused(c, False),
+    "rope_k+write (triton)": lambda c: _fused_as(c, False, None),
     "rope_k+write (split)": lambda c: _fused_as(c, False, "split"),
     "rope_k+write (gather)": lambda c: _fused_as(c, False, "gather"),
     "rotate_k, write": lambda c: _compiled(c, False),
     "rope_qk+write": lambda c: _fused(c, True),
+    "rope_qk+write (triton)": lambda c: _fused_as(c, True, None),
     "rotate_qk, write": lambda c: _compiled(c, True),
     "flashinfer": _flashinfer,
 }
 
 
 RATIOS = {"rope_k+write / write": ("rope_k+write", "write"),
+          "triton rope_k+write / write": ("rope_k+write (triton)", "write"),
           "rope_qk+write / unfused": ("rope_qk+write", "rotate_qk, write")}
 
 

@@ -37,6 +37,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include "../cache_write.h"
@@ -98,6 +99,17 @@ using at::cuda::detail::IntDivider;
 
 constexpr int kThreads = KVFUSE_THREADS;
 
+// The rotary embedding of rope_encode_and_cache_write, read only by launches with a Rotation.
+struct RopeParams {
+  const char* cos;
+  const char* sin;
+  int64_t cos_row, sin_row;  // byte strides of the tables' rows
+  const void* positions;  // nullptr: token t reads table row t
+  int positions64;
+  int rotary_dim;
+  int half_table;  // one column per pair (width rotary_dim / 2) instead of one per element
+};
+
 // Byte strides throughout: the same kernel moves bf16, fp8 and packed NVFP4 rows.
 struct RowParams {
   const char* src[2];
@@ -123,6 +135,15 @@ struct RowParams {
   // or encode_kv's output), and the divider by the V-scale group (nvfp4_page.h).
   Nvfp4Layout nvfp4;
   IntDivider<uint32_t> v_group;
+  RopeParams rope;
+};
+
+// Launches without a rotary embedding: the key rows are encoded as loaded.
+struct NoRotation {
+  static constexpr bool kActive = false;
+  struct Loaded {};
+  template <class Op>
+  static constexpr int min_blocks() { return Op::kMinBlocks; }
 };
 
 struct E4M3 {};
@@ -241,8 +262,13 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
 // without idle threads or a loop. All of a thread's row and slot loads are issued before any of
 // its stores: the loads do not depend on the slots, so both memory latencies overlap, and nothing
 // is stored for units whose slot is -1 or out of range.
-template <class Op, int kUnits, int kBlock, bool kPaired>
-__global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) rows_kernel(const RowParams p) {
+//
+// With a Rotation (rope_encode_and_cache_write), each key unit also loads what its rotation needs
+// (Rot::load: the partner chunk and the table values) beside its other loads, and is rotated
+// (Rot::apply) once everything is loaded, before the op encodes it.
+template <class Op, int kUnits, int kBlock, bool kPaired, class Rot = NoRotation>
+__global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThreads / kBlock)
+    rows_kernel(const RowParams p) {
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
   if constexpr (Op::kUsesScale) {
     div_k = make_divider(__ldg(p.scale[0]));
@@ -255,6 +281,7 @@ __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) ro
   int head[kUnits];  // kSplitRows ops address by head instead
   int chunk[kUnits];
   bool is_value[kUnits];
+  typename Rot::Loaded rot[kUnits];
 #pragma unroll
   for (int m = 0; m < kUnits; ++m) {
     const uint32_t u = first + m * kBlock;
@@ -269,7 +296,9 @@ __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) ro
         const auto hc = p.chunks.divmod(tr.mod);
         head[m] = static_cast<int>(hc.div);
         chunk[m] = static_cast<int>(hc.mod);
-        raw[m].half[0] = Op::load(p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0], chunk[m], p);
+        const char* key_row = p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
+        raw[m].half[0] = Op::load(key_row, chunk[m], p);
+        if constexpr (Rot::kActive) rot[m] = Rot::load(key_row, tok, chunk[m], p.rope);
         if (p.halves == 2) {
           raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1], chunk[m], p);
         }
@@ -283,8 +312,15 @@ __global__ void __launch_bounds__(kBlock, Op::kMinBlocks * kThreads / kBlock) ro
         const char* src = is_value[m] ? p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1]
                                       : p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
         raw[m].half[0] = Op::load(src, chunk[m], p);
+        if constexpr (Rot::kActive) rot[m] = Rot::load(src, tok, is_value[m] ? -1 : chunk[m], p.rope);
         dst_row[m] = head[m] * p.dst_head + (is_value[m] ? p.dst_kv : 0);
       }
+    }
+  }
+  if constexpr (Rot::kActive) {
+#pragma unroll
+    for (int m = 0; m < kUnits; ++m) {
+      if (slot[m] >= 0) Rot::apply(raw[m].half[0], rot[m], p.rope);
     }
   }
   // One branch per block instead of one per value: the division's fast path is a template.
@@ -561,11 +597,164 @@ struct Nvfp4CopyOp {
   }
 };
 
+// ----------------------------------------------------------------------------- rotary embedding
+// rope_encode_and_cache_write rotates each key unit of 16 elements before its op encodes it, with
+// the reference's arithmetic (kvfuse/ops/reference.py, apply_rope): in float32,
+//     y_i = rn(rn(x_i * cos_i) + rn(rot_i * sin_i)),
+// rot = [-x2, x1] over the halves of [0, R) (NeoX) or [-x1, x0, -x3, x2, ...] (GPT-J), then
+// rounded once to the key's dtype. The _rn intrinsics keep nvcc from contracting the products
+// into an FMA, which would round once instead of twice.
+// Host-side preconditions (rope_refusal): 16-element units (head_size % 16 == 0, 16-byte aligned
+// rows), R % 32 == 0 for NeoX (a unit and its partner, R/2 elements away, lie in one half) and
+// R % 16 == 0 for GPT-J (pairs never straddle a unit), tables 16-byte aligned by base and row.
+
+constexpr int kRopeUnit = 16;
+
+// K values of a table row from column col0 on: whole 16-byte words, read through the read-only
+// cache (every head of a token reads the same row).
+template <typename T, int K>
+struct TableRun {
+  static constexpr int kWords = K * static_cast<int>(sizeof(T)) / 16;
+  static_assert(kWords >= 1 && (K * sizeof(T)) % 16 == 0, "table runs are whole 16-byte words");
+  union {
+    uint4 words[kWords];
+    T e[K];
+  };
+  __device__ __forceinline__ TableRun() {}
+  // words_used < kWords loads only the first words (a half-width GPT-J table holds one column per pair).
+  __device__ __forceinline__ static TableRun load(const char* row, int col0, int words_used) {
+    TableRun out;
+    const uint4* w = reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(row) + col0);
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      if (i < words_used) out.words[i] = __ldg(w + i);
+    }
+    return out;
+  }
+};
+
+template <typename In, typename Table, bool kNeox>
+struct Rotation {
+  static constexpr bool kActive = true;
+  static constexpr int N = kRopeUnit;
+  using Run = Elements<In, N, true>;
+  using Cols = TableRun<Table, N>;
+  // The loads of one unit: where it sits (first < 0: not rotated, a value unit or past R), the
+  // NeoX partner chunk, and the unit's cos / sin columns.
+  struct Loaded {
+    int first;
+    bool lower;  // NeoX: the unit is in the first half of [0, R)
+    Run partner;
+    Cols cos, sin;
+  };
+  // The rotation's loads add 24 registers per unit (bf16 tables; 40 for float32 ones) to the op's
+  // own: one resident block fewer per SM than the op alone (two with float32 tables), so that
+  // nothing spills (ptxas -v, sm_90a).
+  template <class Op>
+  static constexpr int min_blocks() {
+    constexpr int fewer = sizeof(Table) > 2 ? 2 : 1;
+    return Op::kMinBlocks - fewer >= 2 ? Op::kMinBlocks - fewer : 2;
+  }
+
+  __device__ __forceinline__ static Loaded load(const char* row, int64_t tok, int chunk, const RopeParams& r) {
+    Loaded l;
+    l.first = chunk < 0 || chunk * N >= r.rotary_dim ? -1 : chunk * N;
+    if (l.first < 0) return l;
+    const int64_t table_row = r.positions == nullptr ? tok
+                              : r.positions64        ? __ldg(static_cast<const int64_t*>(r.positions) + tok)
+                                                     : __ldg(static_cast<const int32_t*>(r.positions) + tok);
+    const int half = r.rotary_dim / 2;
+    int col0;
+    int words = Cols::kWords;
+    if constexpr (kNeox) {
+      l.lower = l.first < half;
+      const int partner_chunk = l.lower ? chunk + half / N : chunk - half / N;
+      const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const In*>(row) + partner_chunk * N);
+#pragma unroll
+      for (int w = 0; w < Run::kWords; ++w) l.partner.words[w] = __ldg(src + w);
+      col0 = r.half_table && !l.lower ? l.first - half : l.first;
+    } else {
+      l.lower = false;
+      col0 = r.half_table ? l.first / 2 : l.first;
+      if (r.half_table) words = Cols::kWords / 2;
+    }
+    l.cos = Cols::load(r.cos + table_row * r.cos_row, col0, words);
+    l.sin = Cols::load(r.sin + table_row * r.sin_row, col0, words);
+    return l;
+  }
+
+  __device__ __forceinline__ static void apply(Run& x, const Loaded& l, const RopeParams& r) {
+    if (l.first < 0) return;
+    // GPT-J over a half-width table: both elements of pair k / 2 read column k / 2. Two copies of
+    // the loop, so that every table element is picked by a constant index (a run-time choice
+    // between 16-bit halves of a register put the whole unit in local memory).
+    if (!kNeox && r.half_table) {
+      rotate<true>(x, l);
+    } else {
+      rotate<false>(x, l);
+    }
+  }
+
+  template <bool kPairColumns>
+  __device__ __forceinline__ static void rotate(Run& x, const Loaded& l) {
+    Run y;
+    // Element pairs (k, k + 1): GPT-J's rotation partners; NeoX's partners are in l.partner.
+#pragma unroll
+    for (int k = 0; k < N; k += 2) {
+      const float x0 = static_cast<float>(x.e[k]), x1 = static_cast<float>(x.e[k + 1]);
+      float rot0, rot1;
+      if constexpr (kNeox) {
+        const float p0 = static_cast<float>(l.partner.e[k]), p1 = static_cast<float>(l.partner.e[k + 1]);
+        rot0 = l.lower ? -p0 : p0;
+        rot1 = l.lower ? -p1 : p1;
+      } else {
+        rot0 = -x1;
+        rot1 = x0;
+      }
+      const float c0 = static_cast<float>(kPairColumns ? l.cos.e[k / 2] : l.cos.e[k]);
+      const float c1 = static_cast<float>(kPairColumns ? l.cos.e[k / 2] : l.cos.e[k + 1]);
+      const float s0 = static_cast<float>(kPairColumns ? l.sin.e[k / 2] : l.sin.e[k]);
+      const float s1 = static_cast<float>(kPairColumns ? l.sin.e[k / 2] : l.sin.e[k + 1]);
+      y.e[k] = static_cast<In>(__fadd_rn(__fmul_rn(x0, c0), __fmul_rn(rot0, s0)));
+      y.e[k + 1] = static_cast<In>(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(rot1, s1)));
+    }
+    x = y;
+  }
+};
+
+// The rotated query of rope_encode_and_cache_write: unit u = (token, head, 16-element chunk),
+// rotated like a key unit and stored as two 16-byte words of the contiguous output.
+struct QueryParams {
+  const char* src;
+  int64_t src_tok, src_head;
+  char* dst;  // [T, Hq, D] contiguous
+  IntDivider<uint32_t> per_token, chunks;
+  uint32_t units;  // < 2^31 (rope_refusal)
+  int head_size;
+};
+
+template <typename In, typename Table, bool kNeox>
+__global__ void __launch_bounds__(256) rope_query_kernel(const QueryParams q, const RopeParams r) {
+  using Rot = Rotation<In, Table, kNeox>;
+  const uint32_t u = blockIdx.x * 256 + threadIdx.x;
+  if (u >= q.units) return;
+  const auto tr = q.per_token.divmod(u);
+  const auto hc = q.chunks.divmod(tr.mod);
+  const int64_t tok = tr.div;
+  const char* row = q.src + tok * q.src_tok + static_cast<int64_t>(hc.div) * q.src_head;
+  typename Rot::Run x = Rot::Run::load(row, static_cast<int>(hc.mod));
+  const typename Rot::Loaded l = Rot::load(row, tok, static_cast<int>(hc.mod), r);
+  Rot::apply(x, l, r);
+  uint4* out = reinterpret_cast<uint4*>(q.dst + (static_cast<int64_t>(u) * Rot::N) * static_cast<int64_t>(sizeof(In)));
+#pragma unroll
+  for (int w = 0; w < Rot::Run::kWords; ++w) __stcs(out + w, x.words[w]);
+}
+
 // ----------------------------------------------------------------------------- launch
 
 // Launches over tokens [0, num_tokens): one grid, unless the units pass 2^31 (the dividers'
 // range), then one grid per slice of tokens.
-template <class Op, int kUnits, int kBlock, bool kPaired>
+template <class Op, int kUnits, int kBlock, bool kPaired, class Rot = NoRotation>
 void launch_units(RowParams p, cudaStream_t stream) {
   constexpr int64_t kPerBlock = int64_t{kUnits} * kBlock;
   const int64_t items = kPaired ? int64_t{p.per_half} : int64_t{p.halves} * p.per_half;
@@ -576,7 +765,7 @@ void launch_units(RowParams p, cudaStream_t stream) {
     p.first_token = t;
     p.units = static_cast<uint32_t>(std::min(slice, p.num_tokens - t) * items);
     const dim3 grid(static_cast<unsigned>((p.units + kPerBlock - 1) / kPerBlock));
-    rows_kernel<Op, kUnits, kBlock, kPaired><<<grid, kBlock, 0, stream>>>(p);
+    rows_kernel<Op, kUnits, kBlock, kPaired, Rot><<<grid, kBlock, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -590,24 +779,24 @@ constexpr int64_t kUnpairedBelow = KVFUSE_UNPAIRED_BELOW;
 // KVFUSE_SMALL_THREADS-thread blocks of one unit per thread, and in the smallest FP8 / NVFP4
 // launches, which are mostly latency, unpaired units: the per-thread arithmetic is the critical
 // path there. All measured on an H100 (benchmarks/native_sweep.py, BENCHMARKS.md).
-template <class Op, bool kMultiUnit = true>
+template <class Op, bool kMultiUnit = true, class Rot = NoRotation>
 void launch(RowParams p, int chunks, cudaStream_t stream) {
   p.per_half = static_cast<uint32_t>(int64_t{p.num_heads} * chunks);
   p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(chunks));
   p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
   const int64_t pairs = int64_t{p.num_tokens} * p.per_half;
   if constexpr (kMultiUnit && Op::kUnits >= 4) {
-    if (pairs / (4 * kThreads) >= kWideGrid) return launch_units<Op, 4, kThreads, true>(p, stream);
+    if (pairs / (4 * kThreads) >= kWideGrid) return launch_units<Op, 4, kThreads, true, Rot>(p, stream);
   }
   if constexpr (kMultiUnit && Op::kUnits >= 2) {
-    if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true>(p, stream);
+    if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true, Rot>(p, stream);
   }
   if constexpr (Op::kUsesScale) {
     if (pairs / KVFUSE_SMALL_THREADS < kUnpairedBelow) {
-      return launch_units<Op, 1, KVFUSE_SMALL_THREADS, false>(p, stream);
+      return launch_units<Op, 1, KVFUSE_SMALL_THREADS, false, Rot>(p, stream);
     }
   }
-  launch_units<Op, 1, KVFUSE_SMALL_THREADS, true>(p, stream);
+  launch_units<Op, 1, KVFUSE_SMALL_THREADS, true, Rot>(p, stream);
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
@@ -750,6 +939,42 @@ void check_int32_sizes(const at::Tensor& x) {
                     "tensor too large for the native kernel: ", x.sizes());
 }
 
+// The rotary write: the query's units (when there is a query) in their own small kernel, then
+// the key/value units through the op of the cache's mode with the rotation folded in.
+template <typename In, typename Table, bool kNeox>
+void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream_t stream) {
+  using Rot = Rotation<In, Table, kNeox>;
+  if (q != nullptr && q->units > 0) {
+    rope_query_kernel<In, Table, kNeox><<<(q->units + 255) / 256, 256, 0, stream>>>(*q, p.rope);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const int chunks = p.head_size / kRopeUnit;
+  switch (mode) {
+    case KVQuantMode::FP8_E4M3: return launch<EncodeOp<In, E4M3, kRopeUnit>, true, Rot>(p, chunks, stream);
+    case KVQuantMode::FP8_E5M2: return launch<EncodeOp<In, E5M2, kRopeUnit>, true, Rot>(p, chunks, stream);
+    case KVQuantMode::NVFP4: return launch<Nvfp4Op<In, true>, true, Rot>(p, chunks, stream);
+    default: TORCH_CHECK_VALUE(false, "the native rotary write takes FP8 and NVFP4 caches, not ", mode_name(mode));
+  }
+}
+
+template <typename In, typename Table>
+void launch_rope_style(RowParams p, KVQuantMode mode, const QueryParams* q, bool is_neox, cudaStream_t stream) {
+  if (is_neox) return launch_rope<In, Table, true>(p, mode, q, stream);
+  launch_rope<In, Table, false>(p, mode, q, stream);
+}
+
+template <typename In>
+void launch_rope_table(RowParams p, KVQuantMode mode, const QueryParams* q, bool is_neox, bool float_table,
+                       cudaStream_t stream) {
+  if (float_table) return launch_rope_style<In, float>(p, mode, q, is_neox, stream);
+  launch_rope_style<In, In>(p, mode, q, is_neox, stream);
+}
+
+bool rows_aligned16(const at::Tensor& x) {
+  const int64_t es = x.element_size();
+  return aligned(x.const_data_ptr(), 16) && all_multiples({x.stride(0) * es, x.stride(1) * es}, 16);
+}
+
 }  // namespace
 
 at::Tensor encode_kv_cuda(const at::Tensor& x, const at::Tensor& scale, int64_t kv_quant_mode,
@@ -813,6 +1038,94 @@ void encode_and_cache_write_cuda(const at::Tensor& key, const at::Tensor& value,
   p.scale[0] = k_scale.const_data_ptr<float>();
   p.scale[1] = v_scale.const_data_ptr<float>();
   launch_encode(p, key.scalar_type(), mode, kv_cache.scalar_type(), c10::cuda::getCurrentCUDAStream());
+}
+
+// rope_encode_and_cache_write for the calls kvfuse.ops.native.rope_refusal accepts; every
+// condition it relies on is checked here again before any memory is touched.
+at::Tensor rope_encode_and_cache_write_cuda(const std::optional<at::Tensor>& query, const at::Tensor& key,
+                                            const at::Tensor& value, const at::Tensor& kv_cache,
+                                            const at::Tensor& slot_mapping, const at::Tensor& k_scale,
+                                            const at::Tensor& v_scale, const at::Tensor& cos, const at::Tensor& sin,
+                                            const std::optional<at::Tensor>& positions, int64_t rotary_dim,
+                                            bool is_neox, int64_t kv_quant_mode) {
+  const KVQuantMode mode = to_mode(kv_quant_mode);
+  check_encode_and_write(key, value, kv_cache, slot_mapping, k_scale, v_scale, mode);
+  check_tensor_scale(k_scale, "k_scale");
+  check_tensor_scale(v_scale, "v_scale");
+  check_int32_sizes(key);
+  TORCH_CHECK_VALUE(mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2 || mode == KVQuantMode::NVFP4,
+                    "the native rotary write takes FP8 and NVFP4 caches, not ", mode_name(mode));
+  const at::ScalarType in = key.scalar_type();
+  TORCH_CHECK_VALUE(in == at::ScalarType::BFloat16 || in == at::ScalarType::Half,
+                    "the native rotary write takes bfloat16 or float16 keys, not ", in);
+  const int64_t num_tokens = key.size(0), head_size = key.size(2);
+  TORCH_CHECK_VALUE(head_size % kRopeUnit == 0, "head_size=", head_size, ": the native rotary write needs a multiple of 16");
+  TORCH_CHECK_VALUE(rotary_dim >= 2 && rotary_dim <= head_size && rotary_dim % (is_neox ? 2 * kRopeUnit : kRopeUnit) == 0,
+                    "rotary_dim=", rotary_dim, ": the native rotary write needs a multiple of ",
+                    is_neox ? 2 * kRopeUnit : kRopeUnit, " up to head_size=", head_size);
+  TORCH_CHECK_VALUE(rows_aligned16(key) && rows_aligned16(value), "key/value rows must start 16-byte aligned");
+  const bool float_table = cos.scalar_type() == at::ScalarType::Float;
+  for (const at::Tensor* t : {&cos, &sin}) {
+    TORCH_CHECK_VALUE(t->dim() == 2 && t->scalar_type() == cos.scalar_type() && (float_table || t->scalar_type() == in) &&
+                          t->stride(1) == 1 && (t->size(1) == rotary_dim || t->size(1) == rotary_dim / 2) &&
+                          t->size(1) == cos.size(1) && t->size(0) == cos.size(0) && t->device() == key.device() &&
+                          aligned(t->const_data_ptr(), 16) && (t->stride(0) * t->element_size()) % 16 == 0,
+                      "cos/sin ", t->sizes(), " ", t->scalar_type(), ": the native rotary write takes 16-byte "
+                      "aligned rows of float32 or the key's dtype, width rotary_dim or rotary_dim / 2");
+  }
+  if (positions.has_value()) {
+    const at::Tensor& pos = *positions;
+    TORCH_CHECK_VALUE(pos.dim() == 1 && pos.size(0) == num_tokens && pos.is_contiguous() &&
+                          (pos.scalar_type() == at::ScalarType::Int || pos.scalar_type() == at::ScalarType::Long) &&
+                          pos.device() == key.device(),
+                      "positions must be 1-D contiguous int32/int64 with ", num_tokens, " entries");
+  } else {
+    TORCH_CHECK_VALUE(cos.size(0) == num_tokens, "cos/sin have ", cos.size(0), " rows for ", num_tokens, " tokens");
+  }
+  QueryParams q{};
+  at::Tensor q_out = at::empty({0}, key.options());
+  if (query.has_value()) {
+    const at::Tensor& x = *query;
+    TORCH_CHECK_VALUE(x.dim() == 3 && x.size(0) == num_tokens && x.size(2) == head_size && x.stride(2) == 1 &&
+                          x.scalar_type() == in && x.device() == key.device() && rows_aligned16(x) &&
+                          x.size(0) * x.size(1) * (head_size / kRopeUnit) < (int64_t{1} << 31),
+                      "query ", x.sizes(), " must be [", num_tokens, ", heads, ", head_size, "] of ", in,
+                      " with 16-byte aligned rows");
+    q_out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+    q.src = static_cast<const char*>(x.const_data_ptr());
+    q.src_tok = x.stride(0) * x.element_size();
+    q.src_head = x.stride(1) * x.element_size();
+    q.dst = static_cast<char*>(q_out.data_ptr());
+    q.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(head_size / kRopeUnit));
+    q.per_token = IntDivider<uint32_t>(static_cast<uint32_t>(x.size(1) * (head_size / kRopeUnit)));
+    q.units = static_cast<uint32_t>(x.numel() / kRopeUnit);
+    q.head_size = static_cast<int>(head_size);
+  }
+  if (num_tokens == 0) return q_out;
+  const c10::cuda::CUDAGuard guard(kv_cache.device());
+  RowParams p{};
+  set_sources(p, key, value);
+  set_cache_dest(p, kv_cache, slot_mapping);
+  TORCH_CHECK_VALUE(mode == KVQuantMode::NVFP4 || dst_aligned(p, 16), "kv_cache ", kv_cache.sizes(),
+                    ": FP8 rows must start 16-byte aligned for the native rotary write");
+  p.scale[0] = k_scale.const_data_ptr<float>();
+  p.scale[1] = v_scale.const_data_ptr<float>();
+  p.rope.cos = static_cast<const char*>(cos.const_data_ptr());
+  p.rope.sin = static_cast<const char*>(sin.const_data_ptr());
+  p.rope.cos_row = cos.stride(0) * cos.element_size();
+  p.rope.sin_row = sin.stride(0) * sin.element_size();
+  p.rope.positions = positions.has_value() ? positions->const_data_ptr() : nullptr;
+  p.rope.positions64 = positions.has_value() && positions->scalar_type() == at::ScalarType::Long;
+  p.rope.rotary_dim = static_cast<int>(rotary_dim);
+  p.rope.half_table = cos.size(1) != rotary_dim;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const QueryParams* qp = query.has_value() ? &q : nullptr;
+  if (in == at::ScalarType::BFloat16) {
+    launch_rope_table<c10::BFloat16>(p, mode, qp, is_neox, float_table, stream);
+  } else {
+    launch_rope_table<c10::Half>(p, mode, qp, is_neox, float_table, stream);
+  }
+  return q_out;
 }
 
 }  // namespace kvfuse
@@ -898,6 +1211,9 @@ bool cuda_routing_active() { return g_route.load(std::memory_order_acquire) != n
 }  // namespace kvfuse
 
 TORCH_LIBRARY_FRAGMENT(kvfuse_native, m) {
+  m.def("rope_encode_and_cache_write(Tensor? query, Tensor key, Tensor value, Tensor(a!) kv_cache, "
+        "Tensor slot_mapping, Tensor k_scale, Tensor v_scale, Tensor cos, Tensor sin, Tensor? positions, "
+        "int rotary_dim, bool is_neox, int kv_quant_mode) -> Tensor");
   m.def("install_cuda_routing(int[] max_tokens, int[] python_when_captured) -> ()", &kvfuse::install_cuda_routing);
   m.def("pause_cuda_routing() -> ()", &kvfuse::pause_cuda_routing);
   m.def("cuda_routing_active() -> bool", &kvfuse::cuda_routing_active);
@@ -907,4 +1223,5 @@ TORCH_LIBRARY_IMPL(kvfuse_native, CUDA, m) {
   m.impl("encode_kv", TORCH_FN(kvfuse::encode_kv_cuda));
   m.impl("cache_write", TORCH_FN(kvfuse::cache_write_cuda));
   m.impl("encode_and_cache_write", TORCH_FN(kvfuse::encode_and_cache_write_cuda));
+  m.impl("rope_encode_and_cache_write", TORCH_FN(kvfuse::rope_encode_and_cache_write_cuda));
 }

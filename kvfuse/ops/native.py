@@ -30,6 +30,13 @@ on average) that it supports (:func:`decode_refusal`); the others run Triton's k
 covers every call. With the native backend forced (``KVFUSE_ATTENTION_BACKEND=native``) every
 call it supports runs natively, prefill-shaped ones included, and the rest raise.
 
+:func:`rope_encode_and_cache_write` (CUDA; FP8 and NVFP4 caches) rotates each key unit of 16
+elements inside the fused write kernel of ``csrc/cuda/cache_write.cu`` (one more launch rotates
+the query, when there is one), bit for bit the reference's arithmetic. It takes the calls
+:func:`rope_refusal` accepts (bf16/fp16 inputs, 16-byte aligned rows, head sizes and rotary
+widths that keep a unit and its rotation partners together); the others run Triton's kernel, or
+raise when the native cache backend is forced.
+
 FP8_PER_TOKEN_HEAD caches are written by ``csrc/cuda/per_token_head_write.cu`` (CUDA, fused write
 only; layouts it does not take go to Triton's kernel, see :func:`per_token_head_write_refusal`).
 
@@ -57,7 +64,7 @@ import torch
 
 from .. import envs
 from ..kv_cache import KVFormat, KVQuantMode
-from .registry import ALL_MODES, CACHE_OPS, AttentionCall, Implementation, Situation
+from .registry import ALL_MODES, CACHE_OPS, ROPE_OPS, AttentionCall, Implementation, Situation
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +74,8 @@ __all__ = [
     "encode_kv",
     "cache_write",
     "encode_and_cache_write",
+    "rope_encode_and_cache_write",
+    "rope_refusal",
     "unavailable_reason",
     "build_info",
     "mode_values",
@@ -219,6 +228,12 @@ def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
                     f"not for {op}")
         if device_type != "cuda":
             return f"its FP8_PER_TOKEN_HEAD kernels run on CUDA, not on {device_type}"
+    if op in ROPE_OPS:
+        if device_type != "cuda":
+            return f"its rotary write kernel runs on CUDA, not on {device_type}"
+        if mode not in _ROPE_MODES:
+            return (f"its rotary write takes {', '.join(m.name for m in sorted(_ROPE_MODES))} caches, "
+                    f"not {KVQuantMode(mode).name}")
     if op == "paged_attention":
         if device_type != "cuda":
             return f"its attention kernel runs on CUDA, not on {device_type}"
@@ -277,6 +292,85 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
             fn = _ops["fp8_per_token_head_cache_write"] = torch.ops.kvfuse_native.fp8_per_token_head_cache_write.default
         return fn(key, value, kv_cache, slot_mapping)
     _require("encode_and_cache_write")(key, value, kv_cache, slot_mapping, k_scale, v_scale, int(kv_quant_mode))
+
+
+# ----------------------------------------------------------------------------- rotary write
+
+#: The cache modes of the native rotary write (bf16 caches keep Triton's kernel, within 1.1x of
+#: the write alone in BENCHMARKS.md).
+_ROPE_MODES = frozenset({KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4})
+#: Elements per unit of the native rotary write (``kRopeUnit`` in csrc/cuda/cache_write.cu).
+_ROPE_UNIT = 16
+
+
+def _rows_aligned16(x: torch.Tensor) -> bool:
+    es = x.element_size()
+    return x.data_ptr() % 16 == 0 and (x.stride(0) * es) % 16 == 0 and (x.stride(1) * es) % 16 == 0
+
+
+def rope_refusal(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, positions: Optional[torch.Tensor], rotary_dim: int,
+                 is_neox: bool, kv_quant_mode: int) -> Optional[str]:
+    """None if the native rotary write takes this (already validated) call; else why not.
+    Restates the checks of ``rope_encode_and_cache_write_cuda`` (csrc/cuda/cache_write.cu)."""
+    mode = KVFormat.of(kv_quant_mode).narrowed
+    if mode not in _ROPE_MODES:
+        return f"kv_quant_mode={getattr(mode, 'name', mode)}: it writes FP8 and NVFP4 caches"
+    if key.dtype not in (torch.bfloat16, torch.float16):
+        return f"key dtype {key.dtype}: it takes bfloat16 or float16 keys"
+    num_tokens, num_heads, head_size = key.shape
+    if head_size % _ROPE_UNIT:
+        return f"head_size={head_size}: it rotates units of {_ROPE_UNIT} elements"
+    step = 2 * _ROPE_UNIT if is_neox else _ROPE_UNIT
+    if rotary_dim % step:
+        return (f"rotary_dim={rotary_dim} with {'NeoX' if is_neox else 'GPT-J'} pairs: it takes multiples of {step} "
+                f"(a unit and its partners in one unit{' pair' if is_neox else ''})")
+    if num_tokens >= 2 ** 31 or num_heads * head_size >= 2 ** 30:
+        return f"key {tuple(key.shape)}: too large for its 32-bit unit indices"
+    if not (_rows_aligned16(key) and _rows_aligned16(value)):
+        return f"key/value strides {tuple(key.stride())} / {tuple(value.stride())}: rows must start 16-byte aligned"
+    if cos.dtype not in (torch.float32, key.dtype):
+        return f"cos/sin dtype {cos.dtype}: it reads float32 tables or tables in the key's dtype {key.dtype}"
+    for name, table in (("cos", cos), ("sin", sin)):
+        if table.data_ptr() % 16 or (table.stride(0) * table.element_size()) % 16:
+            return f"{name} strides {tuple(table.stride())} / address: table rows must start 16-byte aligned"
+    if positions is not None and not positions.is_contiguous():
+        return "positions is not contiguous"
+    if query is not None:
+        if not _rows_aligned16(query):
+            return f"query strides {tuple(query.stride())} / address: rows must start 16-byte aligned"
+        if query.shape[0] * query.shape[1] * (head_size // _ROPE_UNIT) >= 2 ** 31:
+            return f"query {tuple(query.shape)}: too many units for 32-bit indices"
+    if mode is not KVQuantMode.NVFP4 and (kv_cache.data_ptr() % 16 or any(st % 16 for st in kv_cache.stride()[:4])):
+        return f"kv_cache strides {tuple(kv_cache.stride())}: FP8 rows must start 16-byte aligned"
+    # Last, so that every other condition can be tested without a GPU.
+    if key.device.type != "cuda":
+        return f"key is on {key.device.type}: it runs on CUDA"
+    return None
+
+
+def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.Tensor,
+                                kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor,
+                                v_scale: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                positions: Optional[torch.Tensor], rotary_dim: int, is_neox: bool,
+                                kv_quant_mode: int) -> torch.Tensor:
+    """:func:`kvfuse.ops.reference.rope_encode_and_cache_write` natively (CUDA), for the calls
+    :func:`rope_refusal` accepts; other calls run Triton's kernel, or raise ValueError when the
+    native cache backend is forced. Returns the rotated query (contiguous), or an empty tensor."""
+    reason = rope_refusal(query, key, value, kv_cache, cos, sin, positions, rotary_dim, is_neox, kv_quant_mode)
+    if reason is not None:
+        if envs.settings().forced_backend("cache") == "native":
+            raise ValueError(f"the native rotary write was forced but cannot run this call: {reason}")
+        from .triton.rope_kv_write import rope_encode_and_cache_write as triton_rope_write
+
+        return triton_rope_write(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin, positions,
+                                 rotary_dim, is_neox, kv_quant_mode)
+    fn = _ops.get("rope_encode_and_cache_write")
+    if fn is None:
+        _require("encode_kv")
+        fn = _ops["rope_encode_and_cache_write"] = torch.ops.kvfuse_native.rope_encode_and_cache_write.default
+    return fn(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin, positions, int(rotary_dim),
+              bool(is_neox), int(kv_quant_mode))
 
 
 #: The ops that csrc/ implements for FP8_PER_TOKEN_HEAD caches, on CUDA.
@@ -507,6 +601,9 @@ def build_info(build: bool = False) -> dict[str, Any]:
 
 
 def _rank(situation: Situation) -> Optional[int]:
+    if situation.op in ROPE_OPS:
+        # Before Triton's fused kernel for the caches it writes (CUDA only): BENCHMARKS.md.
+        return 0 if situation.device_type == "cuda" else None
     if situation.op == "paged_attention":
         # Before Triton for the caches its decode kernel reads (CUDA only): BENCHMARKS.md.
         return 0 if situation.device_type == "cuda" else None
@@ -518,7 +615,8 @@ def _rank(situation: Situation) -> Optional[int]:
 
 
 IMPLEMENTATION = Implementation(
-    name="native", module=__name__, ops=frozenset(CACHE_OPS) | {"paged_attention"}, devices=frozenset({"cpu", "cuda"}),
+    name="native", module=__name__, ops=frozenset(CACHE_OPS) | frozenset(ROPE_OPS) | {"paged_attention"},
+    devices=frozenset({"cpu", "cuda"}),
     # FP8_PER_TOKEN_HEAD: the fused write and decode attention on CUDA only (unavailable_reason).
     modes=ALL_MODES,
     # CPU only: on CUDA a refusal thrown from check_cache has crashed the process (seen on the H100,

@@ -232,12 +232,58 @@ def test_op_through_forced_triton(monkeypatch):
         registry.clear_cache()
 
 
-def test_native_is_not_claimed():
+def test_native_claims_the_rotary_write_on_cuda_for_fp8_and_nvfp4():
     from kvfuse.ops import native
 
-    assert "rope_encode_and_cache_write" not in native.IMPLEMENTATION.ops
-    reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cpu", KVQuantMode.NONE)
-    assert "not rope_encode_and_cache_write" in reason
+    assert "rope_encode_and_cache_write" in native.IMPLEMENTATION.ops
+    for mode in (KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4):
+        reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cpu", mode)
+        assert reason == "its rotary write kernel runs on CUDA, not on cpu"
+    reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cuda", KVQuantMode.NONE)
+    assert reason == "its rotary write takes FP8_E4M3, FP8_E5M2, NVFP4 caches, not NONE"
+    # On CPU the registry passes over it (Triton is interpreted there: only when forced).
+    assert native.IMPLEMENTATION.rank(registry.Situation("rope_encode_and_cache_write", "cpu", KVQuantMode.NVFP4,
+                                                         "any", False)) is None
+
+
+def _native_args(c, is_neox, mode):
+    return (c["query"], c["key"], c["value"], c["kv_cache"], c["cos"], c["sin"], c["positions"], c["rotary_dim"],
+            is_neox, int(mode))
+
+
+def _aligned_view(x, offset_elems):
+    """``x`` copied into a buffer at ``offset_elems`` elements past a 16-byte boundary."""
+    flat = torch.zeros(x.numel() + offset_elems, dtype=x.dtype, device=x.device)
+    out = flat[offset_elems:].view(x.shape)
+    out.copy_(x)
+    return out
+
+
+@pytest.mark.parametrize("change,reason", [
+    (lambda c: dict(kv_quant_mode=int(KVQuantMode.NONE)), "kv_quant_mode=NONE: it writes FP8 and NVFP4 caches"),
+    (lambda c: dict(key=c["key"].float(), value=c["value"].float()), "key dtype torch.float32: it takes bfloat16"),
+    (lambda c: dict(rotary_dim=16, is_neox=True), "rotary_dim=16 with NeoX pairs: it takes multiples of 32"),
+    (lambda c: dict(rotary_dim=24, is_neox=False), "rotary_dim=24 with GPT-J pairs: it takes multiples of 16"),
+    (lambda c: dict(key=_aligned_view(c["key"], 1)), "key/value strides .* rows must start 16-byte aligned"),
+    (lambda c: dict(cos=c["cos"].half(), sin=c["sin"].half()), "cos/sin dtype torch.float16: it reads float32"),
+    (lambda c: dict(sin=_aligned_view(c["sin"], 2)), r"sin strides \(64, 1\) / address: table rows must start"),
+    (lambda c: dict(query=_aligned_view(c["query"], 4)), "query strides .* rows must start 16-byte aligned"),
+    (lambda c: dict(kv_cache=_aligned_view(c["kv_cache"].view(torch.uint8), 8).view(torch.float8_e4m3fn)),
+     "kv_cache strides .* FP8 rows must start 16-byte aligned"),
+    (lambda c: {}, "key is on cpu: it runs on CUDA"),
+], ids=["bf16-cache", "fp32-key", "neox-16", "gptj-24", "key-unaligned", "fp16-table", "sin-unaligned",
+        "query-unaligned", "cache-unaligned", "cpu"])
+def test_native_rotary_refusals_name_the_condition(change, reason):
+    from kvfuse.ops import native
+
+    c = _case(5, 4, 2, 64, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, seed=12)
+    args = dict(query=c["query"], key=c["key"], value=c["value"], kv_cache=c["kv_cache"], cos=c["cos"], sin=c["sin"],
+                positions=c["positions"], rotary_dim=64, is_neox=True, kv_quant_mode=int(KVQuantMode.FP8_E4M3))
+    args.update(change(c))
+    import re
+
+    got = native.rope_refusal(**args)
+    assert got is not None and re.search(reason, got), got
 
 
 def _bad(c, **changes):
@@ -327,3 +373,106 @@ def test_gpu_nvfp4_pages(block, d):
     c = _case(533, 16, 4, d, KVQuantMode.NVFP4, torch.uint8, half=True, table=True, seed=block + d, device="cuda",
               num_blocks=533 // block + 8, block=block)
     _triton_vs_reference(c, True, KVQuantMode.NVFP4, device="cuda", fp_fusion=False)
+
+
+def _reference_result(c, is_neox, mode):
+    """(cache, rotated query) the reference computes for ``c`` from ``c``'s current (poisoned)
+    cache, on the CPU; ``c`` itself is left as it is."""
+    cpu = {k: (v.cpu().clone() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    q = _call(reference.rope_encode_and_cache_write, cpu, is_neox, mode)
+    return cpu["kv_cache"], q
+
+
+def _native_vs_reference(c, is_neox, mode):
+    from kvfuse.ops import native
+
+    assert native.rope_refusal(*_native_args(c, is_neox, mode)) is None
+    want_cache, want_q = _reference_result(c, is_neox, mode)
+    got_q = _call(native.rope_encode_and_cache_write, c, is_neox, mode)
+    # every byte, so padding slots and slots nobody wrote must have kept the sentinel
+    _bytes_equal(c["kv_cache"].cpu(), want_cache, "cache")
+    if c["query"] is None:
+        assert got_q.numel() == 0
+    else:
+        _bytes_equal(got_q.cpu(), want_q, "query")
+        assert got_q.is_contiguous()
+
+
+NATIVE_FORMATS = [FORMATS[3], FORMATS[4], FORMATS[5]]
+NATIVE_FORMAT_IDS = ["e4m3", "e5m2", "nvfp4"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
+@pytest.mark.parametrize("is_neox,half,table,rotary_dim,table_dtype", [
+    (True, False, False, 128, torch.bfloat16),   # transformers' per-token tables
+    (True, True, True, 128, torch.float32),      # vLLM-style float32 cos/sin cache read at positions
+    (False, True, True, 64, torch.bfloat16),     # GPT-J, half-width table, partial rotary
+    (False, False, False, 128, torch.float32),
+    (True, False, True, 64, torch.bfloat16),     # NeoX partial rotary (units past R pass through)
+], ids=["neox", "neox-f32-table-pos", "gptj-half-partial", "gptj-f32", "neox-partial"])
+@pytest.mark.parametrize("T", [1, 7, 64, 533])
+def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_dim, table_dtype, T):
+    c = _case(T, 32, 8, 128, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + rotary_dim,
+              device="cuda", num_blocks=T // BLOCK + 8)
+    c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
+    _native_vs_reference(c, is_neox, mode)
+    # and without a query: one launch, the cache alone
+    c2 = _case(T, 32, 8, 128, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + 1,
+               device="cuda", num_blocks=T // BLOCK + 8)
+    c2["cos"], c2["sin"] = c2["cos"].to(table_dtype), c2["sin"].to(table_dtype)
+    c2["query"] = None
+    _native_vs_reference(c2, is_neox, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,hq,h,in_dtype", [(64, 4, 2, torch.float16), (256, 8, 1, torch.bfloat16),
+                                             (128, 12, 3, torch.float16)], ids=["d64-fp16", "d256", "d128-3heads"])
+@pytest.mark.parametrize("block", [16, 5, 32], ids=lambda b: f"page{b}")
+@pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
+def test_gpu_native_shapes_and_pages(d, hq, h, in_dtype, block, mode, cache_dtype):
+    """Head sizes 64/256, fp16 inputs, odd head counts, NVFP4 pages of every V-scale layout."""
+    c = _case(533, hq, h, d, mode, cache_dtype, in_dtype=in_dtype, half=block == 5, table=block == 32,
+              seed=block * d, device="cuda", num_blocks=533 // block + 8, block=block)
+    _native_vs_reference(c, block != 32, mode)
+
+
+@pytest.mark.gpu
+def test_gpu_native_special_values():
+    """inf / NaN / huge keys rotate and encode as the reference does (saturation, NaN bytes)."""
+    c = _case(64, 4, 2, 128, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, seed=21, device="cuda", num_blocks=40)
+    k = c["key"]
+    k[3, 0, 5] = float("inf")
+    k[4, 1, 70] = float("nan")
+    k[5, 0, :] = 3.0e38
+    _native_vs_reference(c, True, KVQuantMode.FP8_E4M3)
+
+
+@pytest.mark.gpu
+def test_gpu_native_routing_and_fallback(monkeypatch):
+    """The op runs the native kernel for FP8/NVFP4 on CUDA; a call it refuses (head_size 80) runs
+    Triton's kernel, bit-exact all the same, and raises when the native backend is forced."""
+    from kvfuse.ops import native
+
+    registry.clear_cache()
+    assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3).name == "native"
+    assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.NVFP4).name == "native"
+    assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.NONE).name == "triton"
+    c = _case(33, 4, 2, 80, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, rotary_dim=80, seed=5, device="cuda",
+              num_blocks=20)
+    assert "head_size=80" in native.rope_refusal(*_native_args(c, True, KVQuantMode.FP8_E4M3))
+    want_cache, _ = _reference_result(c, True, KVQuantMode.FP8_E4M3)
+    q = OP(c["query"], c["key"], c["value"], c["kv_cache"], c["slot_mapping"], c["k_scale"], c["v_scale"], c["cos"],
+           c["sin"], None, 80, True, int(KVQuantMode.FP8_E4M3), "l0")
+    _bytes_equal(c["kv_cache"].cpu(), want_cache, "cache (Triton fallback)")
+    assert q.shape == c["query"].shape
+    monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
+    registry.clear_cache()
+    try:
+        with pytest.raises(ValueError, match="the native rotary write was forced but cannot run this call: "
+                                             "head_size=80"):
+            OP(c["query"], c["key"], c["value"], c["kv_cache"], c["slot_mapping"], c["k_scale"], c["v_scale"],
+               c["cos"], c["sin"], None, 80, True, int(KVQuantMode.FP8_E4M3), "l0")
+    finally:
+        monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND")
+        registry.clear_cache()
