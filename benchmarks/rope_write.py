@@ -8,8 +8,9 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 - ``write``: ``kvfuse::encode_and_cache_write`` of an already rotated K (the floor);
 - ``rope_k+write``: ``kvfuse::rope_encode_and_cache_write`` without a query (the issue's goal:
   <= 1.1x ``write``);
-- ``rope_k+write (triton)``: Triton's fused kernel, which the op ran for every format before the
-  native rotary write (``csrc/cuda/cache_write.cu``) took FP8 and NVFP4 caches;
+- ``rope_k+write (triton)`` / ``(native)``: Triton's fused kernel and the native one
+  (``csrc/cuda/cache_write.cu``, FP8 and NVFP4 caches), each forced; the op picks one by the
+  measured policy of :mod:`kvfuse.ops.tuning`;
 - ``rope_k+write (split)`` / ``(gather)``: Triton's kernel with each rotation forced
   (``rotation=`` of the Triton launcher: partners taken from the loaded rows, or by a second
   load), to time both in one run; its launcher picks one by format and token count
@@ -17,7 +18,7 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 - ``rotate_k, write``: the same function compiled without the rotary fusion (Inductor's rotation
   kernel, then the write);
 - ``rope_qk+write``: the fused op rotating the query too (what the pass emits per layer), and
-  ``rope_qk+write (triton)``: Triton's kernel for it;
+  ``rope_qk+write (triton)`` / ``(native)``: each kernel forced;
 - ``rotate_qk, write``: transformers' ``apply_rotary_pos_emb`` of Q and K compiled by Inductor,
   then the write (the unfused graph of a layer);
 - ``flashinfer``: ``rope_quantize_fp8_append_paged_kv_cache`` (FP8 only; it also quantizes Q
@@ -117,6 +118,15 @@ def _fused_as(case: Case, with_query: bool, rotation: str):
         for i in range(len(case.sets))]
 
 
+def _native(case: Case, with_query: bool):
+    from kvfuse.ops import native
+
+    return [lambda i=i: native.rope_encode_and_cache_write(
+        case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache, case.slots[i],
+        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, force=True)
+        for i in range(len(case.sets))]
+
+
 def _compiled(case: Case, with_query: bool):
     import kvfuse
 
@@ -206,7 +216,14 @@ def _check(case: Case, with_compiled: bool = True) -> None:
     if with_compiled and (not torch.equal(got_fused.view(torch.uint8), got_compiled.view(torch.uint8)) or
                           not torch.equal(fused_q.view(torch.int16), compiled_q.view(torch.int16))):
         logger.warning("fused and compiled-unfused differ for %s T=%d", case.fmt, case.num_tokens)
-    for other, cache, rq in (("split", got_split, split_q), ("gather", got_gather, gather_q)):
+    others = [("split", got_split, split_q), ("gather", got_gather, gather_q)]
+    if case.fmt != "bfloat16":
+        got_native = case.new_cache()
+        case.cache = got_native
+        native_q = _native(case, True)[0]()
+        case.cache = saved
+        others.append(("native", got_native, native_q))
+    for other, cache, rq in others:
         if not torch.equal(got_fused.view(torch.uint8), cache.view(torch.uint8)) or \
                 not torch.equal(fused_q.view(torch.int16), rq.view(torch.int16)):
             logger.warning("the op and its %s rotation differ for %s T=%d", other, case.fmt, case.num_tokens)
@@ -216,11 +233,13 @@ VARIANTS = {
     "write": _write,
     "rope_k+write": lambda c: _fused(c, False),
     "rope_k+write (triton)": lambda c: _fused_as(c, False, None),
+    "rope_k+write (native)": lambda c: _native(c, False),
     "rope_k+write (split)": lambda c: _fused_as(c, False, "split"),
     "rope_k+write (gather)": lambda c: _fused_as(c, False, "gather"),
     "rotate_k, write": lambda c: _compiled(c, False),
     "rope_qk+write": lambda c: _fused(c, True),
     "rope_qk+write (triton)": lambda c: _fused_as(c, True, None),
+    "rope_qk+write (native)": lambda c: _native(c, True),
     "rotate_qk, write": lambda c: _compiled(c, True),
     "flashinfer": _flashinfer,
 }
@@ -228,6 +247,7 @@ VARIANTS = {
 
 RATIOS = {"rope_k+write / write": ("rope_k+write", "write"),
           "triton rope_k+write / write": ("rope_k+write (triton)", "write"),
+          "native rope_k+write / write": ("rope_k+write (native)", "write"),
           "rope_qk+write / unfused": ("rope_qk+write", "rotate_qk, write")}
 
 

@@ -34,8 +34,9 @@ call it supports runs natively, prefill-shaped ones included, and the rest raise
 elements inside the fused write kernel of ``csrc/cuda/cache_write.cu`` (one more launch rotates
 the query, when there is one), bit for bit the reference's arithmetic. It takes the calls
 :func:`rope_refusal` accepts (bf16/fp16 inputs, 16-byte aligned rows, head sizes and rotary
-widths that keep a unit and its rotation partners together); the others run Triton's kernel, or
-raise when the native cache backend is forced.
+widths that keep a unit and its rotation partners together) where :mod:`kvfuse.ops.tuning` measured it faster than
+Triton's kernel (FP8 e4m3 writes of 4096 tokens and more without a query, on sm90); the other
+calls run Triton's kernel, and those it cannot take raise when the native cache backend is forced.
 
 FP8_PER_TOKEN_HEAD caches are written by ``csrc/cuda/per_token_head_write.cu`` (CUDA, fused write
 only; layouts it does not take go to Triton's kernel, see :func:`per_token_head_write_refusal`).
@@ -353,14 +354,20 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
                                 kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor,
                                 v_scale: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                                 positions: Optional[torch.Tensor], rotary_dim: int, is_neox: bool,
-                                kv_quant_mode: int) -> torch.Tensor:
+                                kv_quant_mode: int, *, force: bool = False) -> torch.Tensor:
     """:func:`kvfuse.ops.reference.rope_encode_and_cache_write` natively (CUDA), for the calls
-    :func:`rope_refusal` accepts; other calls run Triton's kernel, or raise ValueError when the
-    native cache backend is forced. Returns the rotated query (contiguous), or an empty tensor."""
+    :func:`rope_refusal` accepts and the device's measured policy gives to this kernel
+    (:meth:`kvfuse.ops.tuning.RopeWritePolicy.native`); other calls run Triton's kernel. With the
+    native cache backend forced, or ``force`` (tests, benchmarks), every call it accepts runs here
+    and the others raise ValueError. Returns the rotated query (contiguous), or an empty tensor."""
+    from . import tuning
+
+    force = force or envs.settings().forced_backend("cache") == "native"
     reason = rope_refusal(query, key, value, kv_cache, cos, sin, positions, rotary_dim, is_neox, kv_quant_mode)
-    if reason is not None:
-        if envs.settings().forced_backend("cache") == "native":
-            raise ValueError(f"the native rotary write was forced but cannot run this call: {reason}")
+    if reason is not None and force:
+        raise ValueError(f"the native rotary write was forced but cannot run this call: {reason}")
+    if reason is not None or not (force or tuning.rope_write_policy(key.device).native(
+            KVFormat.of(kv_quant_mode).narrowed, key.shape[0], query is not None)):
         from .triton.rope_kv_write import rope_encode_and_cache_write as triton_rope_write
 
         return triton_rope_write(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin, positions,
@@ -602,7 +609,8 @@ def build_info(build: bool = False) -> dict[str, Any]:
 
 def _rank(situation: Situation) -> Optional[int]:
     if situation.op in ROPE_OPS:
-        # Before Triton's fused kernel for the caches it writes (CUDA only): BENCHMARKS.md.
+        # First on CUDA for the caches it writes; rope_encode_and_cache_write itself hands the
+        # calls .tuning measured faster on Triton's kernel to it.
         return 0 if situation.device_type == "cuda" else None
     if situation.op == "paged_attention":
         # Before Triton for the caches its decode kernel reads (CUDA only): BENCHMARKS.md.

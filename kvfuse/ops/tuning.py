@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
@@ -110,27 +110,45 @@ def cuda_cache_write_policy(arch: str | None = None) -> CacheWritePolicy:
 
 @dataclass(frozen=True)
 class RopeWritePolicy:
-    """Which rotation the fused rotary write (``kvfuse/ops/triton/rope_kv_write.py``) takes where
-    both give its bits: below ``gather_below[mode]`` tokens the gathered one (each partner by a
-    second load), from there on the split one (partners from the loaded rows). Formats absent
-    here always take the split rotation."""
+    """Which kernel runs the fused rotary write on CUDA, and which rotation Triton's takes.
+
+    ``native_from[mode]``: from this many tokens on, calls without a query run the native kernel
+    (``csrc/cuda/cache_write.cu``); calls with a query, smaller ones and formats absent here run
+    Triton's (``kvfuse/ops/triton/rope_kv_write.py``). Triton's rotation, where both give its bits:
+    below ``gather_below[mode]`` tokens the gathered one (each partner by a second load), from
+    there on the split one (partners from the loaded rows); formats absent take the split one."""
 
     gather_below: Mapping[KVQuantMode, int]
+    native_from: Mapping[KVQuantMode, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gather_below, Mapping) or any(
-                not isinstance(v, int) or v <= 0 for v in self.gather_below.values()):
-            raise ValueError(f"gather_below={self.gather_below!r} must map formats to positive token counts")
-        object.__setattr__(self, "gather_below", MappingProxyType(dict(self.gather_below)))
+        for name in ("gather_below", "native_from"):
+            table = getattr(self, name)
+            if not isinstance(table, Mapping) or any(
+                    not isinstance(m, KVQuantMode) or not isinstance(v, int) or v <= 0 for m, v in table.items()):
+                raise ValueError(f"{name}={table!r} must map KVQuantMode formats to positive token counts")
+            object.__setattr__(self, name, MappingProxyType(dict(table)))
 
     def rotation(self, mode: KVQuantMode, num_tokens: int) -> str:
         return "gather" if num_tokens < self.gather_below.get(mode, 0) else "split"
+
+    def native(self, mode: KVQuantMode, num_tokens: int, with_query: bool) -> bool:
+        """Whether the native kernel is the measured choice for this call (it must also take it:
+        :func:`kvfuse.ops.native.rope_refusal`)."""
+        limit = self.native_from.get(mode)
+        return not with_query and limit is not None and num_tokens >= limit
 
 
 # H100 (sm90), `python -m benchmarks.rope_write` sweep at 695e34f (BENCHMARKS.md, eleventh
 # session), us per call, split / gather: FP8 2.42 / 2.34 at 16 tokens, 2.47 / 2.42 at 64, 3.22 /
 # 3.27 at 256; NVFP4 2.41 / 2.26, 2.47 / 2.35, 2.86 / 2.90. bf16 within 0.02 us either way: split.
-_SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMode.NVFP4: 256})
+# The native kernel against Triton's, `python -m benchmarks.rope_write --quick` at 9d4304b
+# (BENCHMARKS.md, fourteenth session), us per call without a query: FP8 e4m3 2.79 / 2.39 at 64
+# tokens, 2.98 / 3.24 at 256, 5.55 / 4.66 at 1024, 11.17 / 12.58 at 4096; NVFP4 2.67 / 2.35, 2.94 /
+# 2.83, 5.18 / 5.12, 14.81 / 14.20. With the query (its own launch natively) Triton's won at every
+# size. Only FP8 e4m3 from 4096 tokens was faster beyond 256 tokens; e5m2 was not measured.
+_SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMode.NVFP4: 256},
+                             native_from={KVQuantMode.FP8_E4M3: 4096})
 
 #: Rotary-write policies by GPU architecture; others (and the CPU interpreter) use sm90's.
 ROPE_WRITE_POLICIES: Mapping[str, RopeWritePolicy] = MappingProxyType({"sm90": _SM90_ROPE})

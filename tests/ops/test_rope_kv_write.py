@@ -375,6 +375,45 @@ def test_gpu_nvfp4_pages(block, d):
     _triton_vs_reference(c, True, KVQuantMode.NVFP4, device="cuda", fp_fusion=False)
 
 
+def test_native_function_hands_what_it_refuses_to_triton(monkeypatch):
+    """On the CPU every call is refused ("runs on CUDA"): the native function runs Triton's kernel
+    (interpreted), bit for bit the reference; forced, it raises with the reason instead."""
+    from kvfuse.ops import native
+
+    c = _case(7, 4, 2, 32, KVQuantMode.NVFP4, torch.uint8, half=True, seed=13)
+    want_cache, want_q = _reference_result(c, True, KVQuantMode.NVFP4)
+    got_q = _call(native.rope_encode_and_cache_write, c, True, KVQuantMode.NVFP4)
+    _bytes_equal(c["kv_cache"], want_cache, "cache")
+    _bytes_equal(got_q, want_q, "query")
+    with pytest.raises(ValueError, match="the native rotary write was forced but cannot run this call: key is on "
+                                         "cpu: it runs on CUDA"):
+        _call(native.rope_encode_and_cache_write, c, True, KVQuantMode.NVFP4, force=True)
+    monkeypatch.setenv("KVFUSE_CACHE_WRITE_BACKEND", "native")
+    registry.clear_cache()
+    try:
+        with pytest.raises(ValueError, match="forced but cannot run this call: key is on cpu"):
+            _call(native.rope_encode_and_cache_write, c, True, KVQuantMode.NVFP4)
+    finally:
+        monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND")
+        registry.clear_cache()
+
+
+def test_rope_write_policy_native_choice():
+    from kvfuse.ops import tuning
+
+    policy = tuning.RopeWritePolicy(gather_below={}, native_from={KVQuantMode.FP8_E4M3: 4096})
+    assert policy.native(KVQuantMode.FP8_E4M3, 4096, with_query=False)
+    assert not policy.native(KVQuantMode.FP8_E4M3, 4095, with_query=False)
+    assert not policy.native(KVQuantMode.FP8_E4M3, 8192, with_query=True)
+    assert not policy.native(KVQuantMode.NVFP4, 8192, with_query=False)
+    assert not tuning.RopeWritePolicy(gather_below={}).native(KVQuantMode.FP8_E4M3, 1 << 20, with_query=False)
+    for bad in ({KVQuantMode.FP8_E4M3: 0}, {"fp8": 4096}, {KVQuantMode.NVFP4: 1.5}):
+        with pytest.raises(ValueError, match="native_from=.* must map KVQuantMode formats to positive token counts"):
+            tuning.RopeWritePolicy(gather_below={}, native_from=bad)
+    sm90 = tuning.ROPE_WRITE_POLICIES["sm90"]
+    assert dict(sm90.native_from) == {KVQuantMode.FP8_E4M3: 4096}
+
+
 def _reference_result(c, is_neox, mode):
     """(cache, rotated query) the reference computes for ``c`` from ``c``'s current (poisoned)
     cache, on the CPU; ``c`` itself is left as it is."""
@@ -383,14 +422,28 @@ def _reference_result(c, is_neox, mode):
     return cpu["kv_cache"], q
 
 
-def _native_vs_reference(c, is_neox, mode):
+def _bytes_equal_but_nan_signs(a, b, what):
+    """Byte-equal FP8 e4m3 caches, except that a NaN may carry either sign: the GPU's arithmetic
+    returns its canonical (positive) NaN where the CPU reference propagates the input's, and
+    torch's vectorized float -> bfloat16 conversion writes NaN as 0xFFFF."""
+    a, b = a.view(torch.uint8), b.view(torch.uint8)
+    differ = a != b
+    both_nan = ((a & 0x7F) == 0x7F) & ((b & 0x7F) == 0x7F)
+    bad = (differ & ~both_nan).nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.shape[0]} bytes differ beyond NaN signs, first at {bad[:4].tolist()}"
+
+
+def _native_vs_reference(c, is_neox, mode, nan_sign_free=False):
     from kvfuse.ops import native
 
     assert native.rope_refusal(*_native_args(c, is_neox, mode)) is None
     want_cache, want_q = _reference_result(c, is_neox, mode)
-    got_q = _call(native.rope_encode_and_cache_write, c, is_neox, mode)
+    got_q = _call(native.rope_encode_and_cache_write, c, is_neox, mode, force=True)
     # every byte, so padding slots and slots nobody wrote must have kept the sentinel
-    _bytes_equal(c["kv_cache"].cpu(), want_cache, "cache")
+    if nan_sign_free:
+        _bytes_equal_but_nan_signs(c["kv_cache"].cpu(), want_cache, "cache")
+    else:
+        _bytes_equal(c["kv_cache"].cpu(), want_cache, "cache")
     if c["query"] is None:
         assert got_q.numel() == 0
     else:
@@ -445,22 +498,42 @@ def test_gpu_native_special_values():
     k[3, 0, 5] = float("inf")
     k[4, 1, 70] = float("nan")
     k[5, 0, :] = 3.0e38
-    _native_vs_reference(c, True, KVQuantMode.FP8_E4M3)
+    _native_vs_reference(c, True, KVQuantMode.FP8_E4M3, nan_sign_free=True)
 
 
 @pytest.mark.gpu
 def test_gpu_native_routing_and_fallback(monkeypatch):
-    """The op runs the native kernel for FP8/NVFP4 on CUDA; a call it refuses (head_size 80) runs
-    Triton's kernel, bit-exact all the same, and raises when the native backend is forced."""
-    from kvfuse.ops import native
+    """The registry gives FP8/NVFP4 rotary writes to the native backend on CUDA, which runs its
+    kernel where the policy measured it faster and Triton's elsewhere; a call it refuses
+    (NeoX over rotary_dim 80) runs Triton's kernel, bit-exact all the same, and raises when the
+    native backend is forced."""
+    from kvfuse.ops import native, tuning
+    from kvfuse.ops.triton import rope_kv_write
 
     registry.clear_cache()
     assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3).name == "native"
     assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.NVFP4).name == "native"
     assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.NONE).name == "triton"
+    triton_calls = []
+    triton_write = rope_kv_write.rope_encode_and_cache_write
+    monkeypatch.setattr(rope_kv_write, "rope_encode_and_cache_write",
+                        lambda *a, **k: triton_calls.append(a[1].shape[0]) or triton_write(*a, **k))
+    policy = tuning.rope_write_policy(torch.device("cuda"))
+    for T, with_query in ((64, True), (64, False), (4096, False)):
+        c = _case(T, 32, 8, 128, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, seed=T, device="cuda",
+                  num_blocks=T // BLOCK + 8)
+        if not with_query:
+            c["query"] = None
+        want_cache, _ = _reference_result(c, True, KVQuantMode.FP8_E4M3)
+        before = len(triton_calls)
+        OP(c["query"], c["key"], c["value"], c["kv_cache"], c["slot_mapping"], c["k_scale"], c["v_scale"], c["cos"],
+           c["sin"], None, 128, True, int(KVQuantMode.FP8_E4M3), "l0")
+        _bytes_equal(c["kv_cache"].cpu(), want_cache, f"cache T={T} query={with_query}")
+        ran_triton = len(triton_calls) > before
+        assert ran_triton == (not policy.native(KVQuantMode.FP8_E4M3, T, with_query)), (T, with_query)
     c = _case(33, 4, 2, 80, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, rotary_dim=80, seed=5, device="cuda",
               num_blocks=20)
-    assert "head_size=80" in native.rope_refusal(*_native_args(c, True, KVQuantMode.FP8_E4M3))
+    assert "rotary_dim=80 with NeoX pairs" in native.rope_refusal(*_native_args(c, True, KVQuantMode.FP8_E4M3))
     want_cache, _ = _reference_result(c, True, KVQuantMode.FP8_E4M3)
     q = OP(c["query"], c["key"], c["value"], c["kv_cache"], c["slot_mapping"], c["k_scale"], c["v_scale"], c["cos"],
            c["sin"], None, 80, True, int(KVQuantMode.FP8_E4M3), "l0")
@@ -470,7 +543,7 @@ def test_gpu_native_routing_and_fallback(monkeypatch):
     registry.clear_cache()
     try:
         with pytest.raises(ValueError, match="the native rotary write was forced but cannot run this call: "
-                                             "head_size=80"):
+                                             "rotary_dim=80 with NeoX pairs"):
             OP(c["query"], c["key"], c["value"], c["kv_cache"], c["slot_mapping"], c["k_scale"], c["v_scale"],
                c["cos"], c["sin"], None, 80, True, int(KVQuantMode.FP8_E4M3), "l0")
     finally:
