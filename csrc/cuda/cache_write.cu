@@ -91,6 +91,15 @@
 #ifndef KVFUSE_STORE_HINT
 #define KVFUSE_STORE_HINT 1
 #endif
+// Resident blocks per SM the rotary write gives up against the write alone, for the rotation's
+// registers, by format. Measured at 1 (BENCHMARKS.md, fourteenth session); at 0, ptxas fits the
+// FP8 instantiations over 16-bit tables in 64 registers without spills, NVFP4 NeoX spills.
+#ifndef KVFUSE_ROPE_FP8_FEWER_BLOCKS
+#define KVFUSE_ROPE_FP8_FEWER_BLOCKS 1
+#endif
+#ifndef KVFUSE_ROPE_NVFP4_FEWER_BLOCKS
+#define KVFUSE_ROPE_NVFP4_FEWER_BLOCKS 1
+#endif
 
 namespace kvfuse {
 namespace {
@@ -648,11 +657,12 @@ struct Rotation {
     Cols cos, sin;
   };
   // The rotation's loads add 24 registers per unit (bf16 tables; 40 for float32 ones) to the op's
-  // own: one resident block fewer per SM than the op alone (two with float32 tables), so that
-  // nothing spills (ptxas -v, sm_90a).
+  // own: KVFUSE_ROPE_*_FEWER_BLOCKS resident blocks per SM fewer than the op alone (one more with
+  // float32 tables), so that nothing spills (ptxas -v, sm_90a).
   template <class Op>
   static constexpr int min_blocks() {
-    constexpr int fewer = sizeof(Table) > 2 ? 2 : 1;
+    constexpr int fewer = (Op::kSplitRows ? KVFUSE_ROPE_NVFP4_FEWER_BLOCKS : KVFUSE_ROPE_FP8_FEWER_BLOCKS) +
+                          (sizeof(Table) > 2 ? 1 : 0);
     return Op::kMinBlocks - fewer >= 2 ? Op::kMinBlocks - fewer : 2;
   }
 

@@ -635,4 +635,8 @@ IMPLEMENTATION = Implementation(
     # and refuse per-KV-head scales; those calls take the Triton kernels. The decode attention
     # kernel reads its KV head's scale.
     per_head_scale_devices=frozenset({"cpu"}), per_head_scale_ops=frozenset({"paged_attention"}),
+    # The rotary write takes 16-element units of bf16/fp16 rows 16-byte aligned (rope_refusal); with
+    # the native backend forced, the rotary pass leaves rotations unfused rather than emit calls
+    # it might refuse.
+    partial_ops=frozenset(ROPE_OPS),
 )

@@ -177,6 +177,10 @@ class Implementation:
     per_head_scale_ops: frozenset = frozenset()
     #: The ops it runs for mixed formats (a K side and a V side in different modes, each in ``modes``).
     mixed_format_ops: frozenset = frozenset()
+    #: Ops it takes only some calls of, by shape and layout, handing the others to another
+    #: implementation or, when forced, refusing them: a pass does not emit them under this backend
+    #: forced (kvfuse/passes/fuse_rope_cache_write.py).
+    partial_ops: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         if self.name not in envs.BACKEND_NAMES:

@@ -501,6 +501,9 @@ def _backend_problem() -> Optional[str]:
     impl = registry.implementations().get(forced)
     if impl is None or "rope_encode_and_cache_write" not in impl.ops:
         return f"the cache backend is forced to {forced!r}, which has no rope_encode_and_cache_write"
+    if "rope_encode_and_cache_write" in impl.partial_ops:
+        return (f"the cache backend is forced to {forced!r}, whose rope_encode_and_cache_write takes only some "
+                f"calls and would refuse the others")
     return None
 
 

@@ -204,7 +204,8 @@ def test_a_forced_cache_backend_without_the_op_keeps_the_rotation(forced, refuse
     kvfuse.envs.reload()
     problem = fuse_rope_cache_write._backend_problem()
     if refused:
-        assert problem == ("the cache backend is forced to 'native', which has no rope_encode_and_cache_write")
+        assert problem == ("the cache backend is forced to 'native', whose rope_encode_and_cache_write takes only "
+                           "some calls and would refuse the others")
     else:
         assert problem is None
 

@@ -410,7 +410,7 @@ def test_ops_route_to_triton_reference_or_native_on_cuda_never_flashinfer():
     for op in ("encode_kv", "cache_write"):
         reason = native.available(op, "cuda", PTH)
         assert reason is not None and f"not for {op}" in reason and "FP8_PER_TOKEN_HEAD" in reason, (op, reason)
-    assert "not rope_encode_and_cache_write" in native.covers("rope_encode_and_cache_write", "cuda", PTH)
+    assert "not for rope_encode_and_cache_write" in native.available("rope_encode_and_cache_write", "cuda", PTH)
     for op in ("encode_kv", "cache_write", "encode_and_cache_write", "rope_encode_and_cache_write",
                "paged_attention"):
         assert registry.select(op, "cpu", PTH).name == "reference"
