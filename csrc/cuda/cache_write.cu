@@ -740,7 +740,6 @@ struct QueryParams {
   char* dst;  // [T, Hq, D] contiguous
   IntDivider<uint32_t> per_token, chunks;
   uint32_t units;  // < 2^31 (rope_refusal)
-  int head_size;
 };
 
 template <typename In, typename Table, bool kNeox>
@@ -1109,7 +1108,6 @@ at::Tensor rope_encode_and_cache_write_cuda(const std::optional<at::Tensor>& que
     q.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(head_size / kRopeUnit));
     q.per_token = IntDivider<uint32_t>(static_cast<uint32_t>(x.size(1) * (head_size / kRopeUnit)));
     q.units = static_cast<uint32_t>(x.numel() / kRopeUnit);
-    q.head_size = static_cast<int>(head_size);
   }
   if (num_tokens == 0) return q_out;
   const c10::cuda::CUDAGuard guard(kv_cache.device());

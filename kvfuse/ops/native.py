@@ -32,11 +32,12 @@ call it supports runs natively, prefill-shaped ones included, and the rest raise
 
 :func:`rope_encode_and_cache_write` (CUDA; FP8 and NVFP4 caches) rotates each key unit of 16
 elements inside the fused write kernel of ``csrc/cuda/cache_write.cu`` (one more launch rotates
-the query, when there is one), bit for bit the reference's arithmetic. It takes the calls
-:func:`rope_refusal` accepts (bf16/fp16 inputs, 16-byte aligned rows, head sizes and rotary
-widths that keep a unit and its rotation partners together) where :mod:`kvfuse.ops.tuning` measured it faster than
-Triton's kernel (FP8 e4m3 writes of 4096 tokens and more without a query, on sm90); the other
-calls run Triton's kernel, and those it cannot take raise when the native cache backend is forced.
+the query, when there is one), bit for bit the reference's arithmetic. It runs the calls that
+:mod:`kvfuse.ops.tuning` measured faster on it than on Triton's kernel (on sm90: FP8 e4m3 writes
+of 4096 tokens and more without a query) and :func:`rope_refusal` accepts (bf16/fp16 inputs,
+16-byte aligned rows, head sizes and rotary widths that keep a unit and its rotation partners
+together); the other calls run Triton's kernel. With the native cache backend forced it runs
+every call it accepts and raises for the rest.
 
 FP8_PER_TOKEN_HEAD caches are written by ``csrc/cuda/per_token_head_write.cu`` (CUDA, fused write
 only; layouts it does not take go to Triton's kernel, see :func:`per_token_head_write_refusal`).
@@ -363,11 +364,14 @@ def rope_encode_and_cache_write(query: Optional[torch.Tensor], key: torch.Tensor
     from . import tuning
 
     force = force or envs.settings().forced_backend("cache") == "native"
-    reason = rope_refusal(query, key, value, kv_cache, cos, sin, positions, rotary_dim, is_neox, kv_quant_mode)
+    # The policy first: it is cheaper than the refusal's checks, and most calls go to Triton.
+    wanted = force or tuning.rope_write_policy(key.device).native(KVFormat.of(kv_quant_mode).narrowed, key.shape[0],
+                                                                  query is not None)
+    reason = rope_refusal(query, key, value, kv_cache, cos, sin, positions, rotary_dim, is_neox,
+                          kv_quant_mode) if wanted else None
     if reason is not None and force:
         raise ValueError(f"the native rotary write was forced but cannot run this call: {reason}")
-    if reason is not None or not (force or tuning.rope_write_policy(key.device).native(
-            KVFormat.of(kv_quant_mode).narrowed, key.shape[0], query is not None)):
+    if not wanted or reason is not None:
         from .triton.rope_kv_write import rope_encode_and_cache_write as triton_rope_write
 
         return triton_rope_write(query, key, value, kv_cache, slot_mapping, k_scale, v_scale, cos, sin, positions,

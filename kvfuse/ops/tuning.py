@@ -142,11 +142,10 @@ class RopeWritePolicy:
 # H100 (sm90), `python -m benchmarks.rope_write` sweep at 695e34f (BENCHMARKS.md, eleventh
 # session), us per call, split / gather: FP8 2.42 / 2.34 at 16 tokens, 2.47 / 2.42 at 64, 3.22 /
 # 3.27 at 256; NVFP4 2.41 / 2.26, 2.47 / 2.35, 2.86 / 2.90. bf16 within 0.02 us either way: split.
-# The native kernel against Triton's, `python -m benchmarks.rope_write --quick` at 9d4304b
-# (BENCHMARKS.md, fourteenth session), us per call without a query: FP8 e4m3 2.79 / 2.39 at 64
-# tokens, 2.98 / 3.24 at 256, 5.55 / 4.66 at 1024, 11.17 / 12.58 at 4096; NVFP4 2.67 / 2.35, 2.94 /
-# 2.83, 5.18 / 5.12, 14.81 / 14.20. With the query (its own launch natively) Triton's won at every
-# size. Only FP8 e4m3 from 4096 tokens was faster beyond 256 tokens; e5m2 was not measured.
+# The native kernel against Triton's (`python -m benchmarks.rope_write` at 9d4304b, BENCHMARKS.md,
+# fourteenth session): without a query, faster for FP8 e4m3 at 256 and 4096 tokens, slower at 64
+# and 1024, slower or level for NVFP4; with the query (its own launch natively), slower at every
+# size. Taken from the largest size on only; e5m2 was not measured.
 _SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMode.NVFP4: 256},
                              native_from={KVQuantMode.FP8_E4M3: 4096})
 
