@@ -121,6 +121,8 @@ def _fused_as(case: Case, with_query: bool, rotation: str):
 def _native(case: Case, with_query: bool):
     from kvfuse.ops import native
 
+    if case.fmt == "bfloat16":
+        raise _Skip("the native rotary write takes FP8 and NVFP4 caches only")
     return [lambda i=i: native.rope_encode_and_cache_write(
         case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache, case.slots[i],
         case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, force=True)
