@@ -8,6 +8,8 @@ tables, per-token rows and position-indexed tables, padding slots and poisoned c
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -280,8 +282,6 @@ def test_native_rotary_refusals_name_the_condition(change, reason):
     args = dict(query=c["query"], key=c["key"], value=c["value"], kv_cache=c["kv_cache"], cos=c["cos"], sin=c["sin"],
                 positions=c["positions"], rotary_dim=64, is_neox=True, kv_quant_mode=int(KVQuantMode.FP8_E4M3))
     args.update(change(c))
-    import re
-
     got = native.rope_refusal(**args)
     assert got is not None and re.search(reason, got), got
 
@@ -376,8 +376,9 @@ def test_gpu_nvfp4_pages(block, d):
 
 
 def test_native_function_hands_what_it_refuses_to_triton(monkeypatch):
-    """On the CPU every call is refused ("runs on CUDA"): the native function runs Triton's kernel
-    (interpreted), bit for bit the reference; forced, it raises with the reason instead."""
+    """A call the policy gives to Triton (NVFP4 with a query) runs Triton's kernel (interpreted
+    here), bit for bit the reference; forced onto the native kernel, a call it refuses (on the
+    CPU, every call) raises with the refusal's reason."""
     from kvfuse.ops import native
 
     c = _case(7, 4, 2, 32, KVQuantMode.NVFP4, torch.uint8, half=True, seed=13)
