@@ -40,7 +40,7 @@ import torch.distributed as dist  # noqa: E402
 import kvfuse  # noqa: E402
 from benchmarks.common import device_info, markdown_table, write_json, write_markdown  # noqa: E402
 from benchmarks.decode_step import step_inputs  # noqa: E402
-from kvfuse.distributed import init_tensor_parallel  # noqa: E402
+from kvfuse.distributed import init_tensor_parallel, shutdown_tensor_parallel  # noqa: E402
 from kvfuse.models import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 BATCH, CONTEXT, PAGE = 64, 4096, 16
@@ -152,7 +152,7 @@ def main() -> int:
     tp = init_tensor_parallel(device=device)
     if tp.tp_size != 2:
         print(f"tp_decode_step: launch with 2 processes (torchrun --nproc-per-node 2), got {tp.tp_size}")
-        dist.destroy_process_group()
+        shutdown_tensor_parallel()
         return 2
     sizes = (dict(model=SMOKE_MODEL, batch=4, context=64) if args.cpu_smoke
              else dict(model=MODEL, batch=BATCH, context=CONTEXT))
@@ -182,7 +182,7 @@ def main() -> int:
     finally:
         if tp.rank == 0:
             _report(rows, args, write=not args.cpu_smoke)
-        dist.destroy_process_group()
+        shutdown_tensor_parallel()
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -18,7 +18,6 @@ CPU uses gloo, CUDA uses NCCL (one GPU per rank, by ``LOCAL_RANK``); NVLink mult
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -278,7 +277,7 @@ def format_summary(summary: dict) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch.distributed as dist
 
-    from ..distributed import init_tensor_parallel
+    from ..distributed import init_tensor_parallel, shutdown_tensor_parallel
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kv-cache-dtypes", default="fp8,nvfp4", help="comma-separated cache dtypes, one run each")
@@ -332,11 +331,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dist.barrier()
         return 1 if (args.check and flag.item()) else 0
     finally:
-        dist.destroy_process_group()
-        # The model's layers hold the group inside reference cycles. Left to interpreter
-        # finalisation, gloo's worker threads were torn down there and aborted the process
-        # ("terminate called without an active exception") in about one run in twenty.
-        gc.collect()
+        shutdown_tensor_parallel()
 
 
 if __name__ == "__main__":

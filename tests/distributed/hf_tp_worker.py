@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from kvfuse.backend import KVFuseBackend
+from kvfuse.distributed import shutdown_tensor_parallel
 from kvfuse.kv_cache import logical_cache_rows
 
 NEW_TOKENS = 12
@@ -249,7 +250,7 @@ def main(argv=None) -> int:
                 json.dump(summary, f, indent=1)
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        shutdown_tensor_parallel()
     return 0
 
 

@@ -272,6 +272,16 @@ def test_all_reduce_is_identity_at_tp1():
 # ----------------------------------------------------------------------------- reports
 
 
+def test_shutdown_without_a_group_is_a_no_op():
+    import torch.distributed as dist
+
+    from kvfuse.distributed import shutdown_tensor_parallel
+
+    assert not dist.is_initialized()
+    shutdown_tensor_parallel()
+    assert not dist.is_initialized()
+
+
 def test_reports_compare_and_gather_without_a_group():
     a = [FusionRecord("model.layers.0.attn", KVQuantMode.FP8_E4M3, True, "fused"),
          FusionRecord("model.layers.1.attn", KVQuantMode.NONE, True, "fused")]
