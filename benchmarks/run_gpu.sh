@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of kvfuse, on the device machine, printing a short table last.
 #
-#   bash benchmarks/run_gpu.sh [tests-ops | tests-ops-attention tests-ops-rest] [tests-native] [tests-models] [write] [attention] [decode] [focus] [variants] [prefill] [prefill-sweep] [hf] [rope] [native] [tp]
+#   bash benchmarks/run_gpu.sh [tests-ops | tests-ops-attention tests-ops-rest] [tests-native] [tests-models] [write] [attention] [decode] [focus] [variants] [prefill] [prefill-sweep] [hf] [rope] [rope-native] [native] [tp]
 #
 # No argument: tests-ops tests-native tests-models write attention decode. The GPU suite is split
 # in three phases (Triton/reference/FlashInfer ops; the native kernels' tests and their
 # compute-sanitizer run; compile/models/integrations), each well inside one call's 10 minutes. `hf` is the
-# transformers decode benchmark, `rope` the fused rotary write, `native` the native kernels' own
+# transformers decode benchmark, `rope` the fused rotary write, `rope-native` the native rotary
+# write's GPU tests and its build variants (ROPE_VARIANTS) beside Triton, `native` the native kernels' own
 # loop (their GPU tests and the launch-constant sweep), `tp` the two-GPU tensor-parallel test and
 # benchmark (needs a machine with 2 GPUs).
 #
@@ -71,6 +72,26 @@ for phase in $phases; do
       ;;
     rope)
       timeout 240 python3 -m benchmarks.rope_write --out "$RES" 2>&1 | grep '^|' | cut -c1-200
+      ;;
+    rope-native)
+      # The native rotary write: its GPU tests, then the benchmark on the default build and on each
+      # build of ROPE_VARIANTS (';'-separated nvcc flag sets, each built in its own directory), so
+      # one call compares them against the same Triton rows.
+      python3 -c "from kvfuse.ops import native; print(native.build_info(build=True))" 2>&1 | tail -3
+      timeout 150 python3 -m pytest -v -m gpu -n 6 tests/ops/test_rope_kv_write.py -k native -p no:cacheprovider \
+        --tb=short > "$RES/gpu_rope_native.log" 2>&1
+      echo "pytest rc=$? (124: cut), $(grep -c ' PASSED' "$RES/gpu_rope_native.log") passed"
+      grep -E ' (FAILED|ERROR) ' "$RES/gpu_rope_native.log" | sed 's/^\[gw[0-9]*\] *//' | head -10
+      IFS=';' read -ra rope_variants <<< "${ROPE_VARIANTS:--DKVFUSE_ROPE_FP8_FEWER_BLOCKS=0}"
+      for flags in "" "${rope_variants[@]}"; do
+        tag=$(printf '%s' "${flags:-default}" | tr -c 'A-Za-z0-9_' '_')
+        mkdir -p "$RES/rope_$tag"
+        echo "rope_write, build: ${flags:-default}"
+        KVFUSE_NATIVE_CUDA_FLAGS="$flags" timeout 200 python3 -m benchmarks.rope_write --quick --out "$RES/rope_$tag" \
+          --tokens 64,256,1024,4096 --formats fp8,nvfp4 \
+          --variants "write;rope_k+write (native);rope_k+write (triton);rope_qk+write (native);rope_qk+write (triton)" \
+          2>&1 | grep -E '^\||differ' | cut -c1-200
+      done
       ;;
     tp)
       # NVLink multicast stays off for every process of this phase (the host's GPUs are shared;
@@ -137,7 +158,7 @@ for phase in $phases; do
         | tail -8 | tee "$RES/native_tests.log"
       timeout 480 python3 -m benchmarks.native_sweep --out "$RES" ${SWEEP_ARGS:-} 2>&1 | tail -40
       ;;
-    *) echo "unknown phase $phase (tests-ops | tests-ops-attention | tests-ops-rest | tests-native | tests-models | write | attention | decode | focus | variants | prefill | prefill-sweep | hf | rope | native | tp)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests-ops | tests-ops-attention | tests-ops-rest | tests-native | tests-models | write | attention | decode | focus | variants | prefill | prefill-sweep | hf | rope | rope-native | native | tp)"; exit 2 ;;
   esac
   echo "[$phase done at ${SECONDS}s]"
 done

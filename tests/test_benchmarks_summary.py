@@ -55,6 +55,26 @@ def test_run_gpu_focus_phase_names_existing_variants():
     assert all(variant[1] in ("bf16", "fp8", "nvfp4", "fp8_pth") for variant in FOCUS_VARIANTS)
 
 
+def test_run_gpu_rope_native_phase_names_existing_rows_and_knobs():
+    """The rope-native phase's benchmark rows exist in rope_write.VARIANTS (an unknown one ends the
+    run on the GPU machine), and its default build variant sets knobs csrc/ still has (an unknown
+    -D would build the default kernel under another name)."""
+    import os
+    import re
+
+    from benchmarks.rope_write import VARIANTS
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "benchmarks", "run_gpu.sh")) as f:
+        phase = f.read().split("rope-native)", 1)[1].split(";;", 1)[0]
+    rows = re.search(r'--variants "([^"]+)"', phase).group(1).split(";")
+    assert rows and not [r for r in rows if r not in VARIANTS]
+    knobs = re.findall(r"-D(KVFUSE_[A-Z0-9_]+)=", re.search(r"ROPE_VARIANTS:-([^}]+)}", phase).group(1))
+    with open(os.path.join(root, "csrc", "cuda", "cache_write.cu")) as f:
+        source = f.read()
+    assert knobs and all(f"#ifndef {k}" in source for k in knobs), knobs
+
+
 def test_tile_fields_from_the_command_line():
     import pytest
 
