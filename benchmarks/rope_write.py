@@ -109,13 +109,18 @@ def _fused(case: Case, with_query: bool):
                            "l") for i in range(len(case.sets))]
 
 
+def _kernel_calls(case: Case, with_query: bool, kernel, **kwargs):
+    """Calls of one rotary-write kernel function (the op's argument list, no layer name)."""
+    return [lambda i=i: kernel(
+        case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache, case.slots[i],
+        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, **kwargs)
+        for i in range(len(case.sets))]
+
+
 def _fused_as(case: Case, with_query: bool, rotation: str):
     from kvfuse.ops.triton import rope_kv_write
 
-    return [lambda i=i: rope_kv_write.rope_encode_and_cache_write(
-        case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache, case.slots[i],
-        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, rotation=rotation)
-        for i in range(len(case.sets))]
+    return _kernel_calls(case, with_query, rope_kv_write.rope_encode_and_cache_write, rotation=rotation)
 
 
 def _native(case: Case, with_query: bool):
@@ -123,10 +128,7 @@ def _native(case: Case, with_query: bool):
 
     if case.fmt == "bfloat16":
         raise _Skip("the native rotary write takes FP8 and NVFP4 caches only")
-    return [lambda i=i: native.rope_encode_and_cache_write(
-        case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache, case.slots[i],
-        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, force=True)
-        for i in range(len(case.sets))]
+    return _kernel_calls(case, with_query, native.rope_encode_and_cache_write, force=True)
 
 
 def _compiled(case: Case, with_query: bool):
