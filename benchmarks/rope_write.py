@@ -26,6 +26,11 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 
 Every variant is checked against the reference before it is timed. Results:
 ``benchmarks/results/rope_write.json`` and ``rope_write.md``; a short table is printed last.
+
+``--sweep``: Triton's fused kernel without a query under each launch config of
+:func:`triton_configs` (``(BLOCK_T, BLOCK_H, BLOCK_D, num_warps)``), each checked bit-exact
+against the op first, beside its default config and the write alone, into
+``rope_write_sweep.json``.
 """
 
 from __future__ import annotations
@@ -255,6 +260,65 @@ RATIOS = {"rope_k+write / write": ("rope_k+write", "write"),
           "rope_qk+write / unfused": ("rope_qk+write", "rotate_qk, write")}
 
 
+def triton_configs(head_size: int = D) -> list[tuple[int, int, int, int]]:
+    """Launch configs of the sweep: 1-4 tokens x 1-8 heads per program, 8 to 32 elements a thread."""
+    out = []
+    for block_t in (1, 2, 4):
+        for block_h in (1, 2, 4, 8):
+            for num_warps in (1, 2, 4, 8):
+                per_thread = block_t * block_h * head_size // (32 * num_warps)
+                if 8 <= per_thread <= 32:
+                    out.append((block_t, block_h, head_size, num_warps))
+    return out
+
+
+def sweep(token_counts, formats, trials: int) -> list[dict]:
+    """Triton's rotary write (no query) under each of :func:`triton_configs`; rows of us per call."""
+    from kvfuse.ops.triton import rope_kv_write
+
+    rows = []
+    for num_tokens in token_counts:
+        rotations = common.rotations_for(Case.bytes_per_call(num_tokens))
+        for fmt in formats:
+            case = Case(fmt, num_tokens, rotations)
+            want = case.new_cache()
+            saved, case.cache = case.cache, want
+            _fused_as(case, False, None)[0]()
+            case.cache = saved
+            row = {"tokens": num_tokens, "format": fmt, "write": round(common.bench(_write(case), trials=trials).us, 2),
+                   "default": round(common.bench(_fused_as(case, False, None), trials=trials).us, 2)}
+            for config in triton_configs():
+                name = "x".join(map(str, config))
+                got = case.new_cache()
+                case.cache = got
+                try:
+                    _kernel_calls(case, False, rope_kv_write.rope_encode_and_cache_write, launch_config=config)[0]()
+                    if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+                        logger.warning("sweep %s %s T=%d: cache bytes differ from the default config's",
+                                       name, fmt, num_tokens)
+                        row[name] = None
+                        continue
+                    case.cache = saved
+                    row[name] = round(common.bench(
+                        _kernel_calls(case, False, rope_kv_write.rope_encode_and_cache_write, launch_config=config),
+                        trials=trials).us, 2)
+                except Exception as e:  # noqa: BLE001 - a config Triton cannot build is a result, not a stop
+                    logger.warning("sweep %s %s T=%d: %s", name, fmt, num_tokens, str(e).splitlines()[0][:160])
+                    row[name] = None
+                finally:
+                    case.cache = saved
+            timed = {k: v for k, v in row.items() if "x" in k and v}
+            best = min(timed, key=timed.get) if timed else None
+            row["best"] = best
+            if best:
+                row["best / write"] = round(timed[best] / row["write"], 3)
+                row["default / write"] = round(row["default"] / row["write"], 3)
+            logger.info("sweep %s T=%d: write %.2f, default %.2f, best %s %.2f", fmt, num_tokens, row["write"],
+                        row["default"], best, timed.get(best, float("nan")))
+            rows.append(row)
+    return rows
+
+
 # Read (as text) by `python -m kvfuse bench`, which refuses to start this on a host without CUDA.
 REQUIRES_CUDA = True
 
@@ -267,6 +331,8 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of " + ",".join(FORMATS))
     parser.add_argument("--variants", default=None,
                         help="semicolon-separated subset (names hold commas) of: " + "; ".join(VARIANTS))
+    parser.add_argument("--sweep", action="store_true",
+                        help="only the sweep of Triton's launch configs (see the module docstring)")
     args = parser.parse_args(argv)
     token_counts = [int(t) for t in args.tokens.split(",") if t]
     formats = [f for f in args.formats.split(",") if f]
@@ -281,6 +347,14 @@ def main(argv=None) -> int:
         return 2
     info = common.device_info(" ".join(["python -m benchmarks.rope_write"] + list(sys.argv[1:] if argv is None else argv)))
     trials = 5 if args.quick else 15
+    if args.sweep:
+        rows = sweep(token_counts, [f for f in formats if f != "bfloat16"] or formats, trials)
+        common.write_json(os.path.join(args.out, "rope_write_sweep.json"), {"info": info, "rows": rows})
+        print("tokens format write default best(config us) best/write default/write")
+        for r in rows:
+            print(r["tokens"], r["format"], r["write"], r["default"], r["best"], r.get(r["best"]) if r["best"] else None,
+                  r.get("best / write"), r.get("default / write"))
+        return 0
     rows, notes = [], []
     for num_tokens in token_counts:
         rotations = common.rotations_for(Case.bytes_per_call(num_tokens))

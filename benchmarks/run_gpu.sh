@@ -82,7 +82,7 @@ for phase in $phases; do
         --tb=short > "$RES/gpu_rope_native.log" 2>&1
       echo "pytest rc=$? (124: cut), $(grep -c ' PASSED' "$RES/gpu_rope_native.log") passed"
       grep -E ' (FAILED|ERROR) ' "$RES/gpu_rope_native.log" | sed 's/^\[gw[0-9]*\] *//' | head -10
-      IFS=';' read -ra rope_variants <<< "${ROPE_VARIANTS:--DKVFUSE_ROPE_FP8_FEWER_BLOCKS=0}"
+      IFS=';' read -ra rope_variants <<< "${ROPE_VARIANTS:--DKVFUSE_ROPE_FP8_FEWER_BLOCKS=0 -DKVFUSE_ROPE_NVFP4_FEWER_BLOCKS=0}"
       for flags in "" "${rope_variants[@]}"; do
         tag=$(printf '%s' "${flags:-default}" | tr -c 'A-Za-z0-9_' '_')
         mkdir -p "$RES/rope_$tag"
@@ -92,6 +92,12 @@ for phase in $phases; do
           --variants "write;rope_k+write (native);rope_k+write (triton);rope_qk+write (native);rope_qk+write (triton)" \
           2>&1 | grep -E '^\||differ' | cut -c1-200
       done
+      # Triton's launch configs for the rotary write (ROPE_SWEEP_TOKENS, empty: none).
+      if [[ -n "${ROPE_SWEEP_TOKENS-4096}" ]]; then
+        mkdir -p "$RES/rope_sweep"
+        timeout 240 python3 -m benchmarks.rope_write --quick --sweep --out "$RES/rope_sweep" \
+          --tokens "${ROPE_SWEEP_TOKENS-4096}" --formats fp8,nvfp4 2>&1 | grep -vE '^\{|^sweep ' | tail -8
+      fi
       ;;
     tp)
       # NVLink multicast stays off for every process of this phase (the host's GPUs are shared;
