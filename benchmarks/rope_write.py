@@ -272,8 +272,9 @@ def triton_configs(head_size: int = D) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def sweep(token_counts, formats, trials: int) -> list[dict]:
-    """Triton's rotary write (no query) under each of :func:`triton_configs`; rows of us per call."""
+def sweep(token_counts, formats, trials: int, out_json: str, info: dict) -> list[dict]:
+    """Triton's rotary write (no query) under each of :func:`triton_configs`; rows of us per call,
+    written to ``out_json`` after each case (a run cut short keeps what it timed)."""
     from kvfuse.ops.triton import rope_kv_write
 
     rows = []
@@ -316,6 +317,7 @@ def sweep(token_counts, formats, trials: int) -> list[dict]:
             logger.info("sweep %s T=%d: write %.2f, default %.2f, best %s %.2f", fmt, num_tokens, row["write"],
                         row["default"], best, timed.get(best, float("nan")))
             rows.append(row)
+            common.write_json(out_json, {"info": info, "rows": rows})
     return rows
 
 
@@ -348,8 +350,8 @@ def main(argv=None) -> int:
     info = common.device_info(" ".join(["python -m benchmarks.rope_write"] + list(sys.argv[1:] if argv is None else argv)))
     trials = 5 if args.quick else 15
     if args.sweep:
-        rows = sweep(token_counts, [f for f in formats if f != "bfloat16"] or formats, trials)
-        common.write_json(os.path.join(args.out, "rope_write_sweep.json"), {"info": info, "rows": rows})
+        rows = sweep(token_counts, [f for f in formats if f != "bfloat16"] or formats, trials,
+                     os.path.join(args.out, "rope_write_sweep.json"), info)
         print("tokens format write default best(config us) best/write default/write")
         for r in rows:
             print(r["tokens"], r["format"], r["write"], r["default"], r["best"], r.get(r["best"]) if r["best"] else None,
