@@ -76,13 +76,18 @@ for phase in $phases; do
     rope-native)
       # The native rotary write: its GPU tests, then the benchmark on the default build and on each
       # build of ROPE_VARIANTS (';'-separated nvcc flag sets, each built in its own directory), so
-      # one call compares them against the same Triton rows.
-      python3 -c "from kvfuse.ops import native; print(native.build_info(build=True))" 2>&1 | tail -3
+      # one call compares them against the same Triton rows. All builds run at once, first.
+      IFS=';' read -ra rope_variants <<< "${ROPE_VARIANTS:--DKVFUSE_ROPE_PARTNER_SHUFFLE=0;-DKVFUSE_ROPE_FP8_FEWER_BLOCKS=0 -DKVFUSE_ROPE_NVFP4_FEWER_BLOCKS=0}"
+      for flags in "" "${rope_variants[@]}"; do
+        KVFUSE_NATIVE_CUDA_FLAGS="$flags" MAX_JOBS=8 python3 -c "from kvfuse.ops import native
+i = native.build_info(build=True); print('build ${flags:-default}:', i.get('built'), i.get('build_seconds'), i.get('error'))" \
+          2>&1 | grep '^build ' &
+      done
+      wait
       timeout 150 python3 -m pytest -v -m gpu -n 6 tests/ops/test_rope_kv_write.py -k native -p no:cacheprovider \
         --tb=short > "$RES/gpu_rope_native.log" 2>&1
       echo "pytest rc=$? (124: cut), $(grep -c ' PASSED' "$RES/gpu_rope_native.log") passed"
       grep -E ' (FAILED|ERROR) ' "$RES/gpu_rope_native.log" | sed 's/^\[gw[0-9]*\] *//' | head -10
-      IFS=';' read -ra rope_variants <<< "${ROPE_VARIANTS:--DKVFUSE_ROPE_FP8_FEWER_BLOCKS=0 -DKVFUSE_ROPE_NVFP4_FEWER_BLOCKS=0}"
       for flags in "" "${rope_variants[@]}"; do
         tag=$(printf '%s' "${flags:-default}" | tr -c 'A-Za-z0-9_' '_')
         mkdir -p "$RES/rope_$tag"

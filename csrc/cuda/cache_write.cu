@@ -100,6 +100,11 @@
 #ifndef KVFUSE_ROPE_NVFP4_FEWER_BLOCKS
 #define KVFUSE_ROPE_NVFP4_FEWER_BLOCKS 1
 #endif
+// 1: NeoX units take their partner chunk by warp shuffle where a head's units share a warp
+// (Rotation's kShuffle); 0: every unit loads it (the build measured in the fourteenth session).
+#ifndef KVFUSE_ROPE_PARTNER_SHUFFLE
+#define KVFUSE_ROPE_PARTNER_SHUFFLE 1
+#endif
 
 namespace kvfuse {
 namespace {
@@ -117,6 +122,9 @@ struct RopeParams {
   int positions64;
   int rotary_dim;
   int half_table;  // one column per pair (width rotary_dim / 2) instead of one per element
+  // NeoX launches whose heads each lie within one warp (head_size / 16 divides 32): the lane
+  // distance to a unit's partner chunk, rotary_dim / 32 (see Rotation::exchange).
+  int partner_lanes;
 };
 
 // Byte strides throughout: the same kernel moves bf16, fp8 and packed NVFP4 rows.
@@ -324,11 +332,16 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
         if constexpr (Rot::kActive) rot[m] = Rot::load(src, tok, is_value[m] ? -1 : chunk[m], p.rope);
         dst_row[m] = head[m] * p.dst_head + (is_value[m] ? p.dst_kv : 0);
       }
+    } else if constexpr (Rot::kActive) {
+      // A lane without a unit still takes part in the partner exchange (Rotation::exchange).
+#pragma unroll
+      for (int w = 0; w < Rot::Run::kWords; ++w) raw[m].half[0].words[w] = make_uint4(0, 0, 0, 0);
     }
   }
   if constexpr (Rot::kActive) {
 #pragma unroll
     for (int m = 0; m < kUnits; ++m) {
+      Rot::exchange(raw[m].half[0], rot[m], p.rope);
       if (slot[m] >= 0) Rot::apply(raw[m].half[0], rot[m], p.rope);
     }
   }
@@ -642,7 +655,10 @@ struct TableRun {
   }
 };
 
-template <typename In, typename Table, bool kNeox>
+// kShuffle (NeoX): a unit takes its partner chunk from the partner's own lane (which loaded it as
+// its unit) by warp shuffle instead of loading it a second time: one 32-byte request fewer per
+// unit, and no partner registers live across the loads.
+template <typename In, typename Table, bool kNeox, bool kShuffle = false>
 struct Rotation {
   static constexpr bool kActive = true;
   static constexpr int N = kRopeUnit;
@@ -651,7 +667,7 @@ struct Rotation {
   // The loads of one unit: where it sits (first < 0: not rotated, a value unit or past R), the
   // NeoX partner chunk, and the unit's cos / sin columns.
   struct Loaded {
-    int first;
+    int first = -1;
     bool lower;  // NeoX: the unit is in the first half of [0, R)
     Run partner;
     Cols cos, sin;
@@ -678,10 +694,12 @@ struct Rotation {
     int words = Cols::kWords;
     if constexpr (kNeox) {
       l.lower = l.first < half;
-      const int partner_chunk = l.lower ? chunk + half / N : chunk - half / N;
-      const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const In*>(row) + partner_chunk * N);
+      if constexpr (!kShuffle) {
+        const int partner_chunk = l.lower ? chunk + half / N : chunk - half / N;
+        const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const In*>(row) + partner_chunk * N);
 #pragma unroll
-      for (int w = 0; w < Run::kWords; ++w) l.partner.words[w] = __ldg(src + w);
+        for (int w = 0; w < Run::kWords; ++w) l.partner.words[w] = __ldg(src + w);
+      }
       col0 = r.half_table && !l.lower ? l.first - half : l.first;
     } else {
       l.lower = false;
@@ -691,6 +709,20 @@ struct Rotation {
     l.cos = Cols::load(r.cos + table_row * r.cos_row, col0, words);
     l.sin = Cols::load(r.sin + table_row * r.sin_row, col0, words);
     return l;
+  }
+
+  // kShuffle: every lane of the warp, with a unit or not, hands its unrotated chunk to the unit
+  // whose partner it is and takes its own partner's; so all 32 lanes must call it. A head's units
+  // are consecutive lanes of one warp, so partners are never a lane without a unit.
+  __device__ __forceinline__ static void exchange(const Run& x, Loaded& l, const RopeParams& r) {
+    if constexpr (kNeox && kShuffle) {
+      const int lane = static_cast<int>(threadIdx.x) & 31;
+      const int from = l.first < 0 ? lane : l.lower ? lane + r.partner_lanes : lane - r.partner_lanes;
+      const uint32_t* mine = reinterpret_cast<const uint32_t*>(x.words);
+      uint32_t* theirs = reinterpret_cast<uint32_t*>(l.partner.words);
+#pragma unroll
+      for (int w = 0; w < 4 * Run::kWords; ++w) theirs[w] = __shfl_sync(0xffffffffu, mine[w], from);
+    }
   }
 
   __device__ __forceinline__ static void apply(Run& x, const Loaded& l, const RopeParams& r) {
@@ -742,17 +774,27 @@ struct QueryParams {
   uint32_t units;  // < 2^31 (rope_refusal)
 };
 
-template <typename In, typename Table, bool kNeox>
+template <typename In, typename Table, bool kNeox, bool kShuffle>
 __global__ void __launch_bounds__(256) rope_query_kernel(const QueryParams q, const RopeParams r) {
-  using Rot = Rotation<In, Table, kNeox>;
+  using Rot = Rotation<In, Table, kNeox, kShuffle>;
   const uint32_t u = blockIdx.x * 256 + threadIdx.x;
-  if (u >= q.units) return;
-  const auto tr = q.per_token.divmod(u);
-  const auto hc = q.chunks.divmod(tr.mod);
-  const int64_t tok = tr.div;
-  const char* row = q.src + tok * q.src_tok + static_cast<int64_t>(hc.div) * q.src_head;
-  typename Rot::Run x = Rot::Run::load(row, static_cast<int>(hc.mod));
-  const typename Rot::Loaded l = Rot::load(row, tok, static_cast<int>(hc.mod), r);
+  // Lanes past the last unit stay for the partner exchange (whole heads end before them).
+  const bool live = u < q.units;
+  typename Rot::Run x;
+  typename Rot::Loaded l;
+  if (live) {
+    const auto tr = q.per_token.divmod(u);
+    const auto hc = q.chunks.divmod(tr.mod);
+    const int64_t tok = tr.div;
+    const char* row = q.src + tok * q.src_tok + static_cast<int64_t>(hc.div) * q.src_head;
+    x = Rot::Run::load(row, static_cast<int>(hc.mod));
+    l = Rot::load(row, tok, static_cast<int>(hc.mod), r);
+  } else {
+#pragma unroll
+    for (int w = 0; w < Rot::Run::kWords; ++w) x.words[w] = make_uint4(0, 0, 0, 0);
+  }
+  Rot::exchange(x, l, r);
+  if (!live) return;
   Rot::apply(x, l, r);
   uint4* out = reinterpret_cast<uint4*>(q.dst + (static_cast<int64_t>(u) * Rot::N) * static_cast<int64_t>(sizeof(In)));
 #pragma unroll
@@ -950,11 +992,11 @@ void check_int32_sizes(const at::Tensor& x) {
 
 // The rotary write: the query's units (when there is a query) in their own small kernel, then
 // the key/value units through the op of the cache's mode with the rotation folded in.
-template <typename In, typename Table, bool kNeox>
+template <typename In, typename Table, bool kNeox, bool kShuffle = false>
 void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream_t stream) {
-  using Rot = Rotation<In, Table, kNeox>;
+  using Rot = Rotation<In, Table, kNeox, kShuffle>;
   if (q != nullptr && q->units > 0) {
-    rope_query_kernel<In, Table, kNeox><<<(q->units + 255) / 256, 256, 0, stream>>>(*q, p.rope);
+    rope_query_kernel<In, Table, kNeox, kShuffle><<<(q->units + 255) / 256, 256, 0, stream>>>(*q, p.rope);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   const int chunks = p.head_size / kRopeUnit;
@@ -968,7 +1010,10 @@ void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream
 
 template <typename In, typename Table>
 void launch_rope_style(RowParams p, KVQuantMode mode, const QueryParams* q, bool is_neox, cudaStream_t stream) {
-  if (is_neox) return launch_rope<In, Table, true>(p, mode, q, stream);
+  if (is_neox) {
+    if (KVFUSE_ROPE_PARTNER_SHUFFLE && p.rope.partner_lanes > 0) return launch_rope<In, Table, true, true>(p, mode, q, stream);
+    return launch_rope<In, Table, true>(p, mode, q, stream);
+  }
   launch_rope<In, Table, false>(p, mode, q, stream);
 }
 
@@ -1126,6 +1171,9 @@ at::Tensor rope_encode_and_cache_write_cuda(const std::optional<at::Tensor>& que
   p.rope.positions64 = positions.has_value() && positions->scalar_type() == at::ScalarType::Long;
   p.rope.rotary_dim = static_cast<int>(rotary_dim);
   p.rope.half_table = cos.size(1) != rotary_dim;
+  // Every head's units in one warp: 32-unit warps start at multiples of 32 units, heads at
+  // multiples of head_size / 16 (rows_kernel's and rope_query_kernel's unit order).
+  p.rope.partner_lanes = 32 % (head_size / kRopeUnit) == 0 ? static_cast<int>(rotary_dim / (2 * kRopeUnit)) : 0;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const QueryParams* qp = query.has_value() ? &q : nullptr;
   if (in == at::ScalarType::BFloat16) {

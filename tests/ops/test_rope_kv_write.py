@@ -492,6 +492,20 @@ def test_gpu_native_shapes_and_pages(d, hq, h, in_dtype, block, mode, cache_dtyp
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,rotary_dim", [(64, 32), (80, 64), (96, 96), (192, 128), (256, 256)],
+                         ids=["d64-r32", "d80-r64", "d96", "d192-r128", "d256"])
+@pytest.mark.parametrize("T", [7, 533])
+@pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
+def test_gpu_native_neox_partners(d, rotary_dim, T, mode, cache_dtype):
+    """NeoX partners both ways: by warp shuffle where a head's 16-element units share a warp (head
+    sizes 64, 256; partners 1 and 8 lanes apart) and by a second load where they do not (80, 96,
+    192); 3 KV and 5 query heads, so the last warp of both launches is partly without units."""
+    c = _case(T, 5, 3, d, mode, cache_dtype, rotary_dim=rotary_dim, seed=T + d, device="cuda",
+              num_blocks=T // BLOCK + 8)
+    _native_vs_reference(c, True, mode)
+
+
+@pytest.mark.gpu
 def test_gpu_native_special_values():
     """inf / NaN / huge keys rotate and encode as the reference does (saturation, NaN bytes)."""
     c = _case(64, 4, 2, 128, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, seed=21, device="cuda", num_blocks=40)
