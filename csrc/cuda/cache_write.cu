@@ -100,6 +100,11 @@
 #ifndef KVFUSE_ROPE_NVFP4_FEWER_BLOCKS
 #define KVFUSE_ROPE_NVFP4_FEWER_BLOCKS 1
 #endif
+// 1: bfloat16 elements widen to float from their 32-bit word (widen); 0: by c10's conversion of
+// the extracted 16-bit value (the build measured up to the fourteenth session).
+#ifndef KVFUSE_BF16_WORD_WIDEN
+#define KVFUSE_BF16_WORD_WIDEN 1
+#endif
 // 1: NeoX units take their partner chunk by warp shuffle where a head's units share a warp
 // (Rotation's kShuffle); 0: every unit loads it (the build measured in the fourteenth session).
 #ifndef KVFUSE_ROPE_PARTNER_SHUFFLE
@@ -381,6 +386,19 @@ struct CopyOp {
 };
 
 // N input elements, loaded as whole 16-byte words when kVector.
+// Element k of a run as float. bfloat16 is float's upper half: element k of a 32-bit word of two
+// is that word's high half masked (odd k) or its low half shifted up (even k), one integer op,
+// where converting a separately extracted 16-bit value takes two.
+template <typename T>
+__device__ __forceinline__ float widen(const T* e, int k) {
+  if constexpr (KVFUSE_BF16_WORD_WIDEN && std::is_same_v<T, c10::BFloat16>) {
+    const uint32_t w = reinterpret_cast<const uint32_t*>(e)[k / 2];
+    return __uint_as_float(k % 2 ? w & 0xffff0000u : w << 16);
+  } else {
+    return static_cast<float>(e[k]);
+  }
+}
+
 template <typename In, int N, bool kVector>
 struct Elements {
   static constexpr int kWords = kVector ? static_cast<int>(N * sizeof(In) / 16) : 0;
@@ -405,7 +423,7 @@ struct Elements {
     }
     return out;
   }
-  __device__ __forceinline__ float operator[](int k) const { return static_cast<float>(e[k]); }
+  __device__ __forceinline__ float operator[](int k) const { return widen(e, k); }
 };
 
 template <typename Fp8>
@@ -740,23 +758,30 @@ struct Rotation {
   template <bool kPairColumns>
   __device__ __forceinline__ static void rotate(Run& x, const Loaded& l) {
     Run y;
-    // Element pairs (k, k + 1): GPT-J's rotation partners; NeoX's partners are in l.partner.
+    // NeoX: the lower half's partner enters negated (rotate_half's -x2), as the reference negates
+    // it, in the key's dtype: one sign-bit flip per 32-bit word of two elements.
+    Run partner;
+    if constexpr (kNeox) {
+      const uint32_t flip = l.lower ? 0x80008000u : 0u;
+      const uint32_t* from = reinterpret_cast<const uint32_t*>(l.partner.words);
+      uint32_t* to = reinterpret_cast<uint32_t*>(partner.words);
+#pragma unroll
+      for (int w = 0; w < 4 * Run::kWords; ++w) to[w] = from[w] ^ flip;
+    }
+    // Element pairs (k, k + 1): GPT-J's rotation partners; NeoX's partners are in `partner`.
 #pragma unroll
     for (int k = 0; k < N; k += 2) {
-      const float x0 = static_cast<float>(x.e[k]), x1 = static_cast<float>(x.e[k + 1]);
+      const float x0 = widen(x.e, k), x1 = widen(x.e, k + 1);
       float rot0, rot1;
       if constexpr (kNeox) {
-        const float p0 = static_cast<float>(l.partner.e[k]), p1 = static_cast<float>(l.partner.e[k + 1]);
-        rot0 = l.lower ? -p0 : p0;
-        rot1 = l.lower ? -p1 : p1;
+        rot0 = widen(partner.e, k);
+        rot1 = widen(partner.e, k + 1);
       } else {
         rot0 = -x1;
         rot1 = x0;
       }
-      const float c0 = static_cast<float>(kPairColumns ? l.cos.e[k / 2] : l.cos.e[k]);
-      const float c1 = static_cast<float>(kPairColumns ? l.cos.e[k / 2] : l.cos.e[k + 1]);
-      const float s0 = static_cast<float>(kPairColumns ? l.sin.e[k / 2] : l.sin.e[k]);
-      const float s1 = static_cast<float>(kPairColumns ? l.sin.e[k / 2] : l.sin.e[k + 1]);
+      const float c0 = widen(l.cos.e, kPairColumns ? k / 2 : k), c1 = widen(l.cos.e, kPairColumns ? k / 2 : k + 1);
+      const float s0 = widen(l.sin.e, kPairColumns ? k / 2 : k), s1 = widen(l.sin.e, kPairColumns ? k / 2 : k + 1);
       y.e[k] = static_cast<In>(__fadd_rn(__fmul_rn(x0, c0), __fmul_rn(rot0, s0)));
       y.e[k + 1] = static_cast<In>(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(rot1, s1)));
     }
