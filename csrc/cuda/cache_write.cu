@@ -78,6 +78,11 @@
 #ifndef KVFUSE_UNPAIRED_BELOW
 #define KVFUSE_UNPAIRED_BELOW 1024
 #endif
+// The same threshold for rotary writes, whose key units carry the rotation's work and whose value
+// units do not.
+#ifndef KVFUSE_ROPE_UNPAIRED_BELOW
+#define KVFUSE_ROPE_UNPAIRED_BELOW KVFUSE_UNPAIRED_BELOW
+#endif
 // 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores. Measured
 // on an H100: the load hint is faster for launches that read up to 16 MiB (1024 tokens: 4.0 vs
 // 4.2 us bf16) and ~1% slower from 64 MiB (65536 tokens: 190.4 vs 188.4 us bf16); the store hint
@@ -92,16 +97,17 @@
 #define KVFUSE_STORE_HINT 1
 #endif
 // Resident blocks per SM the rotary write gives up against the write alone, for the rotation's
-// registers, by format. Measured at 1 (BENCHMARKS.md, fourteenth session); at 0, ptxas fits the
-// FP8 instantiations over 16-bit tables in 64 registers without spills, NVFP4 NeoX spills.
+// registers, by format (BENCHMARKS.md, fifteenth session): FP8 keeps the write's (its
+// instantiations over 16-bit tables fit 64 registers without spills), NVFP4 gives up one (at 0
+// its NeoX instantiations spill).
 #ifndef KVFUSE_ROPE_FP8_FEWER_BLOCKS
-#define KVFUSE_ROPE_FP8_FEWER_BLOCKS 1
+#define KVFUSE_ROPE_FP8_FEWER_BLOCKS 0
 #endif
 #ifndef KVFUSE_ROPE_NVFP4_FEWER_BLOCKS
 #define KVFUSE_ROPE_NVFP4_FEWER_BLOCKS 1
 #endif
-// 1: bfloat16 elements widen to float from their 32-bit word (widen); 0: by c10's conversion of
-// the extracted 16-bit value (the build measured up to the fourteenth session).
+// 1: the rotation widens bfloat16 elements to float from their 32-bit word (widen); 0: by c10's
+// conversion of the extracted 16-bit value (the build measured up to the fourteenth session).
 #ifndef KVFUSE_BF16_WORD_WIDEN
 #define KVFUSE_BF16_WORD_WIDEN 1
 #endif
@@ -385,10 +391,11 @@ struct CopyOp {
   }
 };
 
-// N input elements, loaded as whole 16-byte words when kVector.
 // Element k of a run as float. bfloat16 is float's upper half: element k of a 32-bit word of two
 // is that word's high half masked (odd k) or its low half shifted up (even k), one integer op,
-// where converting a separately extracted 16-bit value takes two.
+// where converting a separately extracted 16-bit value takes two. Used by the rotation only: in
+// the ops' own element reads it left the FP8 write unchanged and made the NVFP4 write 1-2% slower
+// (BENCHMARKS.md, fifteenth session).
 template <typename T>
 __device__ __forceinline__ float widen(const T* e, int k) {
   if constexpr (KVFUSE_BF16_WORD_WIDEN && std::is_same_v<T, c10::BFloat16>) {
@@ -399,6 +406,7 @@ __device__ __forceinline__ float widen(const T* e, int k) {
   }
 }
 
+// N input elements, loaded as whole 16-byte words when kVector.
 template <typename In, int N, bool kVector>
 struct Elements {
   static constexpr int kWords = kVector ? static_cast<int>(N * sizeof(In) / 16) : 0;
@@ -423,7 +431,7 @@ struct Elements {
     }
     return out;
   }
-  __device__ __forceinline__ float operator[](int k) const { return widen(e, k); }
+  __device__ __forceinline__ float operator[](int k) const { return static_cast<float>(e[k]); }
 };
 
 template <typename Fp8>
@@ -868,7 +876,7 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
     if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true, Rot>(p, stream);
   }
   if constexpr (Op::kUsesScale) {
-    if (pairs / KVFUSE_SMALL_THREADS < kUnpairedBelow) {
+    if (pairs / KVFUSE_SMALL_THREADS < (Rot::kActive ? int64_t{KVFUSE_ROPE_UNPAIRED_BELOW} : kUnpairedBelow)) {
       return launch_units<Op, 1, KVFUSE_SMALL_THREADS, false, Rot>(p, stream);
     }
   }
