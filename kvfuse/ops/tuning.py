@@ -113,16 +113,18 @@ class RopeWritePolicy:
     """Which kernel runs the fused rotary write on CUDA, and which rotation Triton's takes.
 
     ``native_from[mode]``: from this many tokens on, calls without a query run the native kernel
-    (``csrc/cuda/cache_write.cu``); calls with a query, smaller ones and formats absent here run
-    Triton's (``kvfuse/ops/triton/rope_kv_write.py``). Triton's rotation, where both give its bits:
+    (``csrc/cuda/cache_write.cu``); ``native_with_query_from[mode]``: the same for calls with a
+    query (the native kernel rotates it in a launch of its own); smaller calls and formats absent
+    here run Triton's (``kvfuse/ops/triton/rope_kv_write.py``). Triton's rotation, where both give its bits:
     below ``gather_below[mode]`` tokens the gathered one (each partner by a second load), from
     there on the split one (partners from the loaded rows); formats absent take the split one."""
 
     gather_below: Mapping[KVQuantMode, int]
     native_from: Mapping[KVQuantMode, int] = field(default_factory=dict)
+    native_with_query_from: Mapping[KVQuantMode, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("gather_below", "native_from"):
+        for name in ("gather_below", "native_from", "native_with_query_from"):
             table = getattr(self, name)
             if not isinstance(table, Mapping) or any(
                     not isinstance(m, KVQuantMode) or not isinstance(v, int) or v <= 0 for m, v in table.items()):
@@ -135,19 +137,21 @@ class RopeWritePolicy:
     def native(self, mode: KVQuantMode, num_tokens: int, with_query: bool) -> bool:
         """Whether the native kernel is the measured choice for this call (it must also take it:
         :func:`kvfuse.ops.native.rope_refusal`)."""
-        limit = self.native_from.get(mode)
-        return not with_query and limit is not None and num_tokens >= limit
+        limit = (self.native_with_query_from if with_query else self.native_from).get(mode)
+        return limit is not None and num_tokens >= limit
 
 
 # H100 (sm90), `python -m benchmarks.rope_write` sweep at 695e34f (BENCHMARKS.md, eleventh
 # session), us per call, split / gather: FP8 2.42 / 2.34 at 16 tokens, 2.47 / 2.42 at 64, 3.22 /
 # 3.27 at 256; NVFP4 2.41 / 2.26, 2.47 / 2.35, 2.86 / 2.90. bf16 within 0.02 us either way: split.
-# The native kernel against Triton's (`python -m benchmarks.rope_write` at 9d4304b, BENCHMARKS.md,
-# fourteenth session): without a query, faster for FP8 e4m3 at 256 and 4096 tokens, slower at 64
-# and 1024, slower or level for NVFP4; with the query (its own launch natively), slower at every
-# size. Taken from the largest size on only; e5m2 was not measured.
+# The native kernel against Triton's: `python -m benchmarks.rope_write` at 9c4a752 (BENCHMARKS.md,
+# fifteenth session). Without a query, native is faster for FP8 e4m3 from 256 tokens (level at
+# 1024), slower at 64, and slower or level for NVFP4 throughout; with the query (its own launch
+# natively) it is faster only at 16384 tokens, for both (4096 lost; sizes in between were not
+# measured). e5m2 was not measured.
 _SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMode.NVFP4: 256},
-                             native_from={KVQuantMode.FP8_E4M3: 4096})
+                             native_from={KVQuantMode.FP8_E4M3: 256},
+                             native_with_query_from={KVQuantMode.FP8_E4M3: 16384, KVQuantMode.NVFP4: 16384})
 
 #: Rotary-write policies by GPU architecture; others (and the CPU interpreter) use sm90's.
 ROPE_WRITE_POLICIES: Mapping[str, RopeWritePolicy] = MappingProxyType({"sm90": _SM90_ROPE})

@@ -402,17 +402,23 @@ def test_native_function_hands_what_it_refuses_to_triton(monkeypatch):
 def test_rope_write_policy_native_choice():
     from kvfuse.ops import tuning
 
-    policy = tuning.RopeWritePolicy(gather_below={}, native_from={KVQuantMode.FP8_E4M3: 4096})
+    policy = tuning.RopeWritePolicy(gather_below={}, native_from={KVQuantMode.FP8_E4M3: 4096},
+                                    native_with_query_from={KVQuantMode.NVFP4: 16384})
     assert policy.native(KVQuantMode.FP8_E4M3, 4096, with_query=False)
     assert not policy.native(KVQuantMode.FP8_E4M3, 4095, with_query=False)
     assert not policy.native(KVQuantMode.FP8_E4M3, 8192, with_query=True)
     assert not policy.native(KVQuantMode.NVFP4, 8192, with_query=False)
+    assert not policy.native(KVQuantMode.NVFP4, 16383, with_query=True)
+    assert policy.native(KVQuantMode.NVFP4, 16384, with_query=True)
+    assert not policy.native(KVQuantMode.NVFP4, 1 << 20, with_query=False)
     assert not tuning.RopeWritePolicy(gather_below={}).native(KVQuantMode.FP8_E4M3, 1 << 20, with_query=False)
-    for bad in ({KVQuantMode.FP8_E4M3: 0}, {"fp8": 4096}, {KVQuantMode.NVFP4: 1.5}):
-        with pytest.raises(ValueError, match="native_from=.* must map KVQuantMode formats to positive token counts"):
-            tuning.RopeWritePolicy(gather_below={}, native_from=bad)
+    for name in ("native_from", "native_with_query_from"):
+        for bad in ({KVQuantMode.FP8_E4M3: 0}, {"fp8": 4096}, {KVQuantMode.NVFP4: 1.5}):
+            with pytest.raises(ValueError, match=f"{name}=.* must map KVQuantMode formats to positive token counts"):
+                tuning.RopeWritePolicy(gather_below={}, **{name: bad})
     sm90 = tuning.ROPE_WRITE_POLICIES["sm90"]
-    assert dict(sm90.native_from) == {KVQuantMode.FP8_E4M3: 4096}
+    assert dict(sm90.native_from) == {KVQuantMode.FP8_E4M3: 256}
+    assert dict(sm90.native_with_query_from) == {KVQuantMode.FP8_E4M3: 16384, KVQuantMode.NVFP4: 16384}
 
 
 def _reference_result(c, is_neox, mode):
