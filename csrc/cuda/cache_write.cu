@@ -116,6 +116,11 @@
 #ifndef KVFUSE_ROPE_PARTNER_SHUFFLE
 #define KVFUSE_ROPE_PARTNER_SHUFFLE 1
 #endif
+// Elements per unit of the FP8 rotary write's key and value rows, 16 or 8 (NVFP4 units are its
+// 16-element blocks).
+#ifndef KVFUSE_ROPE_FP8_UNIT
+#define KVFUSE_ROPE_FP8_UNIT 16
+#endif
 
 namespace kvfuse {
 namespace {
@@ -657,6 +662,15 @@ struct Nvfp4CopyOp {
 // R % 16 == 0 for GPT-J (pairs never straddle a unit), tables 16-byte aligned by base and row.
 
 constexpr int kRopeUnit = 16;
+constexpr int kRopeFp8Unit = KVFUSE_ROPE_FP8_UNIT;
+static_assert(kRopeFp8Unit == 8 || kRopeFp8Unit == 16, "KVFUSE_ROPE_FP8_UNIT: 8 or 16");
+
+// NeoX launches in units of N elements: whether a head's units lie in one warp (then partners are
+// exchanged by shuffle), and the lane distance to the partner, rotary_dim / (2 N).
+template <int N>
+int partner_lanes(int64_t head_size, int rotary_dim) {
+  return KVFUSE_ROPE_PARTNER_SHUFFLE && 32 % (head_size / N) == 0 ? rotary_dim / (2 * N) : 0;
+}
 
 // K values of a table row from column col0 on: whole 16-byte words, read through the read-only
 // cache (every head of a token reads the same row).
@@ -669,13 +683,23 @@ struct TableRun {
     T e[K];
   };
   __device__ __forceinline__ TableRun() {}
-  // words_used < kWords loads only the first words (a half-width GPT-J table holds one column per pair).
-  __device__ __forceinline__ static TableRun load(const char* row, int col0, int words_used) {
+  // half: only the first K / 2 values (a half-width GPT-J table holds one column per pair); a
+  // one-word run loads them as one 8-byte word (col0 is then a multiple of 8 / sizeof(T)).
+  __device__ __forceinline__ static TableRun load(const char* row, int col0, bool half) {
     TableRun out;
     const uint4* w = reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(row) + col0);
+    if constexpr (kWords == 1) {
+      if (half) {
+        const uint2 low = __ldg(reinterpret_cast<const uint2*>(w));
+        out.words[0] = make_uint4(low.x, low.y, 0u, 0u);
+      } else {
+        out.words[0] = __ldg(w);
+      }
+    } else {
 #pragma unroll
-    for (int i = 0; i < kWords; ++i) {
-      if (i < words_used) out.words[i] = __ldg(w + i);
+      for (int i = 0; i < kWords; ++i) {
+        if (!half || i < kWords / 2) out.words[i] = __ldg(w + i);
+      }
     }
     return out;
   }
@@ -684,10 +708,11 @@ struct TableRun {
 // kShuffle (NeoX): a unit takes its partner chunk from the partner's own lane (which loaded it as
 // its unit) by warp shuffle instead of loading it a second time: one 32-byte request fewer per
 // unit, and no partner registers live across the loads.
-template <typename In, typename Table, bool kNeox, bool kShuffle = false>
+// kN: elements per unit, 16 (NVFP4 blocks, the query) or KVFUSE_ROPE_FP8_UNIT (FP8 keys).
+template <typename In, typename Table, bool kNeox, bool kShuffle = false, int kN = kRopeUnit>
 struct Rotation {
   static constexpr bool kActive = true;
-  static constexpr int N = kRopeUnit;
+  static constexpr int N = kN;
   using Run = Elements<In, N, true>;
   using Cols = TableRun<Table, N>;
   // The loads of one unit: where it sits (first < 0: not rotated, a value unit or past R), the
@@ -717,7 +742,7 @@ struct Rotation {
                                                      : __ldg(static_cast<const int32_t*>(r.positions) + tok);
     const int half = r.rotary_dim / 2;
     int col0;
-    int words = Cols::kWords;
+    bool half_run = false;
     if constexpr (kNeox) {
       l.lower = l.first < half;
       if constexpr (!kShuffle) {
@@ -730,10 +755,10 @@ struct Rotation {
     } else {
       l.lower = false;
       col0 = r.half_table ? l.first / 2 : l.first;
-      if (r.half_table) words = Cols::kWords / 2;
+      half_run = r.half_table;
     }
-    l.cos = Cols::load(r.cos + table_row * r.cos_row, col0, words);
-    l.sin = Cols::load(r.sin + table_row * r.sin_row, col0, words);
+    l.cos = Cols::load(r.cos + table_row * r.cos_row, col0, half_run);
+    l.sin = Cols::load(r.sin + table_row * r.sin_row, col0, half_run);
     return l;
   }
 
@@ -1023,30 +1048,50 @@ void check_int32_sizes(const at::Tensor& x) {
                     "tensor too large for the native kernel: ", x.sizes());
 }
 
+// The rotary write's key/value units through the op of the cache's mode, with the rotation
+// folded in, in units of N elements.
+template <class Op, typename In, typename Table, bool kNeox, int N>
+void launch_rope_rows(RowParams p, cudaStream_t stream) {
+  const int chunks = p.head_size / N;
+  p.rope.partner_lanes = 0;
+  if constexpr (kNeox) {
+    p.rope.partner_lanes = partner_lanes<N>(p.head_size, p.rope.rotary_dim);
+    if (p.rope.partner_lanes > 0) return launch<Op, true, Rotation<In, Table, true, true, N>>(p, chunks, stream);
+  }
+  launch<Op, true, Rotation<In, Table, kNeox, false, N>>(p, chunks, stream);
+}
+
 // The rotary write: the query's units (when there is a query) in their own small kernel, then
-// the key/value units through the op of the cache's mode with the rotation folded in.
-template <typename In, typename Table, bool kNeox, bool kShuffle = false>
+// the key/value units.
+template <typename In, typename Table, bool kNeox>
 void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream_t stream) {
-  using Rot = Rotation<In, Table, kNeox, kShuffle>;
   if (q != nullptr && q->units > 0) {
-    rope_query_kernel<In, Table, kNeox, kShuffle><<<(q->units + 255) / 256, 256, 0, stream>>>(*q, p.rope);
+    RopeParams r = p.rope;
+    r.partner_lanes = kNeox ? partner_lanes<kRopeUnit>(p.head_size, r.rotary_dim) : 0;
+    const unsigned blocks = (q->units + 255) / 256;
+    if constexpr (kNeox) {
+      if (r.partner_lanes > 0) {
+        rope_query_kernel<In, Table, true, true><<<blocks, 256, 0, stream>>>(*q, r);
+      } else {
+        rope_query_kernel<In, Table, true, false><<<blocks, 256, 0, stream>>>(*q, r);
+      }
+    } else {
+      rope_query_kernel<In, Table, false, false><<<blocks, 256, 0, stream>>>(*q, r);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  const int chunks = p.head_size / kRopeUnit;
+  constexpr int F = kRopeFp8Unit;
   switch (mode) {
-    case KVQuantMode::FP8_E4M3: return launch<EncodeOp<In, E4M3, kRopeUnit>, true, Rot>(p, chunks, stream);
-    case KVQuantMode::FP8_E5M2: return launch<EncodeOp<In, E5M2, kRopeUnit>, true, Rot>(p, chunks, stream);
-    case KVQuantMode::NVFP4: return launch<Nvfp4Op<In, true>, true, Rot>(p, chunks, stream);
+    case KVQuantMode::FP8_E4M3: return launch_rope_rows<EncodeOp<In, E4M3, F>, In, Table, kNeox, F>(p, stream);
+    case KVQuantMode::FP8_E5M2: return launch_rope_rows<EncodeOp<In, E5M2, F>, In, Table, kNeox, F>(p, stream);
+    case KVQuantMode::NVFP4: return launch_rope_rows<Nvfp4Op<In, true>, In, Table, kNeox, kRopeUnit>(p, stream);
     default: TORCH_CHECK_VALUE(false, "the native rotary write takes FP8 and NVFP4 caches, not ", mode_name(mode));
   }
 }
 
 template <typename In, typename Table>
 void launch_rope_style(RowParams p, KVQuantMode mode, const QueryParams* q, bool is_neox, cudaStream_t stream) {
-  if (is_neox) {
-    if (KVFUSE_ROPE_PARTNER_SHUFFLE && p.rope.partner_lanes > 0) return launch_rope<In, Table, true, true>(p, mode, q, stream);
-    return launch_rope<In, Table, true>(p, mode, q, stream);
-  }
+  if (is_neox) return launch_rope<In, Table, true>(p, mode, q, stream);
   launch_rope<In, Table, false>(p, mode, q, stream);
 }
 
@@ -1204,9 +1249,6 @@ at::Tensor rope_encode_and_cache_write_cuda(const std::optional<at::Tensor>& que
   p.rope.positions64 = positions.has_value() && positions->scalar_type() == at::ScalarType::Long;
   p.rope.rotary_dim = static_cast<int>(rotary_dim);
   p.rope.half_table = cos.size(1) != rotary_dim;
-  // Every head's units in one warp: 32-unit warps start at multiples of 32 units, heads at
-  // multiples of head_size / 16 (rows_kernel's and rope_query_kernel's unit order).
-  p.rope.partner_lanes = 32 % (head_size / kRopeUnit) == 0 ? static_cast<int>(rotary_dim / (2 * kRopeUnit)) : 0;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const QueryParams* qp = query.has_value() ? &q : nullptr;
   if (in == at::ScalarType::BFloat16) {
