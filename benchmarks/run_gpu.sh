@@ -77,7 +77,7 @@ for phase in $phases; do
       # The native rotary write: its GPU tests, then the benchmark on the default build and on each
       # build of ROPE_VARIANTS (';'-separated nvcc flag sets, each built in its own directory), so
       # one call compares them against the same Triton rows. All builds run at once, first.
-      IFS=';' read -ra rope_variants <<< "${ROPE_VARIANTS:--DKVFUSE_ROPE_PARTNER_SHUFFLE=0;-DKVFUSE_ROPE_FP8_FEWER_BLOCKS=0 -DKVFUSE_ROPE_NVFP4_FEWER_BLOCKS=0}"
+      IFS=';' read -ra rope_variants <<< "${ROPE_VARIANTS:--DKVFUSE_ROPE_FP8_NARROW_BELOW=0;-DKVFUSE_ROPE_PARTNER_SHUFFLE=0}"
       for flags in "" "${rope_variants[@]}"; do
         KVFUSE_NATIVE_CUDA_FLAGS="$flags" MAX_JOBS=8 python3 -c "from kvfuse.ops import native
 i = native.build_info(build=True); print('build ${flags:-default}:', i.get('built'), i.get('build_seconds'), i.get('error'))" \

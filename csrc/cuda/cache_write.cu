@@ -116,10 +116,15 @@
 #ifndef KVFUSE_ROPE_PARTNER_SHUFFLE
 #define KVFUSE_ROPE_PARTNER_SHUFFLE 1
 #endif
-// Elements per unit of the FP8 rotary write's key and value rows, 16 or 8 (NVFP4 units are its
-// 16-element blocks).
-#ifndef KVFUSE_ROPE_FP8_UNIT
-#define KVFUSE_ROPE_FP8_UNIT 16
+// FP8 rotary writes of fewer 16-element (token, head, chunk) units than this run in 8-element
+// units, at KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS resident blocks per SM (twice the threads, each with
+// half the rotation; measured faster at 64 and 256 tokens of 8 x 128, slower at 1024 and 16384,
+// level at 4096: BENCHMARKS.md, fifteenth session). NVFP4 units are its 16-element blocks.
+#ifndef KVFUSE_ROPE_FP8_NARROW_BELOW
+#define KVFUSE_ROPE_FP8_NARROW_BELOW 32768
+#endif
+#ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
+#define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
 #endif
 
 namespace kvfuse {
@@ -662,8 +667,7 @@ struct Nvfp4CopyOp {
 // R % 16 == 0 for GPT-J (pairs never straddle a unit), tables 16-byte aligned by base and row.
 
 constexpr int kRopeUnit = 16;
-constexpr int kRopeFp8Unit = KVFUSE_ROPE_FP8_UNIT;
-static_assert(kRopeFp8Unit == 8 || kRopeFp8Unit == 16, "KVFUSE_ROPE_FP8_UNIT: 8 or 16");
+constexpr int kRopeNarrowUnit = 8;
 
 // NeoX launches in units of N elements: whether a head's units lie in one warp (then partners are
 // exchanged by shuffle), and the lane distance to the partner, rotary_dim / (2 N).
@@ -708,7 +712,7 @@ struct TableRun {
 // kShuffle (NeoX): a unit takes its partner chunk from the partner's own lane (which loaded it as
 // its unit) by warp shuffle instead of loading it a second time: one 32-byte request fewer per
 // unit, and no partner registers live across the loads.
-// kN: elements per unit, 16 (NVFP4 blocks, the query) or KVFUSE_ROPE_FP8_UNIT (FP8 keys).
+// kN: elements per unit, 16 or, for small FP8 launches, 8 (KVFUSE_ROPE_FP8_NARROW_BELOW).
 template <typename In, typename Table, bool kNeox, bool kShuffle = false, int kN = kRopeUnit>
 struct Rotation {
   static constexpr bool kActive = true;
@@ -723,14 +727,17 @@ struct Rotation {
     Run partner;
     Cols cos, sin;
   };
-  // The rotation's loads add 24 registers per unit (bf16 tables; 40 for float32 ones) to the op's
-  // own: KVFUSE_ROPE_*_FEWER_BLOCKS resident blocks per SM fewer than the op alone (one more with
-  // float32 tables), so that nothing spills (ptxas -v, sm_90a).
+  // The rotation's loads add 24 registers per 16-element unit (bf16 tables; 40 for float32 ones)
+  // to the op's own: KVFUSE_ROPE_*_FEWER_BLOCKS resident blocks per SM fewer than the op alone, or
+  // KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS for 8-element units (one fewer with float32 tables), so that
+  // nothing spills (ptxas -v, sm_90a).
   template <class Op>
   static constexpr int min_blocks() {
-    constexpr int fewer = (Op::kSplitRows ? KVFUSE_ROPE_NVFP4_FEWER_BLOCKS : KVFUSE_ROPE_FP8_FEWER_BLOCKS) +
-                          (sizeof(Table) > 2 ? 1 : 0);
-    return Op::kMinBlocks - fewer >= 2 ? Op::kMinBlocks - fewer : 2;
+    constexpr int table = sizeof(Table) > 2 ? 1 : 0;
+    constexpr int blocks = Op::kSplitRows ? Op::kMinBlocks - KVFUSE_ROPE_NVFP4_FEWER_BLOCKS - table
+                           : kN == kRopeNarrowUnit ? KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS - table
+                                                   : Op::kMinBlocks - KVFUSE_ROPE_FP8_FEWER_BLOCKS - table;
+    return blocks >= 2 ? blocks : 2;
   }
 
   __device__ __forceinline__ static Loaded load(const char* row, int64_t tok, int chunk, const RopeParams& r) {
@@ -1080,10 +1087,15 @@ void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  constexpr int F = kRopeFp8Unit;
+  constexpr int W = kRopeUnit, F = kRopeNarrowUnit;
+  const bool narrow = int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit) < KVFUSE_ROPE_FP8_NARROW_BELOW;
   switch (mode) {
-    case KVQuantMode::FP8_E4M3: return launch_rope_rows<EncodeOp<In, E4M3, F>, In, Table, kNeox, F>(p, stream);
-    case KVQuantMode::FP8_E5M2: return launch_rope_rows<EncodeOp<In, E5M2, F>, In, Table, kNeox, F>(p, stream);
+    case KVQuantMode::FP8_E4M3:
+      if (narrow) return launch_rope_rows<EncodeOp<In, E4M3, F>, In, Table, kNeox, F>(p, stream);
+      return launch_rope_rows<EncodeOp<In, E4M3, W>, In, Table, kNeox, W>(p, stream);
+    case KVQuantMode::FP8_E5M2:
+      if (narrow) return launch_rope_rows<EncodeOp<In, E5M2, F>, In, Table, kNeox, F>(p, stream);
+      return launch_rope_rows<EncodeOp<In, E5M2, W>, In, Table, kNeox, W>(p, stream);
     case KVQuantMode::NVFP4: return launch_rope_rows<Nvfp4Op<In, true>, In, Table, kNeox, kRopeUnit>(p, stream);
     default: TORCH_CHECK_VALUE(false, "the native rotary write takes FP8 and NVFP4 caches, not ", mode_name(mode));
   }

@@ -417,7 +417,7 @@ def test_rope_write_policy_native_choice():
             with pytest.raises(ValueError, match=f"{name}=.* must map KVQuantMode formats to positive token counts"):
                 tuning.RopeWritePolicy(gather_below={}, **{name: bad})
     sm90 = tuning.ROPE_WRITE_POLICIES["sm90"]
-    assert dict(sm90.native_from) == {KVQuantMode.FP8_E4M3: 256}
+    assert dict(sm90.native_from) == {KVQuantMode.FP8_E4M3: 64}
     assert dict(sm90.native_with_query_from) == {KVQuantMode.FP8_E4M3: 16384, KVQuantMode.NVFP4: 16384}
 
 
@@ -500,12 +500,14 @@ def test_gpu_native_shapes_and_pages(d, hq, h, in_dtype, block, mode, cache_dtyp
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,rotary_dim", [(64, 32), (80, 64), (96, 96), (192, 128), (256, 256)],
                          ids=["d64-r32", "d80-r64", "d96", "d192-r128", "d256"])
-@pytest.mark.parametrize("T", [7, 533])
+@pytest.mark.parametrize("T", [7, 533, 3000])
 @pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
 def test_gpu_native_neox_partners(d, rotary_dim, T, mode, cache_dtype):
-    """NeoX partners both ways: by warp shuffle where a head's 16-element units share a warp (head
-    sizes 64, 256; partners 1 and 8 lanes apart) and by a second load where they do not (80, 96,
-    192); 3 KV and 5 query heads, so the last warp of both launches is partly without units."""
+    """NeoX partners both ways: by warp shuffle where a head's units share a warp (head sizes 64
+    and 256, in 16-element units and, for FP8 at T = 7 and 533, in 8-element units: partners 1 to
+    16 lanes apart) and by a second load where they do not (80, 96, 192); 3 KV and 5 query heads,
+    so the last warp of both launches is partly without units. T = 3000 takes 16-element units
+    for FP8 too (KVFUSE_ROPE_FP8_NARROW_BELOW in csrc/cuda/cache_write.cu)."""
     c = _case(T, 5, 3, d, mode, cache_dtype, rotary_dim=rotary_dim, seed=T + d, device="cuda",
               num_blocks=T // BLOCK + 8)
     _native_vs_reference(c, True, mode)
