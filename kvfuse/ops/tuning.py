@@ -144,13 +144,13 @@ class RopeWritePolicy:
 # H100 (sm90), `python -m benchmarks.rope_write` sweep at 695e34f (BENCHMARKS.md, eleventh
 # session), us per call, split / gather: FP8 2.42 / 2.34 at 16 tokens, 2.47 / 2.42 at 64, 3.22 /
 # 3.27 at 256; NVFP4 2.41 / 2.26, 2.47 / 2.35, 2.86 / 2.90. bf16 within 0.02 us either way: split.
-# The native kernel against Triton's: `python -m benchmarks.rope_write` at 9c4a752 and c4663ab
-# (BENCHMARKS.md, fifteenth session). Without a query, native is faster for FP8 e4m3 at every
-# size measured from 64 tokens on (level at 1024), and slower or level for NVFP4 throughout; with
-# the query (its own launch natively) it is faster only at 16384 tokens, for both (4096 lost;
-# sizes in between were not measured). e5m2 was not measured.
+# The native kernel against Triton's: `python -m benchmarks.rope_write` at 9c4a752, c4663ab and
+# d7c7385 (BENCHMARKS.md, fifteenth session). Without a query, native is faster for FP8 e4m3 at
+# every size measured from 16 tokens on (level at 1 and at 1024), and slower or level for NVFP4
+# throughout; with the query (its own launch natively) it is faster only at 16384 tokens, for
+# both (4096 lost; sizes in between were not measured). e5m2 was not measured.
 _SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMode.NVFP4: 256},
-                             native_from={KVQuantMode.FP8_E4M3: 64},
+                             native_from={KVQuantMode.FP8_E4M3: 16},
                              native_with_query_from={KVQuantMode.FP8_E4M3: 16384, KVQuantMode.NVFP4: 16384})
 
 #: Rotary-write policies by GPU architecture; others (and the CPU interpreter) use sm90's.
