@@ -126,14 +126,6 @@
 #ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
 #endif
-// 1: rotary launches of 16-element paired units run rope_rows_pipelined_kernel (a variant build,
-// measured in BENCHMARKS.md); 0: rows_kernel.
-#ifndef KVFUSE_ROPE_PIPELINE
-#define KVFUSE_ROPE_PIPELINE 0
-#endif
-#ifndef KVFUSE_ROPE_PIPELINE_MIN_BLOCKS
-#define KVFUSE_ROPE_PIPELINE_MIN_BLOCKS 2
-#endif
 
 namespace kvfuse {
 namespace {
@@ -379,84 +371,6 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
     store_units<Op, kUnits, kPaired, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
   } else {
     store_units<Op, kUnits, kPaired, false>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
-  }
-}
-
-// One paired unit of a rotary launch (rope_rows_pipelined_kernel): its loads, as rows_kernel issues them.
-template <class Op, class Rot>
-struct RopeUnit {
-  Pair<Op> raw[1];
-  int64_t slot[1];
-  int64_t dst_row[1];
-  int head[1];
-  int chunk[1];
-  bool is_value[1];
-  typename Rot::Loaded rot;
-
-  __device__ __forceinline__ void load(const RowParams& p, uint32_t u) {
-    slot[0] = -1;
-    is_value[0] = false;
-    rot.first = -1;
-    if (u < p.units) {
-      const auto tr = p.items.divmod(u);
-      const int64_t tok = tr.div;
-      slot[0] = p.slots == nullptr ? tok
-                : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
-                                   : __ldg(static_cast<const int32_t*>(p.slots) + tok);
-      const auto hc = p.chunks.divmod(tr.mod);
-      head[0] = static_cast<int>(hc.div);
-      chunk[0] = static_cast<int>(hc.mod);
-      const char* key_row = p.src[0] + tok * p.src_tok[0] + head[0] * p.src_head[0];
-      raw[0].half[0] = Op::load(key_row, chunk[0], p);
-      rot = Rot::load(key_row, tok, chunk[0], p.rope);
-      if (p.halves == 2) raw[0].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[0] * p.src_head[1], chunk[0], p);
-      dst_row[0] = head[0] * p.dst_head;
-    } else {
-#pragma unroll
-      for (int w = 0; w < Rot::Run::kWords; ++w) raw[0].half[0].words[w] = make_uint4(0, 0, 0, 0);
-    }
-  }
-
-  template <bool kFast>
-  __device__ __forceinline__ void finish(const RowParams& p, const Divider div_k, const Divider div_v) {
-    Rot::exchange(raw[0].half[0], rot, p.rope);
-    if (slot[0] >= 0) Rot::apply(raw[0].half[0], rot, p.rope);
-    store_units<Op, 1, true, kFast>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
-  }
-};
-
-// Rotary launches of many paired units, software-pipelined: a grid of resident blocks, each
-// thread striding over units and issuing the loads of its next unit before it rotates, encodes
-// and stores the current one, so that the rotation's arithmetic runs under the next loads instead
-// of between them (in rows_kernel a thread's compute follows all of its loads). Two units' loads
-// live at once, in the registers of KVFUSE_ROPE_PIPELINE_MIN_BLOCKS resident blocks per SM. The
-// warps' iterations are uniform (a warp runs while its first unit is in range), as the partner
-// exchange needs every lane. Units run from 0 (p.first_token 0), fewer than 2^31 - the stride.
-template <class Op, int kBlock, class Rot>
-__global__ void __launch_bounds__(kBlock, KVFUSE_ROPE_PIPELINE_MIN_BLOCKS * kThreads / kBlock)
-    rope_rows_pipelined_kernel(const RowParams p) {
-  Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
-  if constexpr (Op::kUsesScale) {
-    div_k = make_divider(__ldg(p.scale[0]));
-    div_v = make_divider(__ldg(p.scale[1]));
-  }
-  const bool fast = !Op::kUsesScale || (div_k.fast && div_v.fast);
-  const uint32_t stride = gridDim.x * kBlock;
-  uint32_t u = blockIdx.x * kBlock + threadIdx.x;
-  uint32_t warp_first = u & ~31u;
-  RopeUnit<Op, Rot> a, b;
-  a.load(p, u);
-  // Two copies of the step, so that each unit's registers are named at compile time.
-  while (warp_first < p.units) {
-    b.load(p, u + stride);
-    if (fast) a.template finish<true>(p, div_k, div_v); else a.template finish<false>(p, div_k, div_v);
-    u += stride;
-    warp_first += stride;
-    if (warp_first >= p.units) break;
-    a.load(p, u + stride);
-    if (fast) b.template finish<true>(p, div_k, div_v); else b.template finish<false>(p, div_k, div_v);
-    u += stride;
-    warp_first += stride;
   }
 }
 
@@ -1143,43 +1057,9 @@ void check_int32_sizes(const at::Tensor& x) {
 
 // The rotary write's key/value units through the op of the cache's mode, with the rotation
 // folded in, in units of N elements.
-template <class Op, class Rot>
-void launch_rope_pipelined(RowParams p, int chunks, cudaStream_t stream) {
-  p.per_half = static_cast<uint32_t>(int64_t{p.num_heads} * chunks);
-  p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(chunks));
-  p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
-  p.items = IntDivider<uint32_t>(p.per_half);
-  p.first_token = 0;
-  p.units = static_cast<uint32_t>(int64_t{p.num_tokens} * p.per_half);
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t needed = (int64_t{p.units} + kThreads - 1) / kThreads;
-  const int64_t resident = int64_t{KVFUSE_ROPE_PIPELINE_MIN_BLOCKS} * sms;
-  const dim3 grid(static_cast<unsigned>(std::min(needed, resident)));
-  rope_rows_pipelined_kernel<Op, kThreads, Rot><<<grid, kThreads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 template <class Op, typename In, typename Table, bool kNeox, int N>
 void launch_rope_rows(RowParams p, cudaStream_t stream) {
   const int chunks = p.head_size / N;
-  // The pipelined kernel takes launches that would be wide paired grids in rows_kernel.
-  const int64_t pairs = int64_t{p.num_tokens} * p.num_heads * chunks;
-  if constexpr (KVFUSE_ROPE_PIPELINE && N == kRopeUnit) {
-    if (pairs / KVFUSE_SMALL_THREADS >= KVFUSE_ROPE_UNPAIRED_BELOW && pairs < (int64_t{1} << 30)) {
-      if constexpr (kNeox) {
-        const int lanes = partner_lanes<N>(p.head_size, p.rope.rotary_dim);
-        if (lanes > 0) {
-          p.rope.partner_lanes = lanes;
-          return launch_rope_pipelined<Op, Rotation<In, Table, true, true, N>>(p, chunks, stream);
-        }
-      }
-      p.rope.partner_lanes = 0;
-      return launch_rope_pipelined<Op, Rotation<In, Table, kNeox, false, N>>(p, chunks, stream);
-    }
-  }
   p.rope.partner_lanes = 0;
   if constexpr (kNeox) {
     p.rope.partner_lanes = partner_lanes<N>(p.head_size, p.rope.rotary_dim);
