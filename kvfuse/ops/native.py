@@ -30,11 +30,13 @@ on average) that it supports (:func:`decode_refusal`); the others run Triton's k
 covers every call. With the native backend forced (``KVFUSE_ATTENTION_BACKEND=native``) every
 call it supports runs natively, prefill-shaped ones included, and the rest raise.
 
-:func:`rope_encode_and_cache_write` (CUDA; FP8 and NVFP4 caches) rotates each key unit of 16
-elements inside the fused write kernel of ``csrc/cuda/cache_write.cu`` (one more launch rotates
-the query, when there is one), bit for bit the reference's arithmetic. It runs the calls that
-:mod:`kvfuse.ops.tuning` measured faster on it than on Triton's kernel (on sm90: FP8 e4m3 writes
-of 4096 tokens and more without a query) and :func:`rope_refusal` accepts (bf16/fp16 inputs,
+:func:`rope_encode_and_cache_write` (CUDA; FP8 and NVFP4 caches) rotates each key unit (16
+elements; 8 in small FP8 launches) inside the fused write kernel of ``csrc/cuda/cache_write.cu``
+(one more launch rotates the query, when there is one), bit for bit the reference's arithmetic;
+NeoX units take their rotation partner from the partner's lane by warp shuffle where a head's
+units share a warp. It runs the calls that :mod:`kvfuse.ops.tuning` measured faster on it than
+on Triton's kernel (on sm90: FP8 e4m3 writes of 16 tokens and more without a query, FP8 e4m3 and
+NVFP4 writes of 16384 tokens and more with one) and :func:`rope_refusal` accepts (bf16/fp16 inputs,
 16-byte aligned rows, head sizes and rotary widths that keep a unit and its rotation partners
 together); the other calls run Triton's kernel. With the native cache backend forced it runs
 every call it accepts and raises for the rest.
@@ -301,7 +303,8 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
 #: The cache modes of the native rotary write (bf16 caches keep Triton's kernel, within 1.1x of
 #: the write alone in BENCHMARKS.md).
 _ROPE_MODES = frozenset({KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4})
-#: Elements per unit of the native rotary write (``kRopeUnit`` in csrc/cuda/cache_write.cu).
+#: Elements per unit of the native rotary write (``kRopeUnit`` in csrc/cuda/cache_write.cu; the
+#: 8-element units of its small FP8 launches divide it, so its preconditions are the 16's).
 _ROPE_UNIT = 16
 
 
