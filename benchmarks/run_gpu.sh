@@ -65,6 +65,10 @@ for phase in $phases; do
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
           --kernel-name kns=per_token_head python3 tests/ops/_native_attention_sanitize.py write > "$RES/sanitizer_pth_write.log" 2>&1
         echo "compute-sanitizer memcheck (per-token-head write) rc=$? ($(tail -3 "$RES/sanitizer_pth_write.log" | tr '\n' ' '))"
+        # The rotary write's cases; no kernel filter, so its separate query kernel is checked too.
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 \
+          python3 tests/ops/_native_sanitize.py rope > "$RES/sanitizer_rope.log" 2>&1
+        echo "compute-sanitizer memcheck (rotary write) rc=$? ($(tail -3 "$RES/sanitizer_rope.log" | tr '\n' ' '))"
       fi
       ;;
     hf)

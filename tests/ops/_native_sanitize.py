@@ -1,7 +1,10 @@
 """Runs the native CUDA kernels on the test shapes for ``compute-sanitizer`` (not a pytest module).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        python3 tests/ops/_native_sanitize.py
+        python3 tests/ops/_native_sanitize.py [rope]
+
+``rope``: the native rotary write's cases instead (both unit widths, both ways to a NeoX
+partner, partly empty last warps, the separate query launch).
 
 Without the caching allocator every tensor is its own allocation, so memcheck sees a write one
 byte past a cache or a row as the out-of-bounds access it is. Each case also checks its bytes
@@ -21,11 +24,32 @@ import test_native as t  # noqa: E402
 from kvfuse.ops import native  # noqa: E402
 
 
+def rope_cases() -> int:
+    import test_rope_kv_write as r
+
+    count = 0
+    for mode, cache_dtype in r.NATIVE_FORMATS:
+        for d, rotary_dim in ((64, 32), (80, 64), (128, 128), (256, 256)):
+            for T in (7, 533, 3000):
+                r.test_gpu_native_neox_partners(d, rotary_dim, T, mode, cache_dtype)
+                count += 1
+        for setup in (("neox-f32-table-pos", True, True, True, 128, torch.float32),
+                      ("gptj-half-partial", False, True, True, 64, torch.bfloat16)):
+            for T in (7, 533):
+                r.test_gpu_native_bit_exact(mode, cache_dtype, *setup[1:], T)
+                count += 1
+    torch.cuda.synchronize()
+    return count
+
+
 def main() -> int:
     reason = native.unavailable_reason("encode_and_cache_write", "cuda", 0)
     if reason is not None:
         print(f"native CUDA kernels unavailable: {reason}")
         return 2
+    if sys.argv[1:] == ["rope"]:
+        print(f"sanitize script: {rope_cases()} native rotary write cases ran and matched the reference")
+        return 0
     count = 0
     for mode, in_dtype, cache_dtype in t.CASES:
         for num_tokens, head_size, slot_dtype, strided in ((7, 64, torch.int32, True), (33, 80, torch.int64, False)):
