@@ -14,3 +14,14 @@ def test_default_variants_parse_even_though_names_hold_commas(monkeypatch, capsy
     with pytest.raises(SystemExit):
         rope_write.main(["--variants", "write,rotate_k"])
     assert "unknown formats or variants ['write,rotate_k']" in capsys.readouterr().err
+
+
+def test_rotating_sets_are_sized_by_the_key_and_value_bytes(monkeypatch):
+    """Every variant reads K and V; the sets must exceed 2x L2 by those bytes alone (the query is
+    read only by some variants), e.g. 7 sets of 4096 tokens on a 50 MiB L2."""
+    from benchmarks import common
+
+    assert rope_write.Case.bytes_per_call(4096) == 4096 * 2 * rope_write.HKV * rope_write.D * 2
+    monkeypatch.setattr(common, "l2_bytes", lambda: 50 * 2 ** 20)
+    sets = common.rotations_for(rope_write.Case.bytes_per_call(4096))
+    assert sets == 7 and sets * rope_write.Case.bytes_per_call(4096) > 2 * 50 * 2 ** 20
