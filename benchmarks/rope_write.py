@@ -96,9 +96,10 @@ class Case:
     @staticmethod
     def bytes_per_call(num_tokens: int) -> int:
         """Bytes of input every variant reads: K and V (only some read the query). Sizing the
-        rotating sets by these keeps K and V out of L2 for the key-only variants too; counting the
-        query as well (the fourteenth session's sizing) left two sets of 4096 tokens whose K and V
-        (34 MB) fit the H100's 50 MB L2."""
+        rotating sets by these keeps K and V out of L2 for the key-only variants too. Counting the
+        query as well (the sizing up to the fifteenth session) gave 1024 tokens five sets whose K
+        and V (21 MB) fit the H100's 50 MB L2, and the rotary writes looked cheaper there than
+        they are on cold inputs (BENCHMARKS.md, fifteenth session)."""
         return num_tokens * 2 * HKV * D * 2
 
 
