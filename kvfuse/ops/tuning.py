@@ -146,7 +146,8 @@ class RopeWritePolicy:
 # 3.27 at 256; NVFP4 2.41 / 2.26, 2.47 / 2.35, 2.86 / 2.90. bf16 within 0.02 us either way: split.
 # The native kernel against Triton's: `python -m benchmarks.rope_write` at 9c4a752, c4663ab and
 # d7c7385 (BENCHMARKS.md, fifteenth session). Without a query, native is faster for FP8 e4m3 at
-# every size measured from 16 tokens on (level at 1 and at 1024), and slower or level for NVFP4
+# every size measured from 16 tokens on (level at 1; at 1024 level on warm inputs, faster on cold
+# ones), and slower or level for NVFP4
 # throughout; with the query (its own launch natively) it is faster only at 16384 tokens, for
 # both (4096 lost; sizes in between were not measured). e5m2 was not measured.
 _SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMode.NVFP4: 256},
