@@ -118,10 +118,11 @@
 #endif
 // FP8 rotary writes of fewer 16-element (token, head, chunk) units than this run in 8-element
 // units, at KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS resident blocks per SM (twice the threads, each with
-// half the rotation; measured faster at 64 and 256 tokens of 8 x 128, slower at 1024 and 16384,
-// level at 4096: BENCHMARKS.md, fifteenth session). NVFP4 units are its 16-element blocks.
+// half the rotation). Measured on cold inputs of 8 x 128 (BENCHMARKS.md, fifteenth session):
+// faster up to 512 tokens, slower at 1024, level from 2048 on. NVFP4 units are its 16-element
+// blocks.
 #ifndef KVFUSE_ROPE_FP8_NARROW_BELOW
-#define KVFUSE_ROPE_FP8_NARROW_BELOW 32768
+#define KVFUSE_ROPE_FP8_NARROW_BELOW 65536
 #endif
 #ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
