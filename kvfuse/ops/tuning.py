@@ -144,8 +144,8 @@ class RopeWritePolicy:
 # H100 (sm90), `python -m benchmarks.rope_write` sweep at 695e34f (BENCHMARKS.md, eleventh
 # session), us per call, split / gather: FP8 2.42 / 2.34 at 16 tokens, 2.47 / 2.42 at 64, 3.22 /
 # 3.27 at 256; NVFP4 2.41 / 2.26, 2.47 / 2.35, 2.86 / 2.90. bf16 within 0.02 us either way: split.
-# The native kernel against Triton's: `python -m benchmarks.rope_write` at 9c4a752, c4663ab and
-# d7c7385 (BENCHMARKS.md, fifteenth session). Without a query, native is faster for FP8 e4m3 at
+# The native kernel against Triton's: `python -m benchmarks.rope_write` at 9c4a752, c4663ab,
+# d7c7385 and, on cold inputs, 74970b8 and ab06b55 (BENCHMARKS.md, fifteenth session). Without a query, native is faster for FP8 e4m3 at
 # every size measured from 16 tokens on (level at 1; at 1024 level on warm inputs, faster on cold
 # ones), and slower or level for NVFP4
 # throughout; with the query (its own launch natively) it is faster only at 16384 tokens, for
