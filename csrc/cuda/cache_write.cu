@@ -144,8 +144,8 @@ struct RopeParams {
   int positions64;
   int rotary_dim;
   int half_table;  // one column per pair (width rotary_dim / 2) instead of one per element
-  // NeoX launches whose heads each lie within one warp (head_size / 16 divides 32): the lane
-  // distance to a unit's partner chunk, rotary_dim / 32 (see Rotation::exchange).
+  // NeoX launches of N-element units whose heads each lie within one warp (head_size / N divides
+  // 32): the lane distance to a unit's partner chunk, rotary_dim / (2 N) (see Rotation::exchange).
   int partner_lanes;
 };
 
@@ -711,8 +711,8 @@ struct TableRun {
 };
 
 // kShuffle (NeoX): a unit takes its partner chunk from the partner's own lane (which loaded it as
-// its unit) by warp shuffle instead of loading it a second time: one 32-byte request fewer per
-// unit, and no partner registers live across the loads.
+// its unit) by warp shuffle instead of loading it a second time: one load fewer per unit, and no
+// partner registers live across the loads.
 // kN: elements per unit, 16 or, for small FP8 launches, 8 (KVFUSE_ROPE_FP8_NARROW_BELOW).
 template <typename In, typename Table, bool kNeox, bool kShuffle = false, int kN = kRopeUnit>
 struct Rotation {
