@@ -409,9 +409,7 @@ def per_token_head_write_refusal(key: torch.Tensor, value: torch.Tensor, kv_cach
                 f"it takes fewer than 2^32 (token, head) rows and 2^31 slots")
     if key.stride() != value.stride():
         return f"key strides {tuple(key.stride())} differ from value strides {tuple(value.stride())}"
-    es = key.element_size()
-    if (key.stride(2) != 1 or (key.stride(0) * es) % 16 or (key.stride(1) * es) % 16 or key.data_ptr() % 16
-            or value.data_ptr() % 16):
+    if key.stride(2) != 1 or not (_rows_aligned16(key) and _rows_aligned16(value)):
         return f"key/value strides {tuple(key.stride())} / addresses: its input rows must start 16-byte aligned"
     if any(st % 4 for st in kv_cache.stride()[:4]) or kv_cache.data_ptr() % 4:
         return f"kv_cache strides {tuple(kv_cache.stride())}: its rows must start 4-byte aligned"
