@@ -840,9 +840,8 @@ struct QueryParams {
   uint32_t units;  // < 2^31 (rope_refusal)
 };
 
-template <typename In, typename Table, bool kNeox, bool kShuffle>
+template <class Rot>
 __global__ void __launch_bounds__(256) rope_query_kernel(const QueryParams q, const RopeParams r) {
-  using Rot = Rotation<In, Table, kNeox, kShuffle>;
   const uint32_t u = blockIdx.x * 256 + threadIdx.x;
   // Lanes past the last unit stay for the partner exchange (whole heads end before them).
   const bool live = u < q.units;
@@ -862,7 +861,7 @@ __global__ void __launch_bounds__(256) rope_query_kernel(const QueryParams q, co
   Rot::exchange(x, l, r);
   if (!live) return;
   Rot::apply(x, l, r);
-  uint4* out = reinterpret_cast<uint4*>(q.dst + (static_cast<int64_t>(u) * Rot::N) * static_cast<int64_t>(sizeof(In)));
+  uint4* out = reinterpret_cast<uint4*>(q.dst + static_cast<int64_t>(u) * static_cast<int64_t>(sizeof(typename Rot::Run)));
 #pragma unroll
   for (int w = 0; w < Rot::Run::kWords; ++w) __stcs(out + w, x.words[w]);
 }
@@ -1056,17 +1055,25 @@ void check_int32_sizes(const at::Tensor& x) {
                     "tensor too large for the native kernel: ", x.sizes());
 }
 
+// Calls f with the Rotation (a tag value) of a launch in N-element units, NeoX partners by shuffle
+// where a head's units share a warp, and sets r.partner_lanes to match.
+template <typename In, typename Table, bool kNeox, int N, class F>
+void with_rotation(int64_t head_size, RopeParams& r, F&& f) {
+  r.partner_lanes = 0;
+  if constexpr (kNeox) {
+    r.partner_lanes = partner_lanes<N>(head_size, r.rotary_dim);
+    if (r.partner_lanes > 0) return f(Rotation<In, Table, true, true, N>{});
+  }
+  f(Rotation<In, Table, kNeox, false, N>{});
+}
+
 // The rotary write's key/value units through the op of the cache's mode, with the rotation
 // folded in, in units of N elements.
 template <class Op, typename In, typename Table, bool kNeox, int N>
 void launch_rope_rows(RowParams p, cudaStream_t stream) {
-  const int chunks = p.head_size / N;
-  p.rope.partner_lanes = 0;
-  if constexpr (kNeox) {
-    p.rope.partner_lanes = partner_lanes<N>(p.head_size, p.rope.rotary_dim);
-    if (p.rope.partner_lanes > 0) return launch<Op, true, Rotation<In, Table, true, true, N>>(p, chunks, stream);
-  }
-  launch<Op, true, Rotation<In, Table, kNeox, false, N>>(p, chunks, stream);
+  with_rotation<In, Table, kNeox, N>(p.head_size, p.rope, [&](auto rot) {
+    launch<Op, true, decltype(rot)>(p, p.head_size / N, stream);
+  });
 }
 
 // The rotary write: the query's units (when there is a query) in their own small kernel, then
@@ -1075,17 +1082,9 @@ template <typename In, typename Table, bool kNeox>
 void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream_t stream) {
   if (q != nullptr && q->units > 0) {
     RopeParams r = p.rope;
-    r.partner_lanes = kNeox ? partner_lanes<kRopeUnit>(p.head_size, r.rotary_dim) : 0;
-    const unsigned blocks = (q->units + 255) / 256;
-    if constexpr (kNeox) {
-      if (r.partner_lanes > 0) {
-        rope_query_kernel<In, Table, true, true><<<blocks, 256, 0, stream>>>(*q, r);
-      } else {
-        rope_query_kernel<In, Table, true, false><<<blocks, 256, 0, stream>>>(*q, r);
-      }
-    } else {
-      rope_query_kernel<In, Table, false, false><<<blocks, 256, 0, stream>>>(*q, r);
-    }
+    with_rotation<In, Table, kNeox, kRopeUnit>(p.head_size, r, [&](auto rot) {
+      rope_query_kernel<decltype(rot)><<<(q->units + 255) / 256, 256, 0, stream>>>(*q, r);
+    });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   constexpr int W = kRopeUnit, F = kRopeNarrowUnit;
