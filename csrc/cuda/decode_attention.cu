@@ -83,6 +83,12 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_FP8_STAGES 3
 #endif
 
+// FP8 stages: 1 lays rows out whole and swizzled (Stage); 0 pads each row by 16 bytes instead,
+// the layout measured before it (kept for A/B builds, BENCHMARKS.md).
+#ifndef KVFUSE_DECODE_FP8_SWIZZLE
+#define KVFUSE_DECODE_FP8_SWIZZLE 1
+#endif
+
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunk = 16;  // keys per warp per iteration
@@ -443,19 +449,39 @@ __device__ __forceinline__ void load_chunk_in_page(const DecodeParams& p, const 
 
 // ----------------------------------------------------------------------------- shared-memory stages
 
-// One chunk's rows as cp.async lays them in a warp's stage (FP8 caches): K rows, then V rows, each
-// padded by 16 bytes so that rows 2t and 2t + 2 start on different banks. A per-token-head row
-// (D + 4 bytes at any 4-byte offset) takes the 16-byte segments that cover it, (D + 31) / 16 of
-// them: an odd count, so that its 32-bit reads (all at one offset mod 16) spread over all 8 bank
-// quads that such reads can reach.
+// One chunk's rows as cp.async lays them in a warp's stage (FP8 caches): K rows, then V rows.
+//
+// FP8 rows (D bytes, a multiple of 32) are D bytes apart, and row k's 32-byte units are permuted
+// by an XOR with swizzle(k), so that every unit stays one whole, aligned 32-byte unit of shared
+// memory. A cp.async pair of 16-byte pieces whose global sector lands across a 32-byte boundary
+// of shared memory costs a second sector request from L2 and a second shared-memory wavefront:
+// the 16-byte row padding this layout replaces did that on every odd row, 1.5x the L2-to-SM
+// bytes of the chunk (ncu, BENCHMARKS.md). The permutation also keeps read_chunk's reads free of
+// bank conflicts at D >= 128: the 8 lanes of a 16-byte read phase take rows g, g + 1 (K: units
+// {2s, 2s + 1} of each, told apart by bit 1 of the swizzle) or rows 2t (V: unit 0 or 1 of rows 0,
+// 2, 4, 6, told apart by all of it).
+//
+// A per-token-head row (D + 4 bytes at any 4-byte offset) takes the 16-byte segments that cover
+// it, (D + 31) / 16 of them: an odd count, so that its 32-bit reads (all at one offset mod 16)
+// spread over all 8 bank quads that such reads can reach.
 template <DecodeFmt F, int D>
 struct Stage {
   using L = Layout<F, D>;
   static_assert(!L::kNvfp4, "NVFP4 chunks are prefetched into registers");
+  static_assert(L::kRowScales || L::kRowBytes % 32 == 0, "FP8 rows are whole 32-byte units");
   static constexpr int kPieces = L::kRowScales ? (D + 31) / 16 : L::kRowBytes / 16;  // 16-byte copies per row
-  static constexpr int kPitch = L::kRowScales ? kPieces * 16 : L::kRowBytes + 16;
+  static constexpr bool kSwizzled = !L::kRowScales && KVFUSE_DECODE_FP8_SWIZZLE;
+  static constexpr int kPitch = L::kRowScales ? kPieces * 16 : L::kRowBytes + (kSwizzled ? 0 : 16);
   static constexpr int kV = kChunk * kPitch;
   static constexpr int kBytes = 2 * kChunk * kPitch;
+  static constexpr int kUnits = L::kRowBytes / 32;  // FP8: 2, 4 or 8 (D = 64, 128, 256)
+  __host__ __device__ static constexpr int swizzle(int k) {
+    return (((k >> 1) & 1) | (((k ^ (k >> 2)) & 1) << 1)) & (kUnits - 1);
+  }
+  // Where byte `byte` of a side's key row k lies, from the side's first row.
+  __host__ __device__ static constexpr int place(int k, int byte) {
+    return kSwizzled ? k * kPitch + ((((byte >> 5) ^ swizzle(k)) << 5) | (byte & 31)) : k * kPitch + byte;
+  }
 };
 
 // One chunk of HG heads' per-token-head rows as a block stages them (HG > 1): per side and key,
@@ -468,6 +494,7 @@ struct GroupStage {
   static constexpr int kV = kChunk * kPitch;
   static constexpr int kBytes = 2 * kV;
   static_assert(HG * kRow % 16 == 0, "a run of HG rows must be whole 16-byte units");
+  __host__ __device__ static constexpr int place(int k, int byte) { return k * kPitch + byte; }
 };
 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
@@ -515,7 +542,7 @@ __device__ __forceinline__ void copy_runs(const DecodeParams& p, const int32_t* 
       }
       src += piece * 16;
     }
-    cp_async_16(stage + side * S::kV + k * S::kPitch + piece * 16, src, page != nullptr);
+    cp_async_16(stage + side * S::kV + S::place(k, piece * 16), src, page != nullptr);
   }
 }
 
@@ -557,22 +584,22 @@ __device__ __forceinline__ void read_chunk(const uint8_t* stage, int g, int t, C
   static_assert(!L::kRowScales, "per-token-head rows: read_row_chunk");
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint8_t* row = stage + (g + 8 * r) * S::kPitch;
+    const int key = g + 8 * r;
 #pragma unroll
     for (int s = 0; s < (L::kKWords + 3) / 4; ++s) {
       uint32_t(&seg)[L::kKWords < 4 ? L::kKWords : 4] =
           *reinterpret_cast<uint32_t(*)[L::kKWords < 4 ? L::kKWords : 4]>(&c.k[r][4 * s]);
-      shared_words(row + run_byte<L::kKWords, 4>(t, 4 * s, 0), seg);
+      shared_words(stage + S::place(key, run_byte<L::kKWords, 4>(t, 4 * s, 0)), seg);
     }
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    const uint8_t* row = stage + S::kV + chunk_key(2 + r, g, t) * S::kPitch;
+    const int key = chunk_key(2 + r, g, t);
 #pragma unroll
     for (int s = 0; s < (L::kVWords + 3) / 4; ++s) {
       uint32_t(&seg)[L::kVWords < 4 ? L::kVWords : 4] =
           *reinterpret_cast<uint32_t(*)[L::kVWords < 4 ? L::kVWords : 4]>(&c.v[r][4 * s]);
-      shared_words(row + run_byte<L::kVWords, 8>(g, 4 * s, 0), seg);
+      shared_words(stage + S::kV + S::place(key, run_byte<L::kVWords, 8>(g, 4 * s, 0)), seg);
     }
   }
 }
