@@ -1116,27 +1116,33 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
 }
 
 // Merge split partials of one (token, head): o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
-// Writes every row of out; rows outside query_start_loc (padding) get zeros.
-__global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodeParams p, int num_q_heads, int head_size) {
+// Writes every row of out; rows outside query_start_loc (padding) get zeros. Every split's lse is
+// loaded at once into shared memory (one load per thread) and the weights are computed there, so
+// the kernel waits on two rounds of global loads (the lse, then the partial outputs, also issued
+// together) rather than one per split and pass: it runs after the split kernel on the critical path.
+constexpr int kMaxSplits = 256;  // paged_decode_attention_cuda checks num_splits against it
+
+__global__ void __launch_bounds__(128) decode_attention_reduce_kernel(const __grid_constant__ DecodeParams p, int num_q_heads, int head_size) {
+  __shared__ float weight[kMaxSplits];
   const int64_t row = blockIdx.x;
   const int head = blockIdx.y;
   const bool covered = row >= __ldg(p.query_start_loc) && row < __ldg(p.query_start_loc + p.num_seqs);
+  const int splits = covered ? p.num_splits : 0;
+  auto at = [&](int s) { return (static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head; };
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) weight[s] = p.part_lse[at(s)];
+  __syncthreads();
   float M = -INFINITY;
-  if (covered) {
-    for (int s = 0; s < p.num_splits; ++s)
-      M = fmaxf(M, p.part_lse[(static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head]);
-  }
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, weight[s]);
   const float base = M == -INFINITY ? 0.f : M;
+  __syncthreads();  // every thread has its max before the lse become weights
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) weight[s] = exp2f(weight[s] - base);
+  __syncthreads();
+  float total = 0.f;
+  for (int s = 0; s < splits; ++s) total += weight[s];
   for (int dim = threadIdx.x; dim < head_size; dim += blockDim.x) {
-    float total = 0.f, o = 0.f;
-    if (covered) {
-      for (int s = 0; s < p.num_splits; ++s) {
-        const int64_t at = (static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head;
-        const float wgt = exp2f(p.part_lse[at] - base);
-        total += wgt;
-        o += wgt * p.part_out[at * head_size + dim];
-      }
-    }
+    float o = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) o += weight[s] * p.part_out[at(s) * head_size + dim];
     o = total > 0.f ? o / total : 0.f;
     uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * num_q_heads + head) * head_size + dim) * 2;
     if (p.query_fp16) {
@@ -1247,7 +1253,8 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
                     "paged_decode_attention: int32 metadata with contiguous rows");
   TORCH_CHECK_VALUE(k_scale.scalar_type() == at::kFloat && v_scale.scalar_type() == at::kFloat,
                     "paged_decode_attention: float32 scales");
-  TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= 256, "paged_decode_attention: num_splits=", num_splits);
+  TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= kMaxSplits, "paged_decode_attention: num_splits=", num_splits,
+                    " (allowed: 1 to ", kMaxSplits, ")");
   c10::cuda::CUDAGuard guard(query.device());
   auto out = num_splits > 1 ? at::empty({num_tokens, num_q_heads, head_size}, query.options())
                             : at::zeros({num_tokens, num_q_heads, head_size}, query.options());
