@@ -83,6 +83,13 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_FP8_STAGES 3
 #endif
 
+// Split launches: 1 starts the split merge (decode_attention_reduce_kernel) as a programmatic
+// dependent launch on Hopper and later, so that its blocks are resident and waiting (griddepcontrol)
+// when the split kernel's last block ends instead of being launched only then; 0: a plain launch.
+#ifndef KVFUSE_DECODE_PDL
+#define KVFUSE_DECODE_PDL 1
+#endif
+
 // FP8 stages: 1 lays rows out whole and swizzled (Stage); 0 pads each row by 16 bytes instead,
 // the layout measured before it (kept for A/B builds, BENCHMARKS.md).
 #ifndef KVFUSE_DECODE_FP8_SWIZZLE
@@ -842,6 +849,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
   float* sm_o = sm_l + kWarps * ROWS;          // [kWarps][ROWS][D]
 
   const int b = blockIdx.x, split = blockIdx.z;
+#if KVFUSE_DECODE_PDL && __CUDA_ARCH__ >= 900
+  // The merge may launch once every block has started; it waits for this grid's end (and memory).
+  if (p.num_splits > 1) asm volatile("griddepcontrol.launch_dependents;");
+#endif
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kvh = HG == 1 ? blockIdx.y : blockIdx.y * HG + warp;  // HG > 1: every warp's head exists (host)
   const int q_start = __ldg(p.query_start_loc + b);
@@ -1128,6 +1139,10 @@ __global__ void __launch_bounds__(128) decode_attention_reduce_kernel(const __gr
   const int head = blockIdx.y;
   const bool covered = row >= __ldg(p.query_start_loc) && row < __ldg(p.query_start_loc + p.num_seqs);
   const int splits = covered ? p.num_splits : 0;
+#if KVFUSE_DECODE_PDL && __CUDA_ARCH__ >= 900
+  // A no-op without a programmatic launch; with one, the split kernel's partials are complete and visible after it.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   auto at = [&](int s) { return (static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head; };
   for (int s = threadIdx.x; s < splits; s += blockDim.x) weight[s] = p.part_lse[at(s)];
   __syncthreads();
@@ -1311,9 +1326,22 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
     default: launch_head_size<DecodeFmt::kE4m3>(p, head_size, seqs, stream); break;
   }
   if (num_splits > 1) {
-    decode_attention_reduce_kernel<<<dim3(num_tokens, num_q_heads), 128, 0, stream>>>(
-        p, static_cast<int>(num_q_heads), static_cast<int>(head_size));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(num_tokens), static_cast<unsigned>(num_q_heads));
+    config.blockDim = dim3(128);
+    config.stream = stream;
+    cudaLaunchAttribute programmatic[1];
+    programmatic[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    programmatic[0].val.programmaticStreamSerializationAllowed = 1;
+    int device = 0, major = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (KVFUSE_DECODE_PDL && major >= 9) {
+      config.attrs = programmatic;
+      config.numAttrs = 1;
+    }
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_attention_reduce_kernel, p, static_cast<int>(num_q_heads),
+                                      static_cast<int>(head_size)));
   }
   return out;
 }
