@@ -33,8 +33,11 @@
 // key range, each with its own running max / sum / accumulator, merged through shared memory at
 // the end. HG = 4 (per-token-head rows, above): a block owns 4 KV heads, each warp one head's tile
 // over every chunk, and nothing is merged across warps. With more splits than one, the block
-// writes a normalised partial output and its log2-sum-exp, and decode_attention_reduce_kernel
-// merges the splits.
+// makes a normalised partial output and its log2-sum-exp; up to kMaxClusterSplits splits of a
+// (sequence, KV head) run as one thread-block cluster and merge those through distributed shared
+// memory at the end of the kernel; more write them to global memory for
+// decode_attention_reduce_kernel. out is never zero-filled first: block (0, y, 0) writes the
+// padding rows' zeros for its heads.
 //
 // Fragment plan (g = lane / 4, t = lane % 4; the MMA's own layouts, PTX ISA "m16n8k16"):
 //   S^T = K Q^T   A = K (keys g, g + 8 of the chunk x 16 head dims), B = Q^T (16 dims x 8 query
@@ -49,6 +52,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <c10/cuda/CUDAException.h>
@@ -67,6 +71,8 @@
 namespace kvfuse {
 namespace {
 
+namespace cg = cooperative_groups;
+
 // kE4m3Rows: FP8_PER_TOKEN_HEAD, e4m3 rows each followed by its float32 scale.
 enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 
@@ -83,12 +89,14 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_FP8_STAGES 3
 #endif
 
-// Split launches: 1 starts the split merge (decode_attention_reduce_kernel) as a programmatic
-// dependent launch on Hopper and later, so that its blocks are resident and waiting (griddepcontrol)
-// when the split kernel's last block ends instead of being launched only then; 0: a plain launch.
-#ifndef KVFUSE_DECODE_PDL
-#define KVFUSE_DECODE_PDL 1
+// Split launches of at most kMaxClusterSplits splits: 1 merges the splits inside the kernel, the
+// blocks of one (sequence, KV head) forming a thread-block cluster (sm_90+) that exchanges its
+// partials through distributed shared memory; 0: partials through global memory and
+// decode_attention_reduce_kernel, as launches with more splits always do (kept for A/B builds).
+#ifndef KVFUSE_DECODE_CLUSTER_MERGE
+#define KVFUSE_DECODE_CLUSTER_MERGE 1
 #endif
+constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 
 // FP8 stages: 1 lays rows out whole and swizzled (Stage); 0 pads each row by 16 bytes instead,
 // the layout measured before it (kept for A/B builds, BENCHMARKS.md).
@@ -126,6 +134,8 @@ struct DecodeParams {
   int page_shift;                      // log2(page) for pages of 16 << k tokens, else -1
   bool v_scales_swizzled;              // NVFP4: vLLM's 4-token interleave of the V block scales
   bool query_fp16;
+  bool cluster_merge;                  // splits merged in the kernel (a cluster of num_splits blocks)
+  int head_size;
 };
 
 // ----------------------------------------------------------------------------- register math
@@ -838,6 +848,36 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
   }
 }
 
+// Four output values of (token row, query head) from dim on, in the query's dtype.
+__device__ __forceinline__ void store_out(const DecodeParams& p, int64_t row, int head, int dim, float4 o) {
+  const int num_q_heads = p.num_kv_heads * p.group;
+  uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * num_q_heads + head) * p.head_size + dim) * 2;
+  uint2 packed;
+  if (p.query_fp16) {
+    const __half2 a = __floats2half2_rn(o.x, o.y), c2 = __floats2half2_rn(o.z, o.w);
+    packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
+  } else {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(o.x, o.y), c2 = __floats2bfloat162_rn(o.z, o.w);
+    packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
+  }
+  *reinterpret_cast<uint2*>(dst) = packed;
+}
+
+// Zeros in the rows of out outside [query_start_loc[0], query_start_loc[num_seqs]) for the query
+// heads of KV heads blockIdx.y * HG .. + HG - 1 (a contiguous run of every row).
+template <int D, int HG>
+__device__ void zero_padding_rows(const DecodeParams& p) {
+  const int64_t first = __ldg(p.query_start_loc), last = __ldg(p.query_start_loc + p.num_seqs);
+  const int64_t rows = first + (p.num_tokens - last);
+  const int words = HG * p.group * D * 2 / 16;  // 16-byte words of the run (D * 2 is a multiple of 16)
+  const int64_t row_words = static_cast<int64_t>(p.num_kv_heads) * p.group * D * 2 / 16;
+  uint4* out = static_cast<uint4*>(p.out) + static_cast<int64_t>(blockIdx.y) * words;
+  for (int64_t i = threadIdx.x; i < rows * words; i += kThreads) {
+    const int64_t r = i / words;
+    out[(r < first ? r : last + (r - first)) * row_words + i % words] = make_uint4(0, 0, 0, 0);
+  }
+}
+
 template <DecodeFmt F, int D, int ROWS, int HG>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS : 1) decode_attention_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F, D>;
@@ -847,12 +887,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
   float* sm_m = smem;                          // [kWarps][ROWS]
   float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
   float* sm_o = sm_l + kWarps * ROWS;          // [kWarps][ROWS][D]
+  float* sm_part = sm_o + kWarps * ROWS * D;   // [HG][ROWS][D] this block's partial (cluster merge)
+  float* sm_lse = sm_part + HG * ROWS * D;     // [HG][ROWS] its log2-sum-exp
 
   const int b = blockIdx.x, split = blockIdx.z;
-#if KVFUSE_DECODE_PDL && __CUDA_ARCH__ >= 900
-  // The merge may launch once every block has started; it waits for this grid's end (and memory).
-  if (p.num_splits > 1) asm volatile("griddepcontrol.launch_dependents;");
-#endif
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kvh = HG == 1 ? blockIdx.y : blockIdx.y * HG + warp;  // HG > 1: every warp's head exists (host)
   const int q_start = __ldg(p.query_start_loc + b);
@@ -861,6 +899,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
   const int G = p.group;
   const int tile_tokens = ROWS / G;
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(b) * p.stride_bt;
+  // out is not zero-filled beforehand: the padding rows' zeros come from here, this block's heads.
+  if (b == 0 && split == 0 && (p.num_splits == 1 || p.cluster_merge)) zero_padding_rows<D, HG>(p);
   // Per-token-head rows carry their own scales (the static ones are unused).
   float k_scale = L::kRowScales ? 1.f : __ldg(p.k_scale + kvh * p.k_scale_stride);
   float v_scale = L::kRowScales ? 1.f : __ldg(p.v_scale + kvh * p.v_scale_stride);
@@ -1102,7 +1142,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       const float inv = Lsum > 0.f ? v_scale / Lsum : 0.f;
       o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
       const int64_t row = q_start + q0 + tok;
-      if (split_out) {
+      if (split_out && p.cluster_merge) {
+        *reinterpret_cast<float4*>(sm_part + (member * ROWS + r) * D + dim) = o;
+        if (dim == 0) sm_lse[member * ROWS + r] = Lsum > 0.f ? base + log2f(Lsum) : -INFINITY;
+      } else if (split_out) {
         float* dst = p.part_out + ((static_cast<int64_t>(split) * p.num_tokens + row) * (p.num_kv_heads * G) + head) * D + dim;
         *reinterpret_cast<float4*>(dst) = o;
         if (dim == 0) {
@@ -1110,17 +1153,37 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
               Lsum > 0.f ? base + log2f(Lsum) : -INFINITY;
         }
       } else {
-        uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * (p.num_kv_heads * G) + head) * D + dim) * 2;
-        uint2 packed;
-        if (p.query_fp16) {
-          const __half2 a = __floats2half2_rn(o.x, o.y), c2 = __floats2half2_rn(o.z, o.w);
-          packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
-        } else {
-          const __nv_bfloat162 a = __floats2bfloat162_rn(o.x, o.y), c2 = __floats2bfloat162_rn(o.z, o.w);
-          packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
-        }
-        *reinterpret_cast<uint2*>(dst) = packed;
+        store_out(p, row, head, dim, o);
       }
+    }
+    if (split_out && p.cluster_merge) {
+      // Every block's partials are in its shared memory after the first cluster barrier; each block
+      // merges its share of the tile's elements from all of them (as decode_attention_reduce_kernel
+      // does from global memory), and the second barrier keeps them there until all have read.
+      cg::cluster_group cluster = cg::this_cluster();
+      cluster.sync();
+      const int splits = p.num_splits;
+      for (int e = (split * kThreads + threadIdx.x) * 4; e < HG * ROWS * D; e += splits * kThreads * 4) {
+        const int member = e / (ROWS * D), r = (e / D) % ROWS, dim = e % D;
+        const int tok = r / G;
+        if (tok >= n_tok) continue;
+        const int head = (HG == 1 ? kvh : blockIdx.y * HG + member) * G + r % G;
+        float M = -INFINITY;
+        for (int s = 0; s < splits; ++s) M = fmaxf(M, *cluster.map_shared_rank(sm_lse + member * ROWS + r, s));
+        const float base = M == -INFINITY ? 0.f : M;
+        float total = 0.f;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s = 0; s < splits; ++s) {
+          const float wgt = exp2f(*cluster.map_shared_rank(sm_lse + member * ROWS + r, s) - base);
+          const float4 x = *cluster.map_shared_rank(reinterpret_cast<float4*>(sm_part + (member * ROWS + r) * D + dim), s);
+          total += wgt;
+          o.x += wgt * x.x, o.y += wgt * x.y, o.z += wgt * x.z, o.w += wgt * x.w;
+        }
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+        store_out(p, q_start + q0 + tok, head, dim, o);
+      }
+      cluster.sync();
     }
     __syncthreads();  // the next query tile reuses the shared buffers
   }
@@ -1139,10 +1202,6 @@ __global__ void __launch_bounds__(128) decode_attention_reduce_kernel(const __gr
   const int head = blockIdx.y;
   const bool covered = row >= __ldg(p.query_start_loc) && row < __ldg(p.query_start_loc + p.num_seqs);
   const int splits = covered ? p.num_splits : 0;
-#if KVFUSE_DECODE_PDL && __CUDA_ARCH__ >= 900
-  // A no-op without a programmatic launch; with one, the split kernel's partials are complete and visible after it.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   auto at = [&](int s) { return (static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head; };
   for (int s = threadIdx.x; s < splits; s += blockDim.x) weight[s] = p.part_lse[at(s)];
   __syncthreads();
@@ -1170,7 +1229,8 @@ __global__ void __launch_bounds__(128) decode_attention_reduce_kernel(const __gr
 
 template <DecodeFmt F, int D, int ROWS, int HG>
 void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
-  size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
+  // The warps' row states and accumulators, then the block's partial for the cluster merge.
+  size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D + HG * ROWS * (D + 1));
   if constexpr (HG > 1) {
     smem = std::max(smem, size_t{Layout<F, D>::kStages} * GroupStage<D, HG>::kBytes);
   } else if constexpr (Layout<F, D>::kStages >= 2) {
@@ -1180,8 +1240,22 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  kernel<<<dim3(num_seqs, p.num_kv_heads / HG, p.num_splits), kThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_kv_heads / HG),
+                        static_cast<unsigned>(p.num_splits));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  if (p.cluster_merge) {
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = 1;
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = static_cast<unsigned>(p.num_splits);
+    config.attrs = cluster;
+    config.numAttrs = 1;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
 }
 
 template <DecodeFmt F, int D, int HG>
@@ -1271,11 +1345,15 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= kMaxSplits, "paged_decode_attention: num_splits=", num_splits,
                     " (allowed: 1 to ", kMaxSplits, ")");
   c10::cuda::CUDAGuard guard(query.device());
-  auto out = num_splits > 1 ? at::empty({num_tokens, num_q_heads, head_size}, query.options())
-                            : at::zeros({num_tokens, num_q_heads, head_size}, query.options());
-  if (num_tokens == 0 || num_seqs == 0) return out;
+  // Every row is written: by the kernel (padding rows as zeros), or by the split merge.
+  auto out = at::empty({num_tokens, num_q_heads, head_size}, query.options());
+  if (num_tokens == 0 || num_seqs == 0) return out.zero_();
+  int device = 0, major = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const bool cluster_merge = KVFUSE_DECODE_CLUSTER_MERGE && major >= 9 && num_splits > 1 && num_splits <= kMaxClusterSplits;
   at::Tensor part_out, part_lse;
-  if (num_splits > 1) {
+  if (num_splits > 1 && !cluster_merge) {
     part_out = at::empty({num_splits, num_tokens, num_q_heads, head_size}, query.options().dtype(at::kFloat));
     part_lse = at::empty({num_splits, num_tokens, num_q_heads}, query.options().dtype(at::kFloat));
   }
@@ -1289,8 +1367,10 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   p.query_start_loc = query_start_loc.data_ptr<int32_t>();
   p.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   p.out = out.data_ptr();
-  p.part_out = num_splits > 1 ? part_out.data_ptr<float>() : nullptr;
-  p.part_lse = num_splits > 1 ? part_lse.data_ptr<float>() : nullptr;
+  p.part_out = part_out.defined() ? part_out.data_ptr<float>() : nullptr;
+  p.part_lse = part_lse.defined() ? part_lse.data_ptr<float>() : nullptr;
+  p.cluster_merge = cluster_merge;
+  p.head_size = static_cast<int>(head_size);
   p.stride_qt = query.stride(0);
   p.stride_qh = query.stride(1);
   p.stride_cb = kv_cache.stride(0);
@@ -1325,23 +1405,10 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
     case KVQuantMode::FP8_PER_TOKEN_HEAD: launch_head_size<DecodeFmt::kE4m3Rows>(p, head_size, seqs, stream); break;
     default: launch_head_size<DecodeFmt::kE4m3>(p, head_size, seqs, stream); break;
   }
-  if (num_splits > 1) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(num_tokens), static_cast<unsigned>(num_q_heads));
-    config.blockDim = dim3(128);
-    config.stream = stream;
-    cudaLaunchAttribute programmatic[1];
-    programmatic[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    programmatic[0].val.programmaticStreamSerializationAllowed = 1;
-    int device = 0, major = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&device));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (KVFUSE_DECODE_PDL && major >= 9) {
-      config.attrs = programmatic;
-      config.numAttrs = 1;
-    }
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_attention_reduce_kernel, p, static_cast<int>(num_q_heads),
-                                      static_cast<int>(head_size)));
+  if (num_splits > 1 && !p.cluster_merge) {
+    decode_attention_reduce_kernel<<<dim3(num_tokens, num_q_heads), 128, 0, stream>>>(
+        p, static_cast<int>(num_q_heads), static_cast<int>(head_size));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return out;
 }

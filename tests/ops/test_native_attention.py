@@ -61,7 +61,7 @@ def test_decode_matches_reference(mode, head_size, heads):
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
-@pytest.mark.parametrize("num_splits", [1, 3, 7])
+@pytest.mark.parametrize("num_splits", [1, 3, 7, 8, 12])
 def test_split_kv(mode, num_splits):
     args = make_case([4099, 7, 16], [1, 1, 1], 32, 8, 128, mode, pad_rows=2, seed=42)
     check(args, num_splits=num_splits)
@@ -69,17 +69,19 @@ def test_split_kv(mode, num_splits):
 
 
 @pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4], ids=lambda m: m.name)
-def test_split_merge_back_to_back_and_in_a_graph(mode):
-    # The split merge starts as a programmatic dependent launch and waits for the split kernel
-    # inside: a merge that read early would see the partials of the call before, which the caching
-    # allocator hands to the next call. So: calls on alternating queries with no sync in between,
-    # then the same calls captured in one CUDA graph and replayed, each against its own reference.
+@pytest.mark.parametrize("num_splits", [5, 12])
+def test_split_merge_back_to_back_and_in_a_graph(mode, num_splits):
+    # Up to 8 splits merge inside the kernel (a block cluster, through distributed shared memory),
+    # more through global partials and a second kernel, whose buffers the caching allocator hands
+    # from one call to the next; out is not zero-filled (the kernel writes the padding rows' zeros).
+    # So: calls on alternating queries with no sync in between, then the same calls captured in one
+    # CUDA graph and replayed over NaN-filled outputs, each against its own reference.
     args = make_case([4099, 2500, 16], [1, 1, 1], 32, 8, 128, mode, pad_rows=2, seed=51)
     other = dict(args, query=torch.randn_like(args["query"]) * 2)
     expected = [reference_out(a).float() for a in (args, other)]
     calls = [AttentionCall(**a) for a in (args, other)]
     atol, rtol = TOL[args["query"].dtype]
-    outs = [native.paged_attention(calls[i % 2], num_splits=5) for i in range(8)]
+    outs = [native.paged_attention(calls[i % 2], num_splits=num_splits) for i in range(8)]
     for i, out in enumerate(outs):
         torch.testing.assert_close(out.cpu().float(), expected[i % 2], atol=atol, rtol=rtol)
     assert torch.equal(outs[0], outs[2]) and not torch.equal(outs[0], outs[1])
@@ -88,7 +90,7 @@ def test_split_merge_back_to_back_and_in_a_graph(mode):
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         with torch.cuda.graph(graph, stream=stream):
-            captured = [native.paged_attention(calls[i % 2], num_splits=5) for i in range(4)]
+            captured = [native.paged_attention(calls[i % 2], num_splits=num_splits) for i in range(4)]
     torch.cuda.current_stream().wait_stream(stream)
     for out in captured:
         out.fill_(float("nan"))
