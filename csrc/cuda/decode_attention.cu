@@ -33,11 +33,10 @@
 // key range, each with its own running max / sum / accumulator, merged through shared memory at
 // the end. HG = 4 (per-token-head rows, above): a block owns 4 KV heads, each warp one head's tile
 // over every chunk, and nothing is merged across warps. With more splits than one, the block
-// makes a normalised partial output and its log2-sum-exp; up to kMaxClusterSplits splits of a
-// (sequence, KV head) run as one thread-block cluster and merge those through distributed shared
-// memory at the end of the kernel; more write them to global memory for
-// decode_attention_reduce_kernel. out is never zero-filled first: block (0, y, 0) writes the
-// padding rows' zeros for its heads.
+// writes a normalised partial output and its log2-sum-exp to global memory and counts itself in
+// its (sequence, KV head)'s arrival counter; the block that arrives last merges every split's
+// partials of that sequence and head (merge_splits), so no second kernel runs after the last wave.
+// out is never zero-filled first: block (0, y, 0) writes the padding rows' zeros for its heads.
 //
 // Fragment plan (g = lane / 4, t = lane % 4; the MMA's own layouts, PTX ISA "m16n8k16"):
 //   S^T = K Q^T   A = K (keys g, g + 8 of the chunk x 16 head dims), B = Q^T (16 dims x 8 query
@@ -52,7 +51,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <c10/cuda/CUDAException.h>
@@ -71,8 +69,6 @@
 namespace kvfuse {
 namespace {
 
-namespace cg = cooperative_groups;
-
 // kE4m3Rows: FP8_PER_TOKEN_HEAD, e4m3 rows each followed by its float32 scale.
 enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 
@@ -89,14 +85,11 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_FP8_STAGES 3
 #endif
 
-// Split launches of at most kMaxClusterSplits splits: 1 merges the splits inside the kernel, the
-// blocks of one (sequence, KV head) forming a thread-block cluster (sm_90+) that exchanges its
-// partials through distributed shared memory; 0: partials through global memory and
-// decode_attention_reduce_kernel, as launches with more splits always do (kept for A/B builds).
-#ifndef KVFUSE_DECODE_CLUSTER_MERGE
-#define KVFUSE_DECODE_CLUSTER_MERGE 1
+// Split launches: 1 merges the splits in the kernel, by the last block of each (sequence, KV
+// head) to finish; 0: decode_attention_reduce_kernel after the split kernel (kept for A/B builds).
+#ifndef KVFUSE_DECODE_LAST_BLOCK_MERGE
+#define KVFUSE_DECODE_LAST_BLOCK_MERGE 1
 #endif
-constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 
 // FP8 stages: 1 lays rows out whole and swizzled (Stage); 0 pads each row by 16 bytes instead,
 // the layout measured before it (kept for A/B builds, BENCHMARKS.md).
@@ -134,7 +127,7 @@ struct DecodeParams {
   int page_shift;                      // log2(page) for pages of 16 << k tokens, else -1
   bool v_scales_swizzled;              // NVFP4: vLLM's 4-token interleave of the V block scales
   bool query_fp16;
-  bool cluster_merge;                  // splits merged in the kernel (a cluster of num_splits blocks)
+  int* arrivals;                       // [seqs][kv_heads / HG], zeros: split blocks done (nullptr: reduce kernel)
   int head_size;
 };
 
@@ -878,6 +871,41 @@ __device__ void zero_padding_rows(const DecodeParams& p) {
   }
 }
 
+// The split merge of sequence b's rows and block row blockIdx.y's heads, by whichever of its
+// num_splits blocks finishes last: o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M). Each block's
+// partials are written before its fence and arrival count; the last block fences again and reads
+// them through L2 (other SMs wrote them), the arithmetic of decode_attention_reduce_kernel.
+template <int D, int HG>
+__device__ void merge_splits(const DecodeParams& p, int b, int q_start, int q_len) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(p.arrivals + b * gridDim.y + blockIdx.y, 1) == p.num_splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int heads = HG * p.group, num_q_heads = p.num_kv_heads * p.group;
+  for (int e = threadIdx.x * 4; e < q_len * heads * D; e += kThreads * 4) {
+    const int64_t row = q_start + e / (heads * D);
+    const int head = blockIdx.y * heads + (e / D) % heads, dim = e % D;
+    auto at = [&](int s) { return (static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head; };
+    float M = -INFINITY;
+    for (int s = 0; s < p.num_splits; ++s) M = fmaxf(M, __ldcg(p.part_lse + at(s)));
+    const float base = M == -INFINITY ? 0.f : M;
+    float total = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float wgt = exp2f(__ldcg(p.part_lse + at(s)) - base);
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(p.part_out + at(s) * D + dim));
+      total += wgt;
+      o.x += wgt * x.x, o.y += wgt * x.y, o.z += wgt * x.z, o.w += wgt * x.w;
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+    store_out(p, row, head, dim, o);
+  }
+}
+
 template <DecodeFmt F, int D, int ROWS, int HG>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS : 1) decode_attention_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F, D>;
@@ -887,8 +915,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
   float* sm_m = smem;                          // [kWarps][ROWS]
   float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
   float* sm_o = sm_l + kWarps * ROWS;          // [kWarps][ROWS][D]
-  float* sm_part = sm_o + kWarps * ROWS * D;   // [HG][ROWS][D] this block's partial (cluster merge)
-  float* sm_lse = sm_part + HG * ROWS * D;     // [HG][ROWS] its log2-sum-exp
 
   const int b = blockIdx.x, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -900,7 +926,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
   const int tile_tokens = ROWS / G;
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(b) * p.stride_bt;
   // out is not zero-filled beforehand: the padding rows' zeros come from here, this block's heads.
-  if (b == 0 && split == 0 && (p.num_splits == 1 || p.cluster_merge)) zero_padding_rows<D, HG>(p);
+  if (b == 0 && split == 0 && (p.num_splits == 1 || p.arrivals != nullptr)) zero_padding_rows<D, HG>(p);
   // Per-token-head rows carry their own scales (the static ones are unused).
   float k_scale = L::kRowScales ? 1.f : __ldg(p.k_scale + kvh * p.k_scale_stride);
   float v_scale = L::kRowScales ? 1.f : __ldg(p.v_scale + kvh * p.v_scale_stride);
@@ -1142,10 +1168,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       const float inv = Lsum > 0.f ? v_scale / Lsum : 0.f;
       o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
       const int64_t row = q_start + q0 + tok;
-      if (split_out && p.cluster_merge) {
-        *reinterpret_cast<float4*>(sm_part + (member * ROWS + r) * D + dim) = o;
-        if (dim == 0) sm_lse[member * ROWS + r] = Lsum > 0.f ? base + log2f(Lsum) : -INFINITY;
-      } else if (split_out) {
+      if (split_out) {
         float* dst = p.part_out + ((static_cast<int64_t>(split) * p.num_tokens + row) * (p.num_kv_heads * G) + head) * D + dim;
         *reinterpret_cast<float4*>(dst) = o;
         if (dim == 0) {
@@ -1156,37 +1179,9 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
         store_out(p, row, head, dim, o);
       }
     }
-    if (split_out && p.cluster_merge) {
-      // Every block's partials are in its shared memory after the first cluster barrier; each block
-      // merges its share of the tile's elements from all of them (as decode_attention_reduce_kernel
-      // does from global memory), and the second barrier keeps them there until all have read.
-      cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();
-      const int splits = p.num_splits;
-      for (int e = (split * kThreads + threadIdx.x) * 4; e < HG * ROWS * D; e += splits * kThreads * 4) {
-        const int member = e / (ROWS * D), r = (e / D) % ROWS, dim = e % D;
-        const int tok = r / G;
-        if (tok >= n_tok) continue;
-        const int head = (HG == 1 ? kvh : blockIdx.y * HG + member) * G + r % G;
-        float M = -INFINITY;
-        for (int s = 0; s < splits; ++s) M = fmaxf(M, *cluster.map_shared_rank(sm_lse + member * ROWS + r, s));
-        const float base = M == -INFINITY ? 0.f : M;
-        float total = 0.f;
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s = 0; s < splits; ++s) {
-          const float wgt = exp2f(*cluster.map_shared_rank(sm_lse + member * ROWS + r, s) - base);
-          const float4 x = *cluster.map_shared_rank(reinterpret_cast<float4*>(sm_part + (member * ROWS + r) * D + dim), s);
-          total += wgt;
-          o.x += wgt * x.x, o.y += wgt * x.y, o.z += wgt * x.z, o.w += wgt * x.w;
-        }
-        const float inv = total > 0.f ? 1.f / total : 0.f;
-        o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
-        store_out(p, q_start + q0 + tok, head, dim, o);
-      }
-      cluster.sync();
-    }
     __syncthreads();  // the next query tile reuses the shared buffers
   }
+  if (p.num_splits > 1 && p.arrivals != nullptr) merge_splits<D, HG>(p, b, q_start, q_len);
 }
 
 // Merge split partials of one (token, head): o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
@@ -1229,8 +1224,7 @@ __global__ void __launch_bounds__(128) decode_attention_reduce_kernel(const __gr
 
 template <DecodeFmt F, int D, int ROWS, int HG>
 void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
-  // The warps' row states and accumulators, then the block's partial for the cluster merge.
-  size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D + HG * ROWS * (D + 1));
+  size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
   if constexpr (HG > 1) {
     smem = std::max(smem, size_t{Layout<F, D>::kStages} * GroupStage<D, HG>::kBytes);
   } else if constexpr (Layout<F, D>::kStages >= 2) {
@@ -1240,22 +1234,8 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_kv_heads / HG),
-                        static_cast<unsigned>(p.num_splits));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  if (p.cluster_merge) {
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = 1;
-    cluster[0].val.clusterDim.y = 1;
-    cluster[0].val.clusterDim.z = static_cast<unsigned>(p.num_splits);
-    config.attrs = cluster;
-    config.numAttrs = 1;
-  }
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  kernel<<<dim3(num_seqs, p.num_kv_heads / HG, p.num_splits), kThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <DecodeFmt F, int D, int HG>
@@ -1348,12 +1328,8 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   // Every row is written: by the kernel (padding rows as zeros), or by the split merge.
   auto out = at::empty({num_tokens, num_q_heads, head_size}, query.options());
   if (num_tokens == 0 || num_seqs == 0) return out.zero_();
-  int device = 0, major = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const bool cluster_merge = KVFUSE_DECODE_CLUSTER_MERGE && major >= 9 && num_splits > 1 && num_splits <= kMaxClusterSplits;
-  at::Tensor part_out, part_lse;
-  if (num_splits > 1 && !cluster_merge) {
+  at::Tensor part_out, part_lse, arrivals;
+  if (num_splits > 1) {
     part_out = at::empty({num_splits, num_tokens, num_q_heads, head_size}, query.options().dtype(at::kFloat));
     part_lse = at::empty({num_splits, num_tokens, num_q_heads}, query.options().dtype(at::kFloat));
   }
@@ -1369,7 +1345,6 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   p.out = out.data_ptr();
   p.part_out = part_out.defined() ? part_out.data_ptr<float>() : nullptr;
   p.part_lse = part_lse.defined() ? part_lse.data_ptr<float>() : nullptr;
-  p.cluster_merge = cluster_merge;
   p.head_size = static_cast<int>(head_size);
   p.stride_qt = query.stride(0);
   p.stride_qh = query.stride(1);
@@ -1398,6 +1373,12 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   p.v_scales_swizzled = mode == KVQuantMode::NVFP4 && nvfp4_v_scales_swizzled(page, head_size);
   p.query_fp16 = query.scalar_type() == at::kHalf;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (num_splits > 1 && KVFUSE_DECODE_LAST_BLOCK_MERGE) {
+    // One counter per (sequence, block row of KV heads): num_kv_heads covers every heads-per-block.
+    arrivals = at::empty({num_seqs * num_kv_heads}, query.options().dtype(at::kInt));
+    C10_CUDA_CHECK(cudaMemsetAsync(arrivals.data_ptr(), 0, arrivals.nbytes(), stream));
+    p.arrivals = arrivals.data_ptr<int>();
+  }
   const int seqs = static_cast<int>(num_seqs);
   switch (mode) {
     case KVQuantMode::NVFP4: launch_head_size<DecodeFmt::kNvfp4>(p, head_size, seqs, stream); break;
@@ -1405,7 +1386,7 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
     case KVQuantMode::FP8_PER_TOKEN_HEAD: launch_head_size<DecodeFmt::kE4m3Rows>(p, head_size, seqs, stream); break;
     default: launch_head_size<DecodeFmt::kE4m3>(p, head_size, seqs, stream); break;
   }
-  if (num_splits > 1 && !p.cluster_merge) {
+  if (num_splits > 1 && p.arrivals == nullptr) {
     decode_attention_reduce_kernel<<<dim3(num_tokens, num_q_heads), 128, 0, stream>>>(
         p, static_cast<int>(num_q_heads), static_cast<int>(head_size));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
