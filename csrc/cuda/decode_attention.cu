@@ -875,14 +875,15 @@ __device__ void zero_padding_rows(const DecodeParams& p) {
 // num_splits blocks finishes last: o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M). Each block's
 // partials are written before its fence and arrival count; the last block fences again and reads
 // them through L2 (other SMs wrote them), the arithmetic of decode_attention_reduce_kernel.
+// `flag`: a word of the block's shared memory that nothing else uses by then (no static shared
+// memory: an FP8 block's ring is exactly the 48 KiB that needs no opt-in).
 template <int D, int HG>
-__device__ void merge_splits(const DecodeParams& p, int b, int q_start, int q_len) {
-  __shared__ bool last;
+__device__ void merge_splits(const DecodeParams& p, int b, int q_start, int q_len, int* flag) {
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(p.arrivals + b * gridDim.y + blockIdx.y, 1) == p.num_splits - 1;
+  if (threadIdx.x == 0) *flag = atomicAdd(p.arrivals + b * gridDim.y + blockIdx.y, 1) == p.num_splits - 1;
   __syncthreads();
-  if (!last) return;
+  if (!*flag) return;
   __threadfence();
   const int heads = HG * p.group, num_q_heads = p.num_kv_heads * p.group;
   for (int e = threadIdx.x * 4; e < q_len * heads * D; e += kThreads * 4) {
@@ -1181,7 +1182,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
     }
     __syncthreads();  // the next query tile reuses the shared buffers
   }
-  if (p.num_splits > 1 && p.arrivals != nullptr) merge_splits<D, HG>(p, b, q_start, q_len);
+  // The q-tile loop's last barrier has passed: the row state area is free.
+  if (p.num_splits > 1 && p.arrivals != nullptr) merge_splits<D, HG>(p, b, q_start, q_len, reinterpret_cast<int*>(sm_m));
 }
 
 // Merge split partials of one (token, head): o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
