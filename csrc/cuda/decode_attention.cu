@@ -33,10 +33,8 @@
 // key range, each with its own running max / sum / accumulator, merged through shared memory at
 // the end. HG = 4 (per-token-head rows, above): a block owns 4 KV heads, each warp one head's tile
 // over every chunk, and nothing is merged across warps. With more splits than one, the block
-// writes a normalised partial output and its log2-sum-exp to global memory and counts itself in
-// its (sequence, KV head)'s arrival counter; the block that arrives last merges every split's
-// partials of that sequence and head (merge_splits), so no second kernel runs after the last wave.
-// out is never zero-filled first: block (0, y, 0) writes the padding rows' zeros for its heads.
+// writes a normalised partial output and its log2-sum-exp, and decode_attention_reduce_kernel
+// merges the splits.
 //
 // Fragment plan (g = lane / 4, t = lane % 4; the MMA's own layouts, PTX ISA "m16n8k16"):
 //   S^T = K Q^T   A = K (keys g, g + 8 of the chunk x 16 head dims), B = Q^T (16 dims x 8 query
@@ -85,12 +83,6 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_FP8_STAGES 3
 #endif
 
-// Split launches: 1 merges the splits in the kernel, by the last block of each (sequence, KV
-// head) to finish; 0: decode_attention_reduce_kernel after the split kernel (kept for A/B builds).
-#ifndef KVFUSE_DECODE_LAST_BLOCK_MERGE
-#define KVFUSE_DECODE_LAST_BLOCK_MERGE 1
-#endif
-
 // FP8 stages: 1 lays rows out whole and swizzled (Stage); 0 pads each row by 16 bytes instead,
 // the layout measured before it (kept for A/B builds, BENCHMARKS.md).
 #ifndef KVFUSE_DECODE_FP8_SWIZZLE
@@ -127,8 +119,6 @@ struct DecodeParams {
   int page_shift;                      // log2(page) for pages of 16 << k tokens, else -1
   bool v_scales_swizzled;              // NVFP4: vLLM's 4-token interleave of the V block scales
   bool query_fp16;
-  int* arrivals;                       // [seqs][kv_heads / HG], zeros: split blocks done (nullptr: reduce kernel)
-  int head_size;
 };
 
 // ----------------------------------------------------------------------------- register math
@@ -841,72 +831,6 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
   }
 }
 
-// Four output values of (token row, query head) from dim on, in the query's dtype.
-__device__ __forceinline__ void store_out(const DecodeParams& p, int64_t row, int head, int dim, float4 o) {
-  const int num_q_heads = p.num_kv_heads * p.group;
-  uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * num_q_heads + head) * p.head_size + dim) * 2;
-  uint2 packed;
-  if (p.query_fp16) {
-    const __half2 a = __floats2half2_rn(o.x, o.y), c2 = __floats2half2_rn(o.z, o.w);
-    packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
-  } else {
-    const __nv_bfloat162 a = __floats2bfloat162_rn(o.x, o.y), c2 = __floats2bfloat162_rn(o.z, o.w);
-    packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
-  }
-  *reinterpret_cast<uint2*>(dst) = packed;
-}
-
-// Zeros in the rows of out outside [query_start_loc[0], query_start_loc[num_seqs]) for the query
-// heads of KV heads blockIdx.y * HG .. + HG - 1 (a contiguous run of every row).
-template <int D, int HG>
-__device__ void zero_padding_rows(const DecodeParams& p) {
-  const int64_t first = __ldg(p.query_start_loc), last = __ldg(p.query_start_loc + p.num_seqs);
-  const int64_t rows = first + (p.num_tokens - last);
-  const int words = HG * p.group * D * 2 / 16;  // 16-byte words of the run (D * 2 is a multiple of 16)
-  const int64_t row_words = static_cast<int64_t>(p.num_kv_heads) * p.group * D * 2 / 16;
-  uint4* out = static_cast<uint4*>(p.out) + static_cast<int64_t>(blockIdx.y) * words;
-  for (int64_t i = threadIdx.x; i < rows * words; i += kThreads) {
-    const int64_t r = i / words;
-    out[(r < first ? r : last + (r - first)) * row_words + i % words] = make_uint4(0, 0, 0, 0);
-  }
-}
-
-// The split merge of sequence b's rows and block row blockIdx.y's heads, by whichever of its
-// num_splits blocks finishes last: o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M). Each block's
-// partials are written before its fence and arrival count; the last block fences again and reads
-// them through L2 (other SMs wrote them), the arithmetic of decode_attention_reduce_kernel.
-// `flag`: a word of the block's shared memory that nothing else uses by then (no static shared
-// memory: an FP8 block's ring is exactly the 48 KiB that needs no opt-in).
-template <int D, int HG>
-__device__ void merge_splits(const DecodeParams& p, int b, int q_start, int q_len, int* flag) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) *flag = atomicAdd(p.arrivals + b * gridDim.y + blockIdx.y, 1) == p.num_splits - 1;
-  __syncthreads();
-  if (!*flag) return;
-  __threadfence();
-  const int heads = HG * p.group, num_q_heads = p.num_kv_heads * p.group;
-  for (int e = threadIdx.x * 4; e < q_len * heads * D; e += kThreads * 4) {
-    const int64_t row = q_start + e / (heads * D);
-    const int head = blockIdx.y * heads + (e / D) % heads, dim = e % D;
-    auto at = [&](int s) { return (static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head; };
-    float M = -INFINITY;
-    for (int s = 0; s < p.num_splits; ++s) M = fmaxf(M, __ldcg(p.part_lse + at(s)));
-    const float base = M == -INFINITY ? 0.f : M;
-    float total = 0.f;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float wgt = exp2f(__ldcg(p.part_lse + at(s)) - base);
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(p.part_out + at(s) * D + dim));
-      total += wgt;
-      o.x += wgt * x.x, o.y += wgt * x.y, o.z += wgt * x.z, o.w += wgt * x.w;
-    }
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
-    store_out(p, row, head, dim, o);
-  }
-}
-
 template <DecodeFmt F, int D, int ROWS, int HG>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS : 1) decode_attention_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F, D>;
@@ -926,8 +850,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
   const int G = p.group;
   const int tile_tokens = ROWS / G;
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(b) * p.stride_bt;
-  // out is not zero-filled beforehand: the padding rows' zeros come from here, this block's heads.
-  if (b == 0 && split == 0 && (p.num_splits == 1 || p.arrivals != nullptr)) zero_padding_rows<D, HG>(p);
   // Per-token-head rows carry their own scales (the static ones are unused).
   float k_scale = L::kRowScales ? 1.f : __ldg(p.k_scale + kvh * p.k_scale_stride);
   float v_scale = L::kRowScales ? 1.f : __ldg(p.v_scale + kvh * p.v_scale_stride);
@@ -1177,43 +1099,44 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
               Lsum > 0.f ? base + log2f(Lsum) : -INFINITY;
         }
       } else {
-        store_out(p, row, head, dim, o);
+        uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * (p.num_kv_heads * G) + head) * D + dim) * 2;
+        uint2 packed;
+        if (p.query_fp16) {
+          const __half2 a = __floats2half2_rn(o.x, o.y), c2 = __floats2half2_rn(o.z, o.w);
+          packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
+        } else {
+          const __nv_bfloat162 a = __floats2bfloat162_rn(o.x, o.y), c2 = __floats2bfloat162_rn(o.z, o.w);
+          packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
+        }
+        *reinterpret_cast<uint2*>(dst) = packed;
       }
     }
     __syncthreads();  // the next query tile reuses the shared buffers
   }
-  // The q-tile loop's last barrier has passed: the row state area is free.
-  if (p.num_splits > 1 && p.arrivals != nullptr) merge_splits<D, HG>(p, b, q_start, q_len, reinterpret_cast<int*>(sm_m));
 }
 
 // Merge split partials of one (token, head): o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
-// Writes every row of out; rows outside query_start_loc (padding) get zeros. Every split's lse is
-// loaded at once into shared memory (one load per thread) and the weights are computed there, so
-// the kernel waits on two rounds of global loads (the lse, then the partial outputs, also issued
-// together) rather than one per split and pass: it runs after the split kernel on the critical path.
-constexpr int kMaxSplits = 256;  // paged_decode_attention_cuda checks num_splits against it
-
-__global__ void __launch_bounds__(128) decode_attention_reduce_kernel(const __grid_constant__ DecodeParams p, int num_q_heads, int head_size) {
-  __shared__ float weight[kMaxSplits];
+// Writes every row of out; rows outside query_start_loc (padding) get zeros.
+__global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodeParams p, int num_q_heads, int head_size) {
   const int64_t row = blockIdx.x;
   const int head = blockIdx.y;
   const bool covered = row >= __ldg(p.query_start_loc) && row < __ldg(p.query_start_loc + p.num_seqs);
-  const int splits = covered ? p.num_splits : 0;
-  auto at = [&](int s) { return (static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head; };
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) weight[s] = p.part_lse[at(s)];
-  __syncthreads();
   float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, weight[s]);
+  if (covered) {
+    for (int s = 0; s < p.num_splits; ++s)
+      M = fmaxf(M, p.part_lse[(static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head]);
+  }
   const float base = M == -INFINITY ? 0.f : M;
-  __syncthreads();  // every thread has its max before the lse become weights
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) weight[s] = exp2f(weight[s] - base);
-  __syncthreads();
-  float total = 0.f;
-  for (int s = 0; s < splits; ++s) total += weight[s];
   for (int dim = threadIdx.x; dim < head_size; dim += blockDim.x) {
-    float o = 0.f;
-#pragma unroll 4
-    for (int s = 0; s < splits; ++s) o += weight[s] * p.part_out[at(s) * head_size + dim];
+    float total = 0.f, o = 0.f;
+    if (covered) {
+      for (int s = 0; s < p.num_splits; ++s) {
+        const int64_t at = (static_cast<int64_t>(s) * p.num_tokens + row) * num_q_heads + head;
+        const float wgt = exp2f(p.part_lse[at] - base);
+        total += wgt;
+        o += wgt * p.part_out[at * head_size + dim];
+      }
+    }
     o = total > 0.f ? o / total : 0.f;
     uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * num_q_heads + head) * head_size + dim) * 2;
     if (p.query_fp16) {
@@ -1324,13 +1247,13 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
                     "paged_decode_attention: int32 metadata with contiguous rows");
   TORCH_CHECK_VALUE(k_scale.scalar_type() == at::kFloat && v_scale.scalar_type() == at::kFloat,
                     "paged_decode_attention: float32 scales");
-  TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= kMaxSplits, "paged_decode_attention: num_splits=", num_splits,
-                    " (allowed: 1 to ", kMaxSplits, ")");
+  TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= 256, "paged_decode_attention: num_splits=", num_splits,
+                    " (allowed: 1 to 256)");
   c10::cuda::CUDAGuard guard(query.device());
-  // Every row is written: by the kernel (padding rows as zeros), or by the split merge.
-  auto out = at::empty({num_tokens, num_q_heads, head_size}, query.options());
-  if (num_tokens == 0 || num_seqs == 0) return out.zero_();
-  at::Tensor part_out, part_lse, arrivals;
+  auto out = num_splits > 1 ? at::empty({num_tokens, num_q_heads, head_size}, query.options())
+                            : at::zeros({num_tokens, num_q_heads, head_size}, query.options());
+  if (num_tokens == 0 || num_seqs == 0) return out;
+  at::Tensor part_out, part_lse;
   if (num_splits > 1) {
     part_out = at::empty({num_splits, num_tokens, num_q_heads, head_size}, query.options().dtype(at::kFloat));
     part_lse = at::empty({num_splits, num_tokens, num_q_heads}, query.options().dtype(at::kFloat));
@@ -1345,9 +1268,8 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   p.query_start_loc = query_start_loc.data_ptr<int32_t>();
   p.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   p.out = out.data_ptr();
-  p.part_out = part_out.defined() ? part_out.data_ptr<float>() : nullptr;
-  p.part_lse = part_lse.defined() ? part_lse.data_ptr<float>() : nullptr;
-  p.head_size = static_cast<int>(head_size);
+  p.part_out = num_splits > 1 ? part_out.data_ptr<float>() : nullptr;
+  p.part_lse = num_splits > 1 ? part_lse.data_ptr<float>() : nullptr;
   p.stride_qt = query.stride(0);
   p.stride_qh = query.stride(1);
   p.stride_cb = kv_cache.stride(0);
@@ -1375,12 +1297,6 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   p.v_scales_swizzled = mode == KVQuantMode::NVFP4 && nvfp4_v_scales_swizzled(page, head_size);
   p.query_fp16 = query.scalar_type() == at::kHalf;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (num_splits > 1 && KVFUSE_DECODE_LAST_BLOCK_MERGE) {
-    // One counter per (sequence, block row of KV heads): num_kv_heads covers every heads-per-block.
-    arrivals = at::empty({num_seqs * num_kv_heads}, query.options().dtype(at::kInt));
-    C10_CUDA_CHECK(cudaMemsetAsync(arrivals.data_ptr(), 0, arrivals.nbytes(), stream));
-    p.arrivals = arrivals.data_ptr<int>();
-  }
   const int seqs = static_cast<int>(num_seqs);
   switch (mode) {
     case KVQuantMode::NVFP4: launch_head_size<DecodeFmt::kNvfp4>(p, head_size, seqs, stream); break;
@@ -1388,7 +1304,7 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
     case KVQuantMode::FP8_PER_TOKEN_HEAD: launch_head_size<DecodeFmt::kE4m3Rows>(p, head_size, seqs, stream); break;
     default: launch_head_size<DecodeFmt::kE4m3>(p, head_size, seqs, stream); break;
   }
-  if (num_splits > 1 && p.arrivals == nullptr) {
+  if (num_splits > 1) {
     decode_attention_reduce_kernel<<<dim3(num_tokens, num_q_heads), 128, 0, stream>>>(
         p, static_cast<int>(num_q_heads), static_cast<int>(head_size));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
