@@ -456,10 +456,10 @@ __device__ __forceinline__ void load_chunk_in_page(const DecodeParams& p, const 
 // memory. A cp.async pair of 16-byte pieces whose global sector lands across a 32-byte boundary
 // of shared memory costs a second sector request from L2 and a second shared-memory wavefront:
 // the 16-byte row padding this layout replaces did that on every odd row, 1.5x the L2-to-SM
-// bytes of the chunk (ncu, BENCHMARKS.md). The permutation also keeps read_chunk's reads free of
-// bank conflicts at D >= 128: the 8 lanes of a 16-byte read phase take rows g, g + 1 (K: units
-// {2s, 2s + 1} of each, told apart by bit 1 of the swizzle) or rows 2t (V: unit 0 or 1 of rows 0,
-// 2, 4, 6, told apart by all of it).
+// bytes of the chunk (ncu, BENCHMARKS.md; benchmarks/stage_layout.py models both layouts). The
+// permutation also keeps read_chunk's reads free of bank conflicts at D >= 128: the 8 lanes of a
+// 16-byte read phase take rows g, g + 1 (K: units {2s, 2s + 1} of each, told apart by bit 1 of
+// the swizzle) or rows 2t (V: unit 0 or 1 of rows 0, 2, 4, 6, told apart by all of it).
 //
 // A per-token-head row (D + 4 bytes at any 4-byte offset) takes the 16-byte segments that cover
 // it, (D + 31) / 16 of them: an odd count, so that its 32-bit reads (all at one offset mod 16)
