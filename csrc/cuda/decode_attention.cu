@@ -1,8 +1,8 @@
 // Paged decode attention over FP8 (e4m3, e5m2, per-token-head e4m3) and NVFP4 caches with warp-level tensor-core MMA
 // (mma.sync m16n8k16, fp16 inputs, fp32 accumulators), the cache bytes decoded straight into
-// the MMA's register fragments: decoded values never pass through shared memory. NVFP4 chunks are
-// prefetched into registers with 8- and 16-byte loads of whole row runs; FP8 chunks arrive as raw
-// bytes through a ring of cp.async shared-memory stages per warp (KVFUSE_DECODE_FP8_STAGES). The
+// the MMA's register fragments: decoded values never pass through shared memory. Chunks arrive as
+// raw bytes through a ring of cp.async shared-memory stages per warp (KVFUSE_DECODE_FP8_STAGES,
+// KVFUSE_DECODE_NVFP4_STAGES; 0 prefetches them into registers with loads of whole row runs). The
 // E2M1 / e4m3 expansion is integer ops, byte permutes and the hardware fp8x2 -> f16x2 convert.
 //
 // Semantics: kvfuse/ops/reference.py paged_attention (kvfuse.ops.native.paged_attention is the
@@ -60,6 +60,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 
 #include "../kv_quant_mode.h"
 #include "../nvfp4_page.h"
@@ -77,8 +78,7 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #endif
 
 // FP8 caches: each warp streams its chunks through a ring of this many shared-memory stages with
-// cp.async (0: each lane prefetches the next chunk into registers, as NVFP4 caches always do).
-// Measured in BENCHMARKS.md (ninth session): 3 stages beat register prefetch for FP8 and lost for NVFP4.
+// cp.async (0: each lane prefetches the next chunk into registers). Measured in BENCHMARKS.md.
 #ifndef KVFUSE_DECODE_FP8_STAGES
 #define KVFUSE_DECODE_FP8_STAGES 3
 #endif
@@ -87,6 +87,19 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 // the layout measured before it (kept for A/B builds, BENCHMARKS.md).
 #ifndef KVFUSE_DECODE_FP8_SWIZZLE
 #define KVFUSE_DECODE_FP8_SWIZZLE 1
+#endif
+
+// NVFP4 caches: the same ring of cp.async stages (Nvfp4Stage), or 0: each lane prefetches the
+// next chunk into registers (the kernel before the stages, kept for A/B builds, BENCHMARKS.md).
+#ifndef KVFUSE_DECODE_NVFP4_STAGES
+#define KVFUSE_DECODE_NVFP4_STAGES 3
+#endif
+
+// NVFP4 V: 1 pairs two keys' E2M1 codes byte by byte before the convert, so that the convert
+// yields the MMA's (key, key + 1) operand pairs directly; 0 converts each key's run and pairs the
+// halves afterwards (one byte permute more per operand register).
+#ifndef KVFUSE_DECODE_NVFP4_V_PAIRS
+#define KVFUSE_DECODE_NVFP4_V_PAIRS 1
 #endif
 
 constexpr int kWarps = 4;
@@ -141,19 +154,32 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// An e4m3 block-scale byte as the f16x2 (s, s).
-__device__ __forceinline__ uint32_t e4m3_pair(uint32_t byte) {
-  uint32_t lo, hi;
-  fp8x4_to_f16x2<DecodeFmt::kE4m3>(byte * 0x0101u, lo, hi);
-  return lo;
+// The low two e4m3 bytes of x as one f16x2 (byte 0 in the low half).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
+  uint32_t d;
+  asm("{.reg .b16 a, b;\n mov.b32 {a, b}, %1;\n cvt.rn.f16x2.e4m3x2 %0, a;\n}" : "=r"(d) : "r"(x));
+  return d;
+}
+
+// Byte `j` of an e4m3 block-scale word as the f16x2 (s, s).
+__device__ __forceinline__ uint32_t e4m3_pair(uint32_t word, int j) {
+  return e4m3x2_to_f16x2(__byte_perm(word, 0u, 0x11u * static_cast<uint32_t>(j)));
+}
+
+// The eight E2M1 codes of a packed word as e4m3 bytes: byte j of `even` holds element 2j (the
+// low nibble of byte j), byte j of `odd` element 2j + 1. The nibble's exponent and mantissa bits
+// are placed where an e4m3 byte keeps them (exponent bias 7 against E2M1's 1: a factor 2^-6), so
+// that the hardware fp8 -> f16 convert does the rest.
+__device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& even, uint32_t& odd) {
+  even = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);
+  odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
 }
 
 // Four packed E2M1 bytes -> four f16x2 (byte j: low nibble in the low half), each value
-// e2m1 * scale * 2^-6. The nibble's exponent and mantissa bits are placed where an e4m3 byte
-// keeps them (exponent bias 7 against E2M1's 1: the 2^-6), so the hardware convert does the rest.
+// e2m1 * scale * 2^-6.
 __device__ __forceinline__ void e2m1x8_to_f16x2(uint32_t w, uint32_t scale2, uint32_t (&out)[4]) {
-  const uint32_t lo8 = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);
-  const uint32_t hi8 = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+  uint32_t lo8, hi8;
+  e2m1x8_to_e4m3(w, lo8, hi8);
   uint32_t a, b, c, d;
   fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(lo8, hi8, 0x5140), a, b);
   fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(lo8, hi8, 0x7362), c, d);
@@ -252,7 +278,10 @@ struct Layout {
   __host__ __device__ static constexpr int k_word(int w, int t) { return kRowScales ? rotate(w, t, kKWords) : w; }
   __host__ __device__ static constexpr int v_word(int w, int g) { return kRowScales ? rotate(w, g / 2, kVWords) : w; }
   // Shared-memory stages, or none (per-token-head rows are only ever staged).
-  static constexpr int kStages = kNvfp4 ? 0 : kRowScales && KVFUSE_DECODE_FP8_STAGES < 2 ? 2 : KVFUSE_DECODE_FP8_STAGES;
+  static constexpr int kStages = kNvfp4                                       ? KVFUSE_DECODE_NVFP4_STAGES
+                                 : kRowScales && KVFUSE_DECODE_FP8_STAGES < 2 ? 2
+                                                                              : KVFUSE_DECODE_FP8_STAGES;
+  static_assert(kStages == 0 || kStages >= 2, "a ring of stages has at least two");
 };
 
 // One chunk's raw bytes, as a thread holds them: K rows g and g + 8 (its quarter of each), V rows
@@ -467,7 +496,7 @@ __device__ __forceinline__ void load_chunk_in_page(const DecodeParams& p, const 
 template <DecodeFmt F, int D>
 struct Stage {
   using L = Layout<F, D>;
-  static_assert(!L::kNvfp4, "NVFP4 chunks are prefetched into registers");
+  static_assert(!L::kNvfp4, "NVFP4 chunks: Nvfp4Stage");
   static_assert(L::kRowScales || L::kRowBytes % 32 == 0, "FP8 rows are whole 32-byte units");
   static constexpr int kPieces = L::kRowScales ? (D + 31) / 16 : L::kRowBytes / 16;  // 16-byte copies per row
   static constexpr bool kSwizzled = !L::kRowScales && KVFUSE_DECODE_FP8_SWIZZLE;
@@ -497,9 +526,57 @@ struct GroupStage {
   __host__ __device__ static constexpr int place(int k, int byte) { return k * kPitch + byte; }
 };
 
+// One NVFP4 chunk as a warp stages it: the K rows' packed codes, the V rows', then the K rows'
+// block scales and the V rows' (kBlocks bytes per key, as the page holds them: linear, or vLLM's
+// 4-token interleave for V, read back by scale_at).
+//
+// A row of D / 2 bytes is 1, 2 or 4 whole 32-byte units; each unit keeps its place in its 128-byte
+// line of shared memory up to an XOR of that 2-bit place with line_swizzle(k), so cp.async pairs
+// still land in whole aligned units (see Stage) and the read-back is free of bank conflicts: K
+// reads (rows g, g + 1 per 16-byte phase, or rows 0-3 per 8-byte phase at D = 64) cover a whole
+// 128-byte line, and V reads of rows 0, 2, 4, 6 (or 1, 3, 5, 7) at one unit fall in four different
+// places of the line. D / 2 = 128 bytes is FP8's D = 128 case, with its swizzle.
+template <int D>
+struct Nvfp4Stage {
+  static constexpr int kRowBytes = D / 2;
+  static constexpr int kUnits = kRowBytes / 32;
+  static constexpr int kBlocks = D / 16;
+  static constexpr int kPieces = kRowBytes / 16;  // 16-byte copies per row
+  static constexpr int kV = kChunk * kRowBytes;
+  static constexpr int kScales = 2 * kV;          // K scale rows, then V scale rows
+  static constexpr int kScaleSide = kChunk * kBlocks;
+  static constexpr int kBytes = kScales + 2 * kScaleSide;
+  static_assert(kUnits == 1 || kUnits == 2 || kUnits == 4, "NVFP4 rows of 32, 64 or 128 bytes");
+  static_assert(kBytes % 16 == 0, "stages stay 16-byte aligned");
+  __host__ __device__ static constexpr int line_swizzle(int k) {
+    return kUnits == 4   ? (((k >> 1) & 1) | (((k ^ (k >> 2)) & 1) << 1))
+           : kUnits == 2 ? ((k >> 1) & 3)
+                         : ((k >> 2) & 1);
+  }
+  // Where byte `byte` of a side's key row k lies, from the side's first row.
+  __host__ __device__ static constexpr int place(int k, int byte) {
+    const int unit = k * kUnits + (byte >> 5);
+    return (((unit & ~3) | ((unit & 3) ^ line_swizzle(k))) << 5) | (byte & 31);
+  }
+  // Block b's scale of key k in a side's scale rows (interleaved: V scales in vLLM's layout, where
+  // the page's row of slot 4 i + j holds blocks (j per_group ..) of slots 4 i .. 4 i + 3).
+  __host__ __device__ static constexpr int scale_at(int k, int b, bool interleaved) {
+    constexpr int per_group = kBlocks / 4 > 0 ? kBlocks / 4 : 1;
+    return interleaved ? ((k & ~3) + b / per_group) * kBlocks + 4 * (b % per_group) + (k & 3) : k * kBlocks + b;
+  }
+};
+
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;  // 0: the destination is zero-filled
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// 4, 8 or 16 bytes (the NVFP4 scale rows); .ca: .cg copies only 16.
+template <int N>
+__device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bool valid) {
+  static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+  const int src_bytes = valid ? N : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(src_bytes));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
@@ -560,6 +637,99 @@ __device__ __forceinline__ void copy_group_chunk(const DecodeParams& p, const in
   copy_runs<GroupStage<D, HG>, kThreads, false>(p, bt_row, head0, start, lo, hi, threadIdx.x, stage);
 }
 
+// This lane's share of every NVFP4 chunk's copies, apart from the chunk's page and first slot
+// (computed once per query tile): its first 16-byte piece of codes (key k0 = lane / kPieces,
+// piece lane % kPieces; further pieces are 32 / kPieces keys and a side apart) and its scale row
+// (lanes 0-15: K row lane, 16-31: V row lane - 16), as offsets from a page at slot 0 and a stage.
+struct Nvfp4Copy {
+  uint32_t data_src, data_dst, scale_src, scale_dst;
+  // Reads (read_nvfp4_chunk): V row 2t + 1's place relative to row 2t's, V row 2t's scale of the
+  // lane's first block and row 2t + 1's relative to it (rows + 8 are constants further).
+  uint32_t v_odd, v_scale, v_scale_next;
+};
+
+template <int D>
+__device__ __forceinline__ Nvfp4Copy nvfp4_copy(const DecodeParams& p, int kvh, int lane) {
+  using S = Nvfp4Stage<D>;
+  const uint32_t H = p.num_kv_heads;
+  const int k0 = lane / S::kPieces, piece = lane % S::kPieces;
+  const int side = lane / kChunk, k = lane % kChunk;
+  Nvfp4Copy c;
+  c.data_src = (k0 * H + kvh) * S::kRowBytes + piece * 16;
+  c.data_dst = S::place(k0, piece * 16);
+  c.scale_src = side * p.stride_ckv + p.page * H * S::kRowBytes + (k * H + kvh) * S::kBlocks;
+  c.scale_dst = S::kScales + side * S::kScaleSide + k * S::kBlocks;
+  const int t = lane % 4, g = lane / 4;
+  const int v_byte = run_byte<Layout<DecodeFmt::kNvfp4, D>::kVWords, 8>(g, 0, 0);
+  c.v_odd = S::place(2 * t + 1, v_byte) - S::place(2 * t, v_byte);
+  const int block = v_byte / 8;
+  c.v_scale = p.v_scales_swizzled ? S::scale_at(2 * t, block, true) : S::scale_at(2 * t, block, false);
+  c.v_scale_next = p.v_scales_swizzled ? 1 : S::kBlocks;
+  return c;
+}
+
+// One NVFP4 chunk of KV head kvh into a warp's stage: 2 x 16 rows of codes in 16-byte pieces spread
+// over the lanes, then one scale row per lane. Keys outside [lo, hi) are zero-filled, except that
+// an interleaved V scale row is copied while any key of its 4-token group is in range (it holds
+// that key's scales too; read_nvfp4_chunk zeroes the others').
+template <int D>
+__device__ __forceinline__ void copy_nvfp4_chunk(const DecodeParams& p, const int32_t* bt_row, int kvh, int start,
+                                                 int lo, int hi, int lane, const Nvfp4Copy& plan, uint32_t stage) {
+  using S = Nvfp4Stage<D>;
+  constexpr int kStep = 32 / S::kPieces;      // keys between a lane's pieces on one side
+  constexpr int kPerSide = S::kPieces / 2;    // its pieces per side
+  const int H = p.num_kv_heads;
+  const int first = start & (p.page - 1);
+  if (chunk_in_page(p, start, lo, hi)) {
+    const uint8_t* page = p.cache + static_cast<int64_t>(__ldg(bt_row + (start >> p.page_shift))) * p.stride_cb;
+    const uint8_t* data = page + (plan.data_src + static_cast<uint32_t>(first * H * S::kRowBytes));
+    const uint32_t key_step = kStep * H * S::kRowBytes;
+#pragma unroll
+    for (int side = 0; side < 2; ++side) {
+#pragma unroll
+      for (int m = 0; m < kPerSide; ++m) {
+        // Keys 8 apart share a swizzle: one place plus a constant, else the place of the key.
+        const uint32_t dst = kStep % 8 == 0 ? plan.data_dst + m * kStep * S::kRowBytes
+                                            : S::place(lane / S::kPieces + m * kStep, (lane % S::kPieces) * 16);
+        cp_async_16(stage + side * S::kV + dst, data + (side * p.stride_ckv + m * key_step), true);
+      }
+    }
+    cp_async_small<S::kBlocks>(stage + plan.scale_dst,
+                               page + (plan.scale_src + static_cast<uint32_t>(first * H * S::kBlocks)), true);
+    return;
+  }
+  auto page_of = [&](int k, bool valid, int& slot) -> const uint8_t* {
+    const int pos = start + k;
+    slot = 0;
+    if (!valid) return nullptr;
+    slot = pos % p.page;
+    return p.cache + static_cast<int64_t>(__ldg(bt_row + pos / p.page)) * p.stride_cb;
+  };
+  constexpr int kCopies = 2 * kChunk * S::kPieces;
+#pragma unroll
+  for (int i = lane; i < kCopies; i += 32) {
+    const int side = i / (kChunk * S::kPieces), k = (i / S::kPieces) % kChunk, piece = i % S::kPieces;
+    int slot;
+    const uint8_t* page = page_of(k, start + k >= lo && start + k < hi, slot);
+    const uint8_t* src = p.cache;
+    if (page != nullptr) src = page + side * p.stride_ckv + (slot * H + kvh) * S::kRowBytes + piece * 16;
+    cp_async_16(stage + side * S::kV + S::place(k, piece * 16), src, page != nullptr);
+  }
+  {
+    const int side = lane / kChunk, k = lane % kChunk;
+    // A row of an interleaved group holds scales of all its 4 slots (one page: pages are 4k slots).
+    const int group_lo = side == 1 && p.v_scales_swizzled ? start + (k & ~3) : start + k;
+    const int group_hi = side == 1 && p.v_scales_swizzled ? group_lo + 4 : group_lo + 1;
+    int slot;
+    const uint8_t* page = page_of(k, group_lo < hi && group_hi > lo, slot);
+    const uint8_t* src = p.cache;
+    if (page != nullptr) {
+      src = page + side * p.stride_ckv + p.page * H * S::kRowBytes + (slot * H + kvh) * S::kBlocks;
+    }
+    cp_async_small<S::kBlocks>(stage + S::kScales + side * S::kScaleSide + k * S::kBlocks, src, page != nullptr);
+  }
+}
+
 template <int W>
 __device__ __forceinline__ void shared_words(const uint8_t* at, uint32_t (&w)[W]) {
   if constexpr (W % 4 == 0) {
@@ -600,6 +770,66 @@ __device__ __forceinline__ void read_chunk(const uint8_t* stage, int g, int t, C
       uint32_t(&seg)[L::kVWords < 4 ? L::kVWords : 4] =
           *reinterpret_cast<uint32_t(*)[L::kVWords < 4 ? L::kVWords : 4]>(&c.v[r][4 * s]);
       shared_words(stage + S::kV + S::place(key, run_byte<L::kVWords, 8>(g, 4 * s, 0)), seg);
+    }
+  }
+}
+
+// This lane's operands of an NVFP4 chunk from its stage (what load_chunk reads from the page).
+// Rows g + 8 (K) and 2t + 8, 2t + 9 (V) share the swizzle of rows g, 2t, 2t + 1: a constant further.
+// A chunk not wholly in [lo, hi) zeroes the V scales of its keys outside: their codes are zeros,
+// but an interleaved scale row may hold any byte for them, and 0 x NaN would reach the sums.
+template <int D>
+__device__ __forceinline__ void read_nvfp4_chunk(const uint8_t* stage, const Nvfp4Copy& plan, int start, int lo,
+                                                 int hi, int g, int t, ChunkBytes<DecodeFmt::kNvfp4, D>& c) {
+  using L = Layout<DecodeFmt::kNvfp4, D>;
+  using S = Nvfp4Stage<D>;
+  constexpr int kKSeg = L::kKWords < 4 ? L::kKWords : 4, kVSeg = L::kVWords < 4 ? L::kVWords : 4;
+#pragma unroll
+  for (int s = 0; s < (L::kKWords + 3) / 4; ++s) {
+    const uint8_t* row_g = stage + S::place(g, run_byte<L::kKWords, 4>(t, 4 * s, 0));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      shared_words(row_g + r * 8 * S::kRowBytes, *reinterpret_cast<uint32_t(*)[kKSeg]>(&c.k[r][4 * s]));
+    }
+  }
+  const uint8_t* k_scales = stage + S::kScales + g * S::kBlocks;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint8_t* scales = k_scales + r * 8 * S::kBlocks;
+    if constexpr (L::kKScales == 1) {
+      c.k_scales[r] = scales[run_byte<L::kKWords, 4>(t, 0, 0) / 8];
+    } else {
+      c.k_scales[r] = 0;
+#pragma unroll
+      for (int s = 0; s < L::kKScales / 2; ++s) {
+        const int block = run_byte<L::kKWords, 4>(t, 4 * s, 0) / 8;
+        c.k_scales[r] |= static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(scales + block)) << (16 * s);
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < (L::kVWords + 3) / 4; ++s) {
+    const uint8_t* row_2t = stage + S::kV + S::place(2 * t, run_byte<L::kVWords, 8>(g, 4 * s, 0));
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* row = row_2t + (r & 1) * plan.v_odd + (r >> 1) * 8 * S::kRowBytes;
+      shared_words(row, *reinterpret_cast<uint32_t(*)[kVSeg]>(&c.v[r][4 * s]));
+    }
+  }
+  // A lane's V run is one block, or two at D = 256, whose scales lie 1 byte apart (linear) or 4
+  // (interleaved: scale_at of blocks 2g, 2g + 1).
+  const uint8_t* v_scales = stage + S::kScales + S::kScaleSide + plan.v_scale;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint8_t* at = v_scales + (r & 1) * plan.v_scale_next + (r >> 1) * 8 * S::kBlocks;
+    c.v_scales[r] = at[0];
+    if constexpr (L::kVScales > 1) c.v_scales[r] |= static_cast<uint32_t>(at[plan.v_scale_next == 1 ? 4 : 1]) << 8;
+  }
+  if (!(start >= lo && start + kChunk <= hi)) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int pos = start + chunk_key(2 + r, g, t);
+      if (pos < lo || pos >= hi) c.v_scales[r] = 0;
     }
   }
 }
@@ -691,9 +921,8 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
 #pragma unroll
     for (int w = 0; w < L::kKWords; ++w) {
       uint32_t k0[4], k1[4];
-      const uint32_t shift = 8 * (w / 2);
-      e2m1x8_to_f16x2(c.k[0][w], e4m3_pair((c.k_scales[0] >> shift) & 0xFF), k0);
-      e2m1x8_to_f16x2(c.k[1][w], e4m3_pair((c.k_scales[1] >> shift) & 0xFF), k1);
+      e2m1x8_to_f16x2(c.k[0][w], e4m3_pair(c.k_scales[0], w / 2), k0);
+      e2m1x8_to_f16x2(c.k[1][w], e4m3_pair(c.k_scales[1], w / 2), k1);
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
         mma_16816(s[rt], k0[0], k1[0], k0[1], k1[1], qb[2 * w][rt][0], qb[2 * w][rt][1]);
@@ -800,14 +1029,48 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
   }
   // V^T fragments: keys (2t, 2t+1) and (2t+8, 2t+9) paired per dim.
   constexpr int kDimTilesPerWord = L::kNvfp4 ? 4 : 2;
+#if KVFUSE_DECODE_NVFP4_V_PAIRS
+  if constexpr (L::kNvfp4) {
+    // Byte j of a key's `even` / `odd` e4m3 word is the dim g / g + 8 of dim tile 4 w + j. Pairing
+    // two keys' words byte by byte (0x5140: bytes 0, 1; 0x7362: bytes 2, 3) makes each convert
+    // yield one operand register of two tiles: (key, key + 1) at one dim, scaled by (s_key, s_key+1).
+#pragma unroll
+    for (int w = 0; w < L::kVWords; ++w) {
+      const uint32_t scale_byte = L::kVScales > 1 ? w / 2 : 0;
+      const uint32_t scale_sel = scale_byte | ((4 + scale_byte) << 4);
+      const uint32_t s01 = e4m3x2_to_f16x2(__byte_perm(c.v_scales[0], c.v_scales[1], scale_sel));
+      const uint32_t s23 = e4m3x2_to_f16x2(__byte_perm(c.v_scales[2], c.v_scales[3], scale_sel));
+      uint32_t even[4], odd[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) e2m1x8_to_e4m3(c.v[r][w], even[r], odd[r]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t sel = h == 0 ? 0x5140 : 0x7362;
+        uint32_t a0[2], a1[2], a2[2], a3[2];  // [tile 4 w + 2 h + i]
+        fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(even[0], even[1], sel), a0[0], a0[1]);
+        fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(odd[0], odd[1], sel), a1[0], a1[1]);
+        fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(even[2], even[3], sel), a2[0], a2[1]);
+        fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(odd[2], odd[3], sel), a3[0], a3[1]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int tile = kDimTilesPerWord * w + 2 * h + i;
+          const uint32_t x0 = hmul2(a0[i], s01), x1 = hmul2(a1[i], s01);
+          const uint32_t x2 = hmul2(a2[i], s23), x3 = hmul2(a3[i], s23);
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt) mma_16816(st.acc[tile][rt], x0, x1, x2, x3, pb[rt][0], pb[rt][1]);
+        }
+      }
+    }
+    return;
+  }
+#endif
 #pragma unroll
   for (int w = 0; w < L::kVWords; ++w) {
     uint32_t va[4][kDimTilesPerWord];  // NVFP4: [key r][dim tile] (dims g, g + 8 as halves)
     if constexpr (L::kNvfp4) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int scale_index = L::kVScales > 1 ? w / 2 : 0;
-        e2m1x8_to_f16x2(c.v[r][w], e4m3_pair((c.v_scales[r] >> (8 * scale_index)) & 0xFF), va[r]);
+        e2m1x8_to_f16x2(c.v[r][w], e4m3_pair(c.v_scales[r], L::kVScales > 1 ? w / 2 : 0), va[r]);
       }
     }
 #pragma unroll
@@ -978,27 +1241,37 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       cp_async_wait<0>();
       __syncthreads();  // the merge below reuses the ring
     } else if constexpr (kStages >= 2) {
-      using S = Stage<F, D>;
+      using S = std::conditional_t<L::kNvfp4, Nvfp4Stage<D>, Stage<F, D>>;
       uint8_t* ring = reinterpret_cast<uint8_t*>(smem) + warp * kStages * S::kBytes;
       const uint32_t ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+      Nvfp4Copy plan{};
+      if constexpr (L::kNvfp4) plan = nvfp4_copy<D>(p, kvh, lane);
+      auto copy_any_chunk = [&](int chunk, uint32_t into) {
+        if constexpr (L::kNvfp4) {
+          copy_nvfp4_chunk<D>(p, bt_row, kvh, chunk * kChunk, lo, hi, lane, plan, into);
+        } else {
+          copy_chunk<F, D>(p, bt_row, kvh, chunk * kChunk, lo, hi, lane, into);
+        }
+      };
       // One commit group per chunk, empty past the end, so that wait_group counts stay fixed.
 #pragma unroll
       for (int s = 0; s < kStages - 1; ++s) {
         const int chunk = c + s * kWarps;
-        if (chunk < c_end) copy_chunk<F, D>(p, bt_row, kvh, chunk * kChunk, lo, hi, lane, ring_at + s * S::kBytes);
+        if (chunk < c_end) copy_any_chunk(chunk, ring_at + s * S::kBytes);
         cp_async_commit();
       }
       for (int i = 0; c < c_end; ++i, c += kWarps) {
         const int ahead = c + (kStages - 1) * kWarps;
         if (ahead < c_end) {
-          copy_chunk<F, D>(p, bt_row, kvh, ahead * kChunk, lo, hi, lane,
-                           ring_at + ((i + kStages - 1) % kStages) * S::kBytes);
+          copy_any_chunk(ahead, ring_at + ((i + kStages - 1) % kStages) * S::kBytes);
         }
         cp_async_commit();
         cp_async_wait<kStages - 1>();
         __syncwarp();
         ChunkBytes<F, D> bytes;
-        if constexpr (L::kRowScales) {
+        if constexpr (L::kNvfp4) {
+          read_nvfp4_chunk<D>(ring + (i % kStages) * S::kBytes, plan, c * kChunk, lo, hi, g, t, bytes);
+        } else if constexpr (L::kRowScales) {
           read_row_chunk<F, D, 1>(p, ring + (i % kStages) * S::kBytes, kvh, 0, c * kChunk, g, t, bytes);
         } else {
           read_chunk<F, D>(ring + (i % kStages) * S::kBytes, g, t, bytes);
@@ -1152,6 +1425,8 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
   if constexpr (HG > 1) {
     smem = std::max(smem, size_t{Layout<F, D>::kStages} * GroupStage<D, HG>::kBytes);
+  } else if constexpr (Layout<F, D>::kNvfp4 && Layout<F, D>::kStages >= 2) {
+    smem = std::max(smem, size_t{kWarps} * Layout<F, D>::kStages * Nvfp4Stage<D>::kBytes);
   } else if constexpr (Layout<F, D>::kStages >= 2) {
     smem = std::max(smem, size_t{kWarps} * Layout<F, D>::kStages * Stage<F, D>::kBytes);
   }
