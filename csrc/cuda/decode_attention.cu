@@ -102,6 +102,12 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_NVFP4_V_PAIRS 1
 #endif
 
+// NVFP4 V (with V_PAIRS): 1 decodes the chunk's V operands before the softmax, so that the decode
+// fills the latency of its shuffles; 0 after it.
+#ifndef KVFUSE_DECODE_NVFP4_V_EARLY
+#define KVFUSE_DECODE_NVFP4_V_EARLY 1
+#endif
+
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunk = 16;  // keys per warp per iteration
@@ -900,6 +906,40 @@ __device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
   return y;
 }
 
+// The V^T operands of an NVFP4 chunk, [dim tile][A register]. Byte j of a key's `even` / `odd`
+// e4m3 word is the dim g / g + 8 of dim tile 4 w + j. Pairing two keys' words byte by byte (0x5140:
+// bytes 0, 1; 0x7362: bytes 2, 3) makes each convert yield one operand register of two tiles:
+// (key, key + 1) at one dim, then scaled by (s_key, s_key+1).
+template <int D>
+__device__ __forceinline__ void nvfp4_v_operands(const ChunkBytes<DecodeFmt::kNvfp4, D>& c, uint32_t (&vx)[D / 16][4]) {
+  using L = Layout<DecodeFmt::kNvfp4, D>;
+#pragma unroll
+  for (int w = 0; w < L::kVWords; ++w) {
+    const uint32_t scale_byte = L::kVScales > 1 ? w / 2 : 0;
+    const uint32_t scale_sel = scale_byte | ((4 + scale_byte) << 4);
+    const uint32_t s01 = e4m3x2_to_f16x2(__byte_perm(c.v_scales[0], c.v_scales[1], scale_sel));
+    const uint32_t s23 = e4m3x2_to_f16x2(__byte_perm(c.v_scales[2], c.v_scales[3], scale_sel));
+    uint32_t even[4], odd[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) e2m1x8_to_e4m3(c.v[r][w], even[r], odd[r]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t sel = h == 0 ? 0x5140 : 0x7362;
+      uint32_t a0[2], a1[2], a2[2], a3[2];  // [tile 4 w + 2 h + i]
+      fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(even[0], even[1], sel), a0[0], a0[1]);
+      fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(odd[0], odd[1], sel), a1[0], a1[1]);
+      fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(even[2], even[3], sel), a2[0], a2[1]);
+      fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(odd[2], odd[3], sel), a3[0], a3[1]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        uint32_t(&x)[4] = vx[4 * w + 2 * h + i];
+        x[0] = hmul2(a0[i], s01), x[1] = hmul2(a1[i], s01);
+        x[2] = hmul2(a2[i], s23), x[3] = hmul2(a3[i], s23);
+      }
+    }
+  }
+}
+
 // One 16-key chunk: S^T = K Q^T (K rows g, g + 8 as the A operand, so every MMA row is a real key
 // and the query tile is the 8-wide B operand), online softmax, O^T += V^T P^T (P^T's fragment is
 // S^T's accumulator transposed in registers by movmatrix).
@@ -989,6 +1029,10 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
       }
     }
   }
+  // NVFP4 V operands, decoded here (KVFUSE_DECODE_NVFP4_V_EARLY) so that the decode fills the
+  // softmax's shuffle and exp2 latencies, or after it.
+  uint32_t vx[L::kNvfp4 ? D / 16 : 1][4];
+  if constexpr (L::kNvfp4 && KVFUSE_DECODE_NVFP4_V_PAIRS && KVFUSE_DECODE_NVFP4_V_EARLY) nvfp4_v_operands(c, vx);
   uint32_t pb[RT][2];
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt) {
@@ -1031,34 +1075,12 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
   constexpr int kDimTilesPerWord = L::kNvfp4 ? 4 : 2;
 #if KVFUSE_DECODE_NVFP4_V_PAIRS
   if constexpr (L::kNvfp4) {
-    // Byte j of a key's `even` / `odd` e4m3 word is the dim g / g + 8 of dim tile 4 w + j. Pairing
-    // two keys' words byte by byte (0x5140: bytes 0, 1; 0x7362: bytes 2, 3) makes each convert
-    // yield one operand register of two tiles: (key, key + 1) at one dim, scaled by (s_key, s_key+1).
+    if constexpr (!KVFUSE_DECODE_NVFP4_V_EARLY) nvfp4_v_operands(c, vx);
 #pragma unroll
-    for (int w = 0; w < L::kVWords; ++w) {
-      const uint32_t scale_byte = L::kVScales > 1 ? w / 2 : 0;
-      const uint32_t scale_sel = scale_byte | ((4 + scale_byte) << 4);
-      const uint32_t s01 = e4m3x2_to_f16x2(__byte_perm(c.v_scales[0], c.v_scales[1], scale_sel));
-      const uint32_t s23 = e4m3x2_to_f16x2(__byte_perm(c.v_scales[2], c.v_scales[3], scale_sel));
-      uint32_t even[4], odd[4];
+    for (int tile = 0; tile < D / 16; ++tile) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) e2m1x8_to_e4m3(c.v[r][w], even[r], odd[r]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t sel = h == 0 ? 0x5140 : 0x7362;
-        uint32_t a0[2], a1[2], a2[2], a3[2];  // [tile 4 w + 2 h + i]
-        fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(even[0], even[1], sel), a0[0], a0[1]);
-        fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(odd[0], odd[1], sel), a1[0], a1[1]);
-        fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(even[2], even[3], sel), a2[0], a2[1]);
-        fp8x4_to_f16x2<DecodeFmt::kE4m3>(__byte_perm(odd[2], odd[3], sel), a3[0], a3[1]);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int tile = kDimTilesPerWord * w + 2 * h + i;
-          const uint32_t x0 = hmul2(a0[i], s01), x1 = hmul2(a1[i], s01);
-          const uint32_t x2 = hmul2(a2[i], s23), x3 = hmul2(a3[i], s23);
-#pragma unroll
-          for (int rt = 0; rt < RT; ++rt) mma_16816(st.acc[tile][rt], x0, x1, x2, x3, pb[rt][0], pb[rt][1]);
-        }
+      for (int rt = 0; rt < RT; ++rt) {
+        mma_16816(st.acc[tile][rt], vx[tile][0], vx[tile][1], vx[tile][2], vx[tile][3], pb[rt][0], pb[rt][1]);
       }
     }
     return;
