@@ -89,6 +89,11 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_FP8_SWIZZLE 1
 #endif
 
+// Launch order: 1 makes a sequence's KV heads neighbouring blocks (DecodeParams::heads_fastest).
+#ifndef KVFUSE_DECODE_HEADS_FASTEST
+#define KVFUSE_DECODE_HEADS_FASTEST 1
+#endif
+
 // NVFP4 caches: the same ring of cp.async stages (Nvfp4Stage), or 0: each lane prefetches the
 // next chunk into registers (the kernel before the stages, kept for A/B builds, BENCHMARKS.md).
 #ifndef KVFUSE_DECODE_NVFP4_STAGES
@@ -138,6 +143,7 @@ struct DecodeParams {
   int page_shift;                      // log2(page) for pages of 16 << k tokens, else -1
   bool v_scales_swizzled;              // NVFP4: vLLM's 4-token interleave of the V block scales
   bool query_fp16;
+  bool heads_fastest;                  // grid (head groups, sequences, splits), else (sequences, head groups, splits)
 };
 
 // ----------------------------------------------------------------------------- register math
@@ -1126,9 +1132,12 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
   float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
   float* sm_o = sm_l + kWarps * ROWS;          // [kWarps][ROWS][D]
 
-  const int b = blockIdx.x, split = blockIdx.z;
+  // p.heads_fastest: blockIdx.x is the head group, so that the blocks of one sequence's KV heads,
+  // whose rows of a slot are adjacent in the page, are launched (and read their rows) together.
+  const int b = p.heads_fastest ? blockIdx.y : blockIdx.x, head_group = p.heads_fastest ? blockIdx.x : blockIdx.y;
+  const int split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int kvh = HG == 1 ? blockIdx.y : blockIdx.y * HG + warp;  // HG > 1: every warp's head exists (host)
+  const int kvh = HG == 1 ? head_group : head_group * HG + warp;  // HG > 1: every warp's head exists (host)
   const int q_start = __ldg(p.query_start_loc + b);
   const int q_len = __ldg(p.query_start_loc + b + 1) - q_start;
   const int seq_len = __ldg(p.seq_lens + b);
@@ -1238,7 +1247,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       using S = GroupStage<D, HG>;
       uint8_t* ring = reinterpret_cast<uint8_t*>(smem);
       const uint32_t ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-      const int head0 = blockIdx.y * HG;
+      const int head0 = head_group * HG;
       c = c_begin;
 #pragma unroll
       for (int s = 0; s < kStages - 1; ++s) {
@@ -1367,7 +1376,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       const int member = e / (ROWS * D), r = (e / D) % ROWS, dim = e % D;
       const int tok = r / G;
       if (tok >= n_tok) continue;
-      const int head = (HG == 1 ? kvh : blockIdx.y * HG + member) * G + r % G;
+      const int head = (HG == 1 ? kvh : head_group * HG + member) * G + r % G;
       const int w_first = HG == 1 ? 0 : member, w_end = HG == 1 ? kWarps : member + 1;
       float M = -INFINITY;
       for (int w = w_first; w < w_end; ++w) M = fmaxf(M, sm_m[w * ROWS + r]);
@@ -1456,7 +1465,9 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  kernel<<<dim3(num_seqs, p.num_kv_heads / HG, p.num_splits), kThreads, smem, stream>>>(p);
+  const dim3 grid = p.heads_fastest ? dim3(p.num_kv_heads / HG, num_seqs, p.num_splits)
+                                    : dim3(num_seqs, p.num_kv_heads / HG, p.num_splits);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1593,6 +1604,7 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   }
   p.v_scales_swizzled = mode == KVQuantMode::NVFP4 && nvfp4_v_scales_swizzled(page, head_size);
   p.query_fp16 = query.scalar_type() == at::kHalf;
+  p.heads_fastest = KVFUSE_DECODE_HEADS_FASTEST && num_seqs <= 65535;  // grid.y's limit
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int seqs = static_cast<int>(num_seqs);
   switch (mode) {
