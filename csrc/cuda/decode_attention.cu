@@ -94,6 +94,13 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_HEADS_FASTEST 1
 #endif
 
+// NVFP4 caches: KV heads per block where the heads are even in number: 2 puts two heads' warps
+// (two each) on the same chunks at once, so that the 128-byte runs their rows of a slot form are
+// read together rather than as 64-byte halves by blocks apart (BENCHMARKS.md); 1: a head per block.
+#ifndef KVFUSE_DECODE_NVFP4_HEADS
+#define KVFUSE_DECODE_NVFP4_HEADS 2
+#endif
+
 // NVFP4 caches: the same ring of cp.async stages (Nvfp4Stage), or 0: each lane prefetches the
 // next chunk into registers (the kernel before the stages, kept for A/B builds, BENCHMARKS.md).
 #ifndef KVFUSE_DECODE_NVFP4_STAGES
@@ -1126,7 +1133,10 @@ template <DecodeFmt F, int D, int ROWS, int HG>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS : 1) decode_attention_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F, D>;
   using State = RowState<D, ROWS>;
-  static_assert(HG == 1 || (HG == kWarps && L::kRowScales), "a warp per head: per-token-head rows only");
+  static_assert(HG == 1 || (HG == kWarps && L::kRowScales) || (HG == 2 && L::kNvfp4),
+                "head groups: per-token-head rows (a warp per head) or NVFP4 pairs (two warps per head)");
+  // Warps per head: they take interleaved chunks of it and merge at the end.
+  constexpr int kHeadWarps = kWarps / HG;
   extern __shared__ float smem[];
   float* sm_m = smem;                          // [kWarps][ROWS]
   float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
@@ -1137,7 +1147,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
   const int b = p.heads_fastest ? blockIdx.y : blockIdx.x, head_group = p.heads_fastest ? blockIdx.x : blockIdx.y;
   const int split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int kvh = HG == 1 ? head_group : head_group * HG + warp;  // HG > 1: every warp's head exists (host)
+  const int kvh = head_group * HG + warp / kHeadWarps;  // HG > 1: every warp's head exists (host)
   const int q_start = __ldg(p.query_start_loc + b);
   const int q_len = __ldg(p.query_start_loc + b + 1) - q_start;
   const int seq_len = __ldg(p.seq_lens + b);
@@ -1240,9 +1250,9 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       const bool masked = start < full_lo || start + kChunk > full_hi;
       attend_chunk<F, D, ROWS>(p, bytes, qb, start, lo, hi, masked, qpos, row_ok, qk_scale, g, st);
     };
-    int c = c_begin + warp;
+    int c = c_begin + warp % kHeadWarps;
     constexpr int kStages = L::kStages;
-    if constexpr (HG > 1) {
+    if constexpr (HG > 1 && L::kRowScales) {
       // All warps take every chunk, each its own head's rows of the block's staged runs.
       using S = GroupStage<D, HG>;
       uint8_t* ring = reinterpret_cast<uint8_t*>(smem);
@@ -1287,12 +1297,12 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       // One commit group per chunk, empty past the end, so that wait_group counts stay fixed.
 #pragma unroll
       for (int s = 0; s < kStages - 1; ++s) {
-        const int chunk = c + s * kWarps;
+        const int chunk = c + s * kHeadWarps;
         if (chunk < c_end) copy_any_chunk(chunk, ring_at + s * S::kBytes);
         cp_async_commit();
       }
-      for (int i = 0; c < c_end; ++i, c += kWarps) {
-        const int ahead = c + (kStages - 1) * kWarps;
+      for (int i = 0; c < c_end; ++i, c += kHeadWarps) {
+        const int ahead = c + (kStages - 1) * kHeadWarps;
         if (ahead < c_end) {
           copy_any_chunk(ahead, ring_at + ((i + kStages - 1) % kStages) * S::kBytes);
         }
@@ -1326,15 +1336,15 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
       ChunkBytes<F, D> even, odd;
       load(c, even);
       while (true) {
-        const bool more = c + kWarps < c_end;
-        if (more) load(c + kWarps, odd);
+        const bool more = c + kHeadWarps < c_end;
+        if (more) load(c + kHeadWarps, odd);
         attend(even, c);
-        c += kWarps;
+        c += kHeadWarps;
         if (!more) break;
-        const bool more2 = c + kWarps < c_end;
-        if (more2) load(c + kWarps, even);
+        const bool more2 = c + kHeadWarps < c_end;
+        if (more2) load(c + kHeadWarps, even);
         attend(odd, c);
-        c += kWarps;
+        c += kHeadWarps;
         if (!more2) break;
       }
     }
@@ -1371,13 +1381,13 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
     }
     __syncthreads();
     const bool split_out = p.num_splits > 1;
-    // HG > 1: warp `member`'s rows are its head's alone; else every warp holds a part of each row.
+    // Head `member` of the group: its kHeadWarps warps each hold a part of each of its rows.
     for (int e = threadIdx.x * 4; e < HG * ROWS * D; e += kThreads * 4) {
       const int member = e / (ROWS * D), r = (e / D) % ROWS, dim = e % D;
       const int tok = r / G;
       if (tok >= n_tok) continue;
       const int head = (HG == 1 ? kvh : head_group * HG + member) * G + r % G;
-      const int w_first = HG == 1 ? 0 : member, w_end = HG == 1 ? kWarps : member + 1;
+      const int w_first = member * kHeadWarps, w_end = w_first + kHeadWarps;
       float M = -INFINITY;
       for (int w = w_first; w < w_end; ++w) M = fmaxf(M, sm_m[w * ROWS + r]);
       float sink = -INFINITY;
@@ -1454,7 +1464,7 @@ __global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodePar
 template <DecodeFmt F, int D, int ROWS, int HG>
 void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
-  if constexpr (HG > 1) {
+  if constexpr (HG > 1 && Layout<F, D>::kRowScales) {
     smem = std::max(smem, size_t{Layout<F, D>::kStages} * GroupStage<D, HG>::kBytes);
   } else if constexpr (Layout<F, D>::kNvfp4 && Layout<F, D>::kStages >= 2) {
     smem = std::max(smem, size_t{kWarps} * Layout<F, D>::kStages * Nvfp4Stage<D>::kBytes);
@@ -1491,6 +1501,9 @@ template <DecodeFmt F, int D>
 void launch_groups(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   if constexpr (Layout<F, D>::kRowScales) {
     if (group_heads(p, D)) return launch_rows<F, D, kWarps>(p, num_seqs, stream);
+  }
+  if constexpr (Layout<F, D>::kNvfp4 && KVFUSE_DECODE_NVFP4_HEADS == 2) {
+    if (p.num_kv_heads % 2 == 0) return launch_rows<F, D, 2>(p, num_seqs, stream);
   }
   launch_rows<F, D, 1>(p, num_seqs, stream);
 }

@@ -483,12 +483,16 @@ def _num_sms(device_index: int) -> int:
 def decode_heads_per_block(call: AttentionCall) -> int:
     """KV heads per block of the decode kernel: 4 for a per-token-head cache whose 4 heads' rows of a
     slot are one 16-byte aligned run (heads % 4 == 0, rows back to back), where the block stages those
-    runs together; else 1. Restates ``group_heads`` in csrc/cuda/decode_attention.cu."""
+    runs together; 2 for an NVFP4 cache with an even number of heads (two warps per head, both heads
+    on the same chunks); else 1. Restates ``launch_groups`` in csrc/cuda/decode_attention.cu."""
     kv_cache = call.kv_cache
     num_kv_heads, row = kv_cache.shape[3], kv_cache.shape[4]
-    if (KVFormat.of(call.kv_quant_mode).key is KVQuantMode.FP8_PER_TOKEN_HEAD and num_kv_heads % 4 == 0
+    key = KVFormat.of(call.kv_quant_mode).key
+    if (key is KVQuantMode.FP8_PER_TOKEN_HEAD and num_kv_heads % 4 == 0
             and kv_cache.stride(3) == row and kv_cache.stride(2) == num_kv_heads * row):
         return 4
+    if key is KVQuantMode.NVFP4 and num_kv_heads % 2 == 0:
+        return 2
     return 1
 
 
@@ -517,7 +521,7 @@ def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) ->
         fn = _ops["paged_decode_attention"] = torch.ops.kvfuse_native.paged_decode_attention.default
     if num_splits is None:
         heads_per_block = decode_heads_per_block(call)
-        blocks_per_sm = _BLOCKS_PER_SM if heads_per_block == 1 else _GROUPED_BLOCKS_PER_SM
+        blocks_per_sm = _GROUPED_BLOCKS_PER_SM if heads_per_block == 4 else _BLOCKS_PER_SM
         num_splits = _num_splits(call.block_table.shape[0], call.kv_cache.shape[3] // heads_per_block,
                                  call.query.device, blocks_per_sm)
     return fn(call.query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,

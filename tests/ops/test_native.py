@@ -379,7 +379,7 @@ def test_native_rejects_other_ops_and_devices():
         assert "on CUDA, not on cpu" in backends.unavailable_reason("native", op, "cpu", pth)
 
 
-def test_decode_heads_per_block_follows_the_per_token_head_run_rule():
+def test_decode_heads_per_block_follows_the_kernels_head_groups():
     from kvfuse.ops.registry import AttentionCall
 
     pth = KVQuantMode.FP8_PER_TOKEN_HEAD
@@ -398,6 +398,11 @@ def test_decode_heads_per_block_follows_the_per_token_head_run_rule():
     # Heads sliced out of a wider cache: a slot's 4 rows are no longer one run with the next 4.
     wide = torch.zeros(4, 2, 16, 12, 132, dtype=torch.uint8)[:, :, :, :8]
     assert native.decode_heads_per_block(call(pth, 8, wide)) == 1
+    # NVFP4: head pairs where the heads are even in number.
+    assert native.decode_heads_per_block(call(KVQuantMode.NVFP4, 8)) == 2
+    assert native.decode_heads_per_block(call(KVQuantMode.NVFP4, 2)) == 2
+    assert native.decode_heads_per_block(call(KVQuantMode.NVFP4, 3)) == 1
+    assert native.decode_heads_per_block(call(KVQuantMode.NVFP4, 1)) == 1
 
 
 def test_native_attention_refusals_name_the_argument():

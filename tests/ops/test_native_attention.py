@@ -52,10 +52,12 @@ def built():
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("head_size,heads", [(64, (32, 8)), (128, (32, 8)), (256, (32, 8)), (128, (8, 8)),
-                                             (128, (32, 4)), (128, (64, 4)), (64, (12, 4)), (128, (6, 2))], ids=str)
+                                             (128, (32, 4)), (128, (64, 4)), (64, (12, 4)), (128, (6, 2)),
+                                             (128, (9, 3))], ids=str)
 def test_decode_matches_reference(mode, head_size, heads):
     # Lengths around pages and chunks (1, 31, 533, 1999, 4097); 3 padding rows; groups 1, 3, 4, 8, 16.
-    # Per-token-head caches: 4 KV heads per block where heads % 4 == 0, one otherwise (2 heads).
+    # Per-token-head caches: 4 KV heads per block where heads % 4 == 0, one otherwise (2 or 3 heads).
+    # NVFP4 caches: 2 KV heads per block where heads % 2 == 0, one otherwise (3 heads).
     args = make_case([1, 533, 4097, 1999, 31], [1] * 5, heads[0], heads[1], head_size, mode, pad_rows=3, seed=41)
     check(args)
 
