@@ -1156,11 +1156,11 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(b) * p.stride_bt;
   // Per-token-head rows carry their own scales (the static ones are unused).
   float k_scale = L::kRowScales ? 1.f : __ldg(p.k_scale + kvh * p.k_scale_stride);
-  float v_scale = L::kRowScales ? 1.f : __ldg(p.v_scale + kvh * p.v_scale_stride);
-  if constexpr (L::kNvfp4) {
-    k_scale *= 64.f;  // decoded values are e2m1 * block scale * 2^-6
-    v_scale *= 64.f;
-  }
+  if constexpr (L::kNvfp4) k_scale *= 64.f;  // decoded values are e2m1 * block scale * 2^-6
+  // The merge below writes the rows of every head of the block's group, not only this warp's.
+  auto v_scale_of = [&](int head) {
+    return L::kRowScales ? 1.f : __ldg(p.v_scale + head * p.v_scale_stride) * (L::kNvfp4 ? 64.f : 1.f);
+  };
 
   for (int q0 = 0; q0 < q_len; q0 += tile_tokens) {
     const int n_tok = min(tile_tokens, q_len - q0);
@@ -1402,7 +1402,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS 
         const float4 x = *reinterpret_cast<const float4*>(sm_o + (w * ROWS + r) * D + dim);
         o.x += x.x * wgt, o.y += x.y * wgt, o.z += x.z * wgt, o.w += x.w * wgt;
       }
-      const float inv = Lsum > 0.f ? v_scale / Lsum : 0.f;
+      const float inv = Lsum > 0.f ? v_scale_of(head_group * HG + member) / Lsum : 0.f;
       o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
       const int64_t row = q_start + q0 + tok;
       if (split_out) {
