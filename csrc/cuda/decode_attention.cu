@@ -1133,8 +1133,8 @@ template <DecodeFmt F, int D, int ROWS, int HG>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS : 1) decode_attention_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F, D>;
   using State = RowState<D, ROWS>;
-  static_assert(HG == 1 || (HG == kWarps && L::kRowScales) || (HG == 2 && L::kNvfp4),
-                "head groups: per-token-head rows (a warp per head) or NVFP4 pairs (two warps per head)");
+  static_assert(HG == 1 || (HG == kWarps && L::kRowScales) || ((HG == 2 || HG == 4) && L::kNvfp4),
+                "head groups: per-token-head rows (a warp per head) or NVFP4 (kWarps / HG warps per head)");
   // Warps per head: they take interleaved chunks of it and merge at the end.
   constexpr int kHeadWarps = kWarps / HG;
   extern __shared__ float smem[];
@@ -1502,7 +1502,10 @@ void launch_groups(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   if constexpr (Layout<F, D>::kRowScales) {
     if (group_heads(p, D)) return launch_rows<F, D, kWarps>(p, num_seqs, stream);
   }
-  if constexpr (Layout<F, D>::kNvfp4 && KVFUSE_DECODE_NVFP4_HEADS == 2) {
+  if constexpr (Layout<F, D>::kNvfp4 && KVFUSE_DECODE_NVFP4_HEADS == 4) {
+    if (p.num_kv_heads % 4 == 0) return launch_rows<F, D, 4>(p, num_seqs, stream);
+  }
+  if constexpr (Layout<F, D>::kNvfp4 && KVFUSE_DECODE_NVFP4_HEADS >= 2) {
     if (p.num_kv_heads % 2 == 0) return launch_rows<F, D, 2>(p, num_seqs, stream);
   }
   launch_rows<F, D, 1>(p, num_seqs, stream);
