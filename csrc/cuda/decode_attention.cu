@@ -101,6 +101,11 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_NVFP4_HEADS 2
 #endif
 
+// Resident blocks per SM the register budget of NVFP4 head-group blocks is set for (D <= 128).
+#ifndef KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS
+#define KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS KVFUSE_DECODE_MIN_BLOCKS
+#endif
+
 // NVFP4 caches: the same ring of cp.async stages (Nvfp4Stage), or 0: each lane prefetches the
 // next chunk into registers (the kernel before the stages, kept for A/B builds, BENCHMARKS.md).
 #ifndef KVFUSE_DECODE_NVFP4_STAGES
@@ -1130,7 +1135,10 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
 }
 
 template <DecodeFmt F, int D, int ROWS, int HG>
-__global__ void __launch_bounds__(kThreads, D <= 128 ? KVFUSE_DECODE_MIN_BLOCKS : 1) decode_attention_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, D > 128                         ? 1
+                                           : F == DecodeFmt::kNvfp4 && HG > 1 ? KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS
+                                                                              : KVFUSE_DECODE_MIN_BLOCKS)
+    decode_attention_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F, D>;
   using State = RowState<D, ROWS>;
   static_assert(HG == 1 || (HG == kWarps && L::kRowScales) || ((HG == 2 || HG == 4) && L::kNvfp4),
