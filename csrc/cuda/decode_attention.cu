@@ -101,9 +101,11 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_NVFP4_HEADS 2
 #endif
 
-// Resident blocks per SM the register budget of NVFP4 head-group blocks is set for (D <= 128).
+// NVFP4 head-group launches of at most this many blocks per SM take a build whose register
+// budget is set for that many (more registers per thread than KVFUSE_DECODE_MIN_BLOCKS allows);
+// larger ones keep the KVFUSE_DECODE_MIN_BLOCKS build. 0: always the latter.
 #ifndef KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS
-#define KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS KVFUSE_DECODE_MIN_BLOCKS
+#define KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS 2
 #endif
 
 // NVFP4 caches: the same ring of cp.async stages (Nvfp4Stage), or 0: each lane prefetches the
@@ -1134,10 +1136,9 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
   }
 }
 
-template <DecodeFmt F, int D, int ROWS, int HG>
-__global__ void __launch_bounds__(kThreads, D > 128                         ? 1
-                                           : F == DecodeFmt::kNvfp4 && HG > 1 ? KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS
-                                                                              : KVFUSE_DECODE_MIN_BLOCKS)
+// MIN_BLOCKS: the resident blocks per SM the register budget is set for (D <= 128).
+template <DecodeFmt F, int D, int ROWS, int HG, int MIN_BLOCKS = KVFUSE_DECODE_MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
     decode_attention_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F, D>;
   using State = RowState<D, ROWS>;
@@ -1469,6 +1470,22 @@ __global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodePar
   }
 }
 
+// The current device's SM count (cached per device: the launch path is host-latency bound).
+int multiprocessors() {
+  static int counts[64] = {};
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= 64) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }
+  if (counts[device] == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device));
+  }
+  return counts[device];
+}
+
 template <DecodeFmt F, int D, int ROWS, int HG>
 void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
@@ -1479,12 +1496,18 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   } else if constexpr (Layout<F, D>::kStages >= 2) {
     smem = std::max(smem, size_t{kWarps} * Layout<F, D>::kStages * Stage<F, D>::kBytes);
   }
+  const dim3 grid = p.heads_fastest ? dim3(p.num_kv_heads / HG, num_seqs, p.num_splits)
+                                    : dim3(num_seqs, p.num_kv_heads / HG, p.num_splits);
   auto kernel = decode_attention_kernel<F, D, ROWS, HG>;
+  if constexpr (Layout<F, D>::kNvfp4 && HG > 1 && D <= 128 && KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS > 0) {
+    const int64_t blocks = int64_t{grid.x} * grid.y * grid.z;
+    if (blocks <= int64_t{KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS} * multiprocessors()) {
+      kernel = decode_attention_kernel<F, D, ROWS, HG, KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS>;
+    }
+  }
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  const dim3 grid = p.heads_fastest ? dim3(p.num_kv_heads / HG, num_seqs, p.num_splits)
-                                    : dim3(num_seqs, p.num_kv_heads / HG, p.num_splits);
   kernel<<<grid, kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
