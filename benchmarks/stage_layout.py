@@ -1,12 +1,14 @@
-"""Shared-memory traffic of the native decode kernel's FP8 stages, from a model (no GPU needed).
+"""Shared-memory traffic of the native decode kernel's FP8 and NVFP4 stages, from a model (no GPU needed).
 
     python -m benchmarks.stage_layout [--head-sizes 64,128,256] [--out DIR]
 
 ``csrc/cuda/decode_attention.cu`` streams each warp's 16-key FP8 chunks through shared memory:
 32 lanes copy the chunk's K and V rows with 16-byte ``cp.async`` pieces (``copy_runs``), then read
-back their MMA operands (``read_chunk``). This module restates both access patterns and the
-stage layouts (``Stage::place``: rows padded by 16 bytes, the old layout; or rows D bytes apart
-with their 32-byte units XOR-swizzled by row, the current one) and counts, per chunk:
+back their MMA operands (``read_chunk``; NVFP4: ``copy_nvfp4_chunk`` and ``read_nvfp4_chunk``, the
+same patterns over D / 2-byte rows of packed codes). This module restates both access patterns and
+the stage layouts (``Stage::place``: FP8 rows padded by 16 bytes, the old layout, or rows D bytes
+apart with their 32-byte units XOR-swizzled by row, the current one; ``Nvfp4Stage::place``: D / 2-byte
+rows whose 32-byte units keep their 128-byte line, XOR-swizzled inside it) and counts, per chunk:
 
 - **sectors**: L2 sector requests of the copies. A row is 32-byte aligned in global memory, so
   pieces 2m and 2m + 1 of a row are one 32-byte sector; the pair costs one request when it lands
@@ -17,8 +19,10 @@ with their 32-byte units XOR-swizzled by row, the current one) and counts, per c
 
 ncu measured both on the H100 (BENCHMARKS.md, sixteenth session, B=64 ctx 4096, D=128): 23.8
 sectors per copy instruction with padded rows and 16.0 with swizzled ones, and 48.4 / 32.9 read
-wavefronts per chunk; the model gives 24 / 16 and 48 / 32. Writes ``stage_layout.json`` and
-prints a table.
+wavefronts per chunk; the model gives 24 / 16 and 48 / 32. The NVFP4 stage (seventeenth session)
+reads back at the minimum for D = 64, 128 and 256; ncu counted 0-213 bank conflicts over the
+whole B=64 ctx 4096 launch. Writes ``stage_layout.json`` and prints a table. The block scales'
+copies and reads are not modelled.
 """
 
 from __future__ import annotations
@@ -49,27 +53,44 @@ def swizzle(key: int, units: int) -> int:
     return (((key >> 1) & 1) | (((key ^ (key >> 2)) & 1) << 1)) & (units - 1)
 
 
+def line_swizzle(key: int, units: int) -> int:
+    """The XOR on the 2-bit place of key row ``key``'s 32-byte units in their 128-byte line
+    (``Nvfp4Stage::line_swizzle``), for rows of ``units`` (1, 2 or 4) units."""
+    if units == 4:
+        return swizzle(key, 4)
+    return (key >> 1) & 3 if units == 2 else (key >> 2) & 1
+
+
 @dataclass(frozen=True)
 class StageLayout:
-    """Where byte ``byte`` of a side's key row ``key`` lies in a stage, for D-byte FP8 rows."""
+    """Where byte ``byte`` of a side's key row ``key`` lies in a stage: D-byte FP8 rows ("padded",
+    "swizzled") or D / 2-byte NVFP4 rows ("nvfp4", head sizes 64, 128, 256)."""
 
     name: str
     head_size: int
 
     def __post_init__(self):
-        if self.name not in ("padded", "swizzled"):
-            raise ValueError(f"StageLayout.name={self.name!r}: expected 'padded' or 'swizzled'")
-        if self.head_size <= 0 or self.head_size % SECTOR:
-            raise ValueError(f"StageLayout.head_size={self.head_size}: expected a positive multiple of {SECTOR}")
+        if self.name not in ("padded", "swizzled", "nvfp4"):
+            raise ValueError(f"StageLayout.name={self.name!r}: expected 'padded', 'swizzled' or 'nvfp4'")
+        if self.head_size <= 0 or self.row_bytes % SECTOR or (self.name == "nvfp4" and self.row_bytes > 128):
+            allowed = "64, 128 or 256" if self.name == "nvfp4" else f"a positive multiple of {SECTOR}"
+            raise ValueError(f"StageLayout.head_size={self.head_size}: expected {allowed} for {self.name!r}")
+
+    @property
+    def row_bytes(self) -> int:
+        return self.head_size // 2 if self.name == "nvfp4" else self.head_size
 
     @property
     def pitch(self) -> int:
-        return self.head_size + (16 if self.name == "padded" else 0)
+        return self.row_bytes + (16 if self.name == "padded" else 0)
 
     def place(self, key: int, byte: int) -> int:
         if self.name == "padded":
             return key * self.pitch + byte
-        units = self.head_size // SECTOR
+        units = self.row_bytes // SECTOR
+        if self.name == "nvfp4":
+            unit = key * units + (byte >> 5)
+            return (((unit & ~3) | ((unit & 3) ^ line_swizzle(key, units))) << 5) | (byte & 31)
         return key * self.pitch + ((((byte >> 5) ^ swizzle(key, units)) << 5) | (byte & 31))
 
 
@@ -92,7 +113,7 @@ def chunk_reads(layout: StageLayout) -> tuple[int, int]:
     """(wavefronts, the minimum for the bytes read) of one chunk's read-back (``read_chunk``):
     lane (g, t) reads K rows g and g + 8 (its quarter of each) and V rows 2t, 2t + 1, 2t + 8, 2t + 9
     (its eighth of each)."""
-    k_words, v_words = layout.head_size // 16, layout.head_size // 32
+    k_words, v_words = layout.row_bytes // 16, layout.row_bytes // 32
     stage_v = CHUNK * layout.pitch
     counted = minimum = 0
 
@@ -115,7 +136,7 @@ def chunk_reads(layout: StageLayout) -> tuple[int, int]:
 def chunk_copies(layout: StageLayout) -> tuple[int, int, int]:
     """(L2 sector requests, the sectors of the chunk, copy instructions) of one chunk's ``copy_runs``:
     copy i = lane + 32 j takes piece i % pieces of key (i / pieces) % 16 of side i / (16 pieces)."""
-    pieces = layout.head_size // PIECE
+    pieces = layout.row_bytes // PIECE
     copies = 2 * CHUNK * pieces
     stage_v = CHUNK * layout.pitch
     requests = 0
@@ -132,7 +153,7 @@ def chunk_copies(layout: StageLayout) -> tuple[int, int, int]:
 def model(head_sizes: Sequence[int]) -> list[dict]:
     rows = []
     for head_size in head_sizes:
-        for name in ("padded", "swizzled"):
+        for name in ("padded", "swizzled", "nvfp4"):
             layout = StageLayout(name, head_size)
             reads, read_minimum = chunk_reads(layout)
             requests, sectors, instructions = chunk_copies(layout)

@@ -31,8 +31,12 @@
 // ROWS (8 or 16) rows = (query token, query head of the KV head's group) pairs; for decode with a
 // GQA group of 4 that is 4 live rows of 8. The warps take interleaved 16-key chunks of the split's
 // key range, each with its own running max / sum / accumulator, merged through shared memory at
-// the end. HG = 4 (per-token-head rows, above): a block owns 4 KV heads, each warp one head's tile
-// over every chunk, and nothing is merged across warps. With more splits than one, the block
+// the end. A block of HG > 1 KV heads gives each head kWarps / HG of its warps: HG = 4 for
+// per-token-head rows (above; a block-wide stage, a warp per head, nothing merged across warps);
+// HG = 2 for NVFP4 caches with an even number of heads (per-warp stages; warps w and w + 2 take the
+// same chunks of neighbouring heads, whose rows of a slot are one 128-byte run). Blocks are
+// launched heads first (DecodeParams::heads_fastest), so that a sequence's heads are read
+// together. With more splits than one, the block
 // writes a normalised partial output and its log2-sum-exp, and decode_attention_reduce_kernel
 // merges the splits.
 //
@@ -96,7 +100,8 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 
 // NVFP4 caches: KV heads per block where the heads are even in number: 2 puts two heads' warps
 // (two each) on the same chunks at once, so that the 128-byte runs their rows of a slot form are
-// read together rather than as 64-byte halves by blocks apart (BENCHMARKS.md); 1: a head per block.
+// read together rather than as 64-byte halves by blocks apart (BENCHMARKS.md); 1: a head per
+// block; 4 (where heads % 4 == 0, else 2): a warp per head, measured level with 2.
 #ifndef KVFUSE_DECODE_NVFP4_HEADS
 #define KVFUSE_DECODE_NVFP4_HEADS 2
 #endif
