@@ -185,7 +185,8 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// The low two e4m3 bytes of x as one f16x2 (byte 0 in the low half).
+// The low two e4m3 bytes of x as one f16x2 (byte 0 in the low half): one convert where only one
+// pair is wanted (fp8x4_to_f16x2 converts both halves, in one asm block the compiler keeps whole).
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
   uint32_t d;
   asm("{.reg .b16 a, b;\n mov.b32 {a, b}, %1;\n cvt.rn.f16x2.e4m3x2 %0, a;\n}" : "=r"(d) : "r"(x));
