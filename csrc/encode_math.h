@@ -94,13 +94,19 @@ KVFUSE_HD uint32_t e2m1_code_not_nan(float q) {
 }
 
 // The block-scale half of the NVFP4 math; to_e4m3 is the device's RNE float -> e4m3fn byte.
-template <class ToE4M3>
-KVFUSE_HD uint8_t nvfp4_block_scale(float amax, float gs, ToE4M3 to_e4m3, float* denom) {
+// from_e4m3: the byte's value (a faster exact decode where the device has one).
+template <class ToE4M3, class FromE4M3>
+KVFUSE_HD uint8_t nvfp4_block_scale(float amax, float gs, ToE4M3 to_e4m3, float* denom, FromE4M3 from_e4m3) {
   float s = amax / (gs * 6.0f);
   s = s > kE4M3Max ? kE4M3Max : s;
   const uint8_t bits = to_e4m3(s);
-  *denom = e4m3_bits_to_float(bits) * gs;
+  *denom = from_e4m3(bits) * gs;
   return bits;
+}
+
+template <class ToE4M3>
+KVFUSE_HD uint8_t nvfp4_block_scale(float amax, float gs, ToE4M3 to_e4m3, float* denom) {
+  return nvfp4_block_scale(amax, gs, to_e4m3, denom, [](uint8_t b) { return e4m3_bits_to_float(b); });
 }
 
 }  // namespace kvfuse

@@ -43,6 +43,7 @@
 #include "../cache_write.h"
 #include "../encode_math.h"
 #include "../nvfp4_page.h"
+#include "grid_dependency.h"
 
 // Tuning knobs (benchmarks/native_sweep.py rebuilds the library with other values): threads per
 // block, units per thread and the resident blocks per SM the register budget is set for, per op
@@ -126,6 +127,24 @@
 #endif
 #ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
+#endif
+// 1: the NVFP4 encode takes its block's amax with NaN-propagating maxima and zeroes NaN inputs
+// only in blocks that hold one (a branch per block instead of a test and a select per element).
+#ifndef KVFUSE_NVFP4_NAN_BRANCH
+#define KVFUSE_NVFP4_NAN_BRANCH 0
+#endif
+// 1: the NVFP4 block scale's value comes from the hardware e4m3 -> f16 convert (exact: every e4m3
+// value is an f16), not from the bits in software.
+#ifndef KVFUSE_NVFP4_HW_SCALE
+#define KVFUSE_NVFP4_HW_SCALE 0
+#endif
+// 1: the NVFP4 encode widens bfloat16 inputs from their 32-bit words (widen).
+#ifndef KVFUSE_NVFP4_WORD_WIDEN
+#define KVFUSE_NVFP4_WORD_WIDEN 0
+#endif
+// 1: write kernels are launched as programmatic dependents (grid_dependency.h) on sm_90+.
+#ifndef KVFUSE_WRITE_PDL
+#define KVFUSE_WRITE_PDL 0
 #endif
 
 namespace kvfuse {
@@ -308,6 +327,10 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
 template <class Op, int kUnits, int kBlock, bool kPaired, class Rot = NoRotation>
 __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThreads / kBlock)
     rows_kernel(const RowParams p) {
+  if constexpr (KVFUSE_WRITE_PDL) {
+    wait_for_prior_grids();
+    release_dependents();
+  }
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
   if constexpr (Op::kUsesScale) {
     div_k = make_divider(__ldg(p.scale[0]));
@@ -554,6 +577,33 @@ __device__ __forceinline__ uint8_t e4m3_rne(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
+// The value of a finite e4m3fn byte by the hardware convert (sm_89+): e4m3x2 -> f16x2, the byte in
+// the low half; every e4m3 value is an f16, so the result is exact.
+__device__ __forceinline__ float e4m3_value(uint8_t b) {
+  uint32_t pair;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"(static_cast<unsigned short>(b)));
+  float v;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(static_cast<unsigned short>(pair & 0xFFFFu)));
+  return v;
+}
+
+// max(m, |v|), NaN if either is NaN (max.NaN; fmaxf would drop the NaN).
+__device__ __forceinline__ float max_abs_keep_nan(float m, float v) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
+  return r;
+}
+
+// Element k of an NVFP4 unit as float (widened from its word for bfloat16 when configured).
+template <class Raw>
+__device__ __forceinline__ float element(const Raw& f, int k) {
+  if constexpr (KVFUSE_NVFP4_WORD_WIDEN) {
+    return widen(f.e, k);
+  } else {
+    return f[k];
+  }
+}
+
 // Stores one NVFP4 block (8 packed bytes, the low nibble first, and its scale byte) of (side,
 // token t, head, block c): the data as one 8-byte word where p.store_width allows, the scale as one
 // byte at its linear or interleaved address (nvfp4_page.h).
@@ -597,13 +647,35 @@ struct Nvfp4Op {
     // NaN encodes as +0 and is ignored by amax: zero it once, so neither loop below tests it.
     float x[kNvfp4Block];
     float amax = 0.0f;
+    if constexpr (KVFUSE_NVFP4_NAN_BRANCH) {
 #pragma unroll
-    for (int k = 0; k < kNvfp4Block; ++k) {
-      x[k] = isnan(f[k]) ? 0.0f : f[k];
-      amax = fmaxf(amax, fabsf(x[k]));
+      for (int k = 0; k < kNvfp4Block; ++k) {
+        x[k] = element(f, k);
+        amax = max_abs_keep_nan(amax, x[k]);
+      }
+      if (isnan(amax)) {
+        amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kNvfp4Block; ++k) {
+          x[k] = isnan(x[k]) ? 0.0f : x[k];
+          amax = fmaxf(amax, fabsf(x[k]));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kNvfp4Block; ++k) {
+        x[k] = isnan(element(f, k)) ? 0.0f : element(f, k);
+        amax = fmaxf(amax, fabsf(x[k]));
+      }
     }
     float denom;
-    const uint8_t scale_bits = nvfp4_block_scale(amax, global.d, [](float v) { return e4m3_rne(v); }, &denom);
+    uint8_t scale_bits;
+    if constexpr (KVFUSE_NVFP4_HW_SCALE) {
+      scale_bits = nvfp4_block_scale(
+          amax, global.d, [](float v) { return e4m3_rne(v); }, &denom, [](uint8_t b) { return e4m3_value(b); });
+    } else {
+      scale_bits = nvfp4_block_scale(amax, global.d, [](float v) { return e4m3_rne(v); }, &denom);
+    }
     // The reference's definition: one correctly rounded reciprocal per block, a product per
     // element (explicit _rn intrinsics: no contraction into a neighbouring operation).
     const float recip = __frcp_rn(denom > 0.0f ? denom : 1.0f);  // = div.rn(1, denom)
@@ -881,8 +953,8 @@ void launch_units(RowParams p, cudaStream_t stream) {
     p.first_token = t;
     p.units = static_cast<uint32_t>(std::min(slice, p.num_tokens - t) * items);
     const dim3 grid(static_cast<unsigned>((p.units + kPerBlock - 1) / kPerBlock));
-    rows_kernel<Op, kUnits, kBlock, kPaired, Rot><<<grid, kBlock, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_maybe_dependent(rows_kernel<Op, kUnits, kBlock, kPaired, Rot>, grid, dim3(kBlock), 0, stream,
+                           KVFUSE_WRITE_PDL && dependent_launch_supported(), p);
   }
 }
 

@@ -68,6 +68,7 @@
 
 #include "../kv_quant_mode.h"
 #include "../nvfp4_page.h"
+#include "grid_dependency.h"
 
 namespace kvfuse {
 namespace {
@@ -96,6 +97,10 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 // Launch order: 1 makes a sequence's KV heads neighbouring blocks (DecodeParams::heads_fastest).
 #ifndef KVFUSE_DECODE_HEADS_FASTEST
 #define KVFUSE_DECODE_HEADS_FASTEST 1
+#endif
+// 1: the decode and split-merge kernels are launched as programmatic dependents (grid_dependency.h).
+#ifndef KVFUSE_DECODE_PDL
+#define KVFUSE_DECODE_PDL 0
 #endif
 
 // NVFP4 caches: KV heads per block where the heads are even in number: 2 puts two heads' warps
@@ -1152,6 +1157,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
                 "head groups: per-token-head rows (a warp per head) or NVFP4 (kWarps / HG warps per head)");
   // Warps per head: they take interleaved chunks of it and merge at the end.
   constexpr int kHeadWarps = kWarps / HG;
+  if constexpr (KVFUSE_DECODE_PDL) {
+    wait_for_prior_grids();
+    release_dependents();
+  }
   extern __shared__ float smem[];
   float* sm_m = smem;                          // [kWarps][ROWS]
   float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
@@ -1447,6 +1456,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
 // Merge split partials of one (token, head): o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
 // Writes every row of out; rows outside query_start_loc (padding) get zeros.
 __global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodeParams p, int num_q_heads, int head_size) {
+  if constexpr (KVFUSE_DECODE_PDL) {
+    wait_for_prior_grids();
+    release_dependents();
+  }
   const int64_t row = blockIdx.x;
   const int head = blockIdx.y;
   const bool covered = row >= __ldg(p.query_start_loc) && row < __ldg(p.query_start_loc + p.num_seqs);
@@ -1514,8 +1527,8 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  kernel<<<grid, kThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_maybe_dependent(kernel, grid, dim3(kThreads), smem, stream, KVFUSE_DECODE_PDL && dependent_launch_supported(),
+                         p);
 }
 
 template <DecodeFmt F, int D, int HG>
@@ -1667,9 +1680,9 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
     default: launch_head_size<DecodeFmt::kE4m3>(p, head_size, seqs, stream); break;
   }
   if (num_splits > 1) {
-    decode_attention_reduce_kernel<<<dim3(num_tokens, num_q_heads), 128, 0, stream>>>(
-        p, static_cast<int>(num_q_heads), static_cast<int>(head_size));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_maybe_dependent(decode_attention_reduce_kernel, dim3(num_tokens, num_q_heads), dim3(128), 0, stream,
+                           KVFUSE_DECODE_PDL && dependent_launch_supported(), p, static_cast<int>(num_q_heads),
+                           static_cast<int>(head_size));
   }
   return out;
 }

@@ -1,0 +1,70 @@
+// Programmatic dependent launch (Hopper and later) for kvfuse's CUDA kernels.
+//
+// A kernel launched with launch_maybe_dependent(..., dependent = true) may be scheduled while the
+// kernel before it in the stream is still finishing its last blocks, so the launch latency and
+// block ramp-up overlap that kernel's tail instead of following it. Such a kernel must call
+// wait_for_prior_grids() before it touches global memory: it returns once every earlier kernel of
+// the stream has completed and its writes are visible (and at once for a kernel launched
+// normally, so the kernels call it unconditionally). release_dependents() lets the next
+// programmatically launched kernel be scheduled early in turn; that kernel still waits for this
+// one's completion before it reads anything, so calling it early is always safe.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+namespace kvfuse {
+
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void release_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether the current device takes programmatic dependent launches (compute capability >= 9.0),
+// asked once per device.
+inline bool dependent_launch_supported() {
+  constexpr int kDevices = 64;
+  static std::atomic<int8_t> known[kDevices] = {};  // 0: not asked, 1: no, 2: yes
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kDevices) return false;
+  int8_t state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    int major = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    state = major >= 9 ? 2 : 1;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 2;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute
+// when `dependent` (the caller decides per device: the attribute needs compute capability 9.0).
+template <typename... Params, typename... Args>
+void launch_maybe_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                            bool dependent, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = dependent ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace kvfuse
