@@ -3,8 +3,11 @@
 Timing: every measured call is captured into a CUDA graph (several calls on rotating buffer sets
 so that inputs are not served from L2), the graph is replayed between CUDA events, and the median
 over trials is reported per call. Graphs take Python and launch overhead out of the number, as
-engines that replay decode steps from graphs see it. If a call cannot be captured, plain
-back-to-back launches are timed instead and the result says so.
+engines that replay decode steps from graphs see it. A graph holds at least
+:data:`MIN_GRAPH_CALLS` calls (the buffer sets in turn, again as needed): in an engine's step
+graph a kernel follows another kernel, not a graph launch, and a graph of one large call would
+count one graph launch per call. If a call cannot be captured, plain back-to-back launches are
+timed instead and the result says so.
 
 Results: :func:`write_results` writes ``<name>.json``, a markdown fragment ``<name>.md`` and,
 when given a plot spec, ``<name>.png``. Other benchmark helpers may append functions at the END
@@ -25,6 +28,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 L2_BYTES_FALLBACK = 50 * 2**20
+#: Fewest calls one timing graph holds (since the eighteenth session; one per buffer set before).
+MIN_GRAPH_CALLS = 8
 
 
 @dataclass
@@ -103,12 +108,13 @@ def bench(calls: Sequence[Callable[[], None]], trials: int = 15, min_ms: float =
     """Median microseconds of one call; ``calls[i]`` runs the op on buffer set ``i``.
 
     All calls are warmed up (compiling whatever they compile), then captured into one CUDA graph
-    in order, so one replay runs each buffer set once.
+    in order, repeated until it holds at least :data:`MIN_GRAPH_CALLS` calls.
     """
     for fn in calls:
         fn()
     torch.cuda.synchronize()
     if use_graph:
+        calls = [calls[i % len(calls)] for i in range(max(MIN_GRAPH_CALLS, len(calls)))]
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())

@@ -128,25 +128,22 @@
 #ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
 #endif
-// 1: the NVFP4 encode takes its block's amax with NaN-propagating maxima and zeroes NaN inputs
-// only in blocks that hold one (a branch per block instead of a test and a select per element).
+// The NVFP4 encode's instruction diet (BENCHMARKS.md, eighteenth session: 16384 tokens went from
+// 77% to 85% of copy, each step an A/B build; 0 restores the form before it):
+//   - NAN_BRANCH: the block's amax by NaN-propagating maxima, NaN inputs zeroed only in a block
+//     that holds one (a branch per block instead of a test and a select per element);
+//   - HW_SCALE: the block scale's value by the hardware e4m3 -> f16 convert (exact: every e4m3
+//     value is an f16) instead of decoding its bits in software;
+//   - WORD_WIDEN: bfloat16 inputs widened from their 32-bit words (widen).
 #ifndef KVFUSE_NVFP4_NAN_BRANCH
-#define KVFUSE_NVFP4_NAN_BRANCH 0
+#define KVFUSE_NVFP4_NAN_BRANCH 1
 #endif
-// 1: the NVFP4 block scale's value comes from the hardware e4m3 -> f16 convert (exact: every e4m3
-// value is an f16), not from the bits in software.
 #ifndef KVFUSE_NVFP4_HW_SCALE
-#define KVFUSE_NVFP4_HW_SCALE 0
+#define KVFUSE_NVFP4_HW_SCALE 1
 #endif
-// 1: the NVFP4 encode widens bfloat16 inputs from their 32-bit words (widen).
 #ifndef KVFUSE_NVFP4_WORD_WIDEN
-#define KVFUSE_NVFP4_WORD_WIDEN 0
+#define KVFUSE_NVFP4_WORD_WIDEN 1
 #endif
-// 1: write kernels are launched as programmatic dependents (grid_dependency.h) on sm_90+.
-#ifndef KVFUSE_WRITE_PDL
-#define KVFUSE_WRITE_PDL 0
-#endif
-
 namespace kvfuse {
 namespace {
 
@@ -914,6 +911,10 @@ struct QueryParams {
 
 template <class Rot>
 __global__ void __launch_bounds__(256) rope_query_kernel(const QueryParams q, const RopeParams r) {
+  if constexpr (KVFUSE_WRITE_PDL) {
+    wait_for_prior_grids();
+    release_dependents();
+  }
   const uint32_t u = blockIdx.x * 256 + threadIdx.x;
   // Lanes past the last unit stay for the partner exchange (whole heads end before them).
   const bool live = u < q.units;
@@ -1155,9 +1156,9 @@ void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream
   if (q != nullptr && q->units > 0) {
     RopeParams r = p.rope;
     with_rotation<In, Table, kNeox, kRopeUnit>(p.head_size, r, [&](auto rot) {
-      rope_query_kernel<decltype(rot)><<<(q->units + 255) / 256, 256, 0, stream>>>(*q, r);
+      launch_maybe_dependent(rope_query_kernel<decltype(rot)>, dim3((q->units + 255) / 256), dim3(256), 0, stream,
+                             KVFUSE_WRITE_PDL && dependent_launch_supported(), *q, r);
     });
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   constexpr int W = kRopeUnit, F = kRopeNarrowUnit;
   const bool narrow = int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit) < KVFUSE_ROPE_FP8_NARROW_BELOW;

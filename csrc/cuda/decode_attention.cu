@@ -99,6 +99,16 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_HEADS_FASTEST 1
 #endif
 // 1: the decode and split-merge kernels are launched as programmatic dependents (grid_dependency.h).
+// Off: level within noise in the eighteenth session's A/B (BENCHMARKS.md).
+// L2 prefetch size (0, 64, 128 or 256 bytes) of the decode's cp.async copies of NVFP4 / FP8 rows:
+// the other KV heads of a slot are the neighbouring blocks' rows (heads first), so a larger
+// prefetch reads the slot's run from DRAM once for them.
+#ifndef KVFUSE_DECODE_NVFP4_PREFETCH
+#define KVFUSE_DECODE_NVFP4_PREFETCH 0
+#endif
+#ifndef KVFUSE_DECODE_FP8_PREFETCH
+#define KVFUSE_DECODE_FP8_PREFETCH 0
+#endif
 #ifndef KVFUSE_DECODE_PDL
 #define KVFUSE_DECODE_PDL 0
 #endif
@@ -541,6 +551,7 @@ struct Stage {
   static constexpr int kV = kChunk * kPitch;
   static constexpr int kBytes = 2 * kChunk * kPitch;
   static constexpr int kUnits = L::kRowBytes / 32;  // FP8: 2, 4 or 8 (D = 64, 128, 256)
+  static constexpr int kPrefetch = L::kRowScales ? 0 : KVFUSE_DECODE_FP8_PREFETCH;
   __host__ __device__ static constexpr int swizzle(int k) {
     return (((k >> 1) & 1) | (((k ^ (k >> 2)) & 1) << 1)) & (kUnits - 1);
   }
@@ -559,6 +570,7 @@ struct GroupStage {
   static constexpr int kPitch = kPieces * 16;
   static constexpr int kV = kChunk * kPitch;
   static constexpr int kBytes = 2 * kV;
+  static constexpr int kPrefetch = 0;
   static_assert(HG * kRow % 16 == 0, "a run of HG rows must be whole 16-byte units");
   __host__ __device__ static constexpr int place(int k, int byte) { return k * kPitch + byte; }
 };
@@ -603,17 +615,35 @@ struct Nvfp4Stage {
   }
 };
 
+// PREFETCH: 0, or the L2 prefetch size (64, 128, 256 bytes) the copy asks for around its sector.
+template <int PREFETCH = 0>
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;  // 0: the destination is zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+  if constexpr (PREFETCH == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+  } else if constexpr (PREFETCH == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+  } else if constexpr (PREFETCH == 64) {
+    asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+  }
 }
 
 // 4, 8 or 16 bytes (the NVFP4 scale rows); .ca: .cg copies only 16.
-template <int N>
+template <int N, int PREFETCH = 0>
 __device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bool valid) {
   static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
   const int src_bytes = valid ? N : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(src_bytes));
+  if constexpr (PREFETCH == 256) {
+    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N),
+                 "r"(src_bytes));
+  } else if constexpr (PREFETCH == 128) {
+    asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N),
+                 "r"(src_bytes));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(src_bytes));
+  }
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
@@ -656,7 +686,7 @@ __device__ __forceinline__ void copy_runs(const DecodeParams& p, const int32_t* 
       }
       src += piece * 16;
     }
-    cp_async_16(stage + side * S::kV + S::place(k, piece * 16), src, page != nullptr);
+    cp_async_16<S::kPrefetch>(stage + side * S::kV + S::place(k, piece * 16), src, page != nullptr);
   }
 }
 
@@ -728,10 +758,11 @@ __device__ __forceinline__ void copy_nvfp4_chunk(const DecodeParams& p, const in
         // Keys 8 apart share a swizzle: one place plus a constant, else the place of the key.
         const uint32_t dst = kStep % 8 == 0 ? plan.data_dst + m * kStep * S::kRowBytes
                                             : S::place(lane / S::kPieces + m * kStep, (lane % S::kPieces) * 16);
-        cp_async_16(stage + side * S::kV + dst, data + (side * p.stride_ckv + m * key_step), true);
+        cp_async_16<KVFUSE_DECODE_NVFP4_PREFETCH>(stage + side * S::kV + dst,
+                                                  data + (side * p.stride_ckv + m * key_step), true);
       }
     }
-    cp_async_small<S::kBlocks>(stage + plan.scale_dst,
+    cp_async_small<S::kBlocks, KVFUSE_DECODE_NVFP4_PREFETCH>(stage + plan.scale_dst,
                                page + (plan.scale_src + static_cast<uint32_t>(first * H * S::kBlocks)), true);
     return;
   }
@@ -750,7 +781,7 @@ __device__ __forceinline__ void copy_nvfp4_chunk(const DecodeParams& p, const in
     const uint8_t* page = page_of(k, start + k >= lo && start + k < hi, slot);
     const uint8_t* src = p.cache;
     if (page != nullptr) src = page + side * p.stride_ckv + (slot * H + kvh) * S::kRowBytes + piece * 16;
-    cp_async_16(stage + side * S::kV + S::place(k, piece * 16), src, page != nullptr);
+    cp_async_16<KVFUSE_DECODE_NVFP4_PREFETCH>(stage + side * S::kV + S::place(k, piece * 16), src, page != nullptr);
   }
   {
     const int side = lane / kChunk, k = lane % kChunk;
@@ -763,7 +794,8 @@ __device__ __forceinline__ void copy_nvfp4_chunk(const DecodeParams& p, const in
     if (page != nullptr) {
       src = page + side * p.stride_ckv + p.page * H * S::kRowBytes + (slot * H + kvh) * S::kBlocks;
     }
-    cp_async_small<S::kBlocks>(stage + S::kScales + side * S::kScaleSide + k * S::kBlocks, src, page != nullptr);
+    cp_async_small<S::kBlocks, KVFUSE_DECODE_NVFP4_PREFETCH>(stage + S::kScales + side * S::kScaleSide + k * S::kBlocks,
+                                                             src, page != nullptr);
   }
 }
 

@@ -17,6 +17,13 @@
 #include <cstdint>
 #include <utility>
 
+// 1: the cache-write kernels (cache_write.cu, per_token_head_write.cu) are launched as
+// programmatic dependents on sm_90+, so a write's launch overlaps the tail of the kernel before it
+// (BENCHMARKS.md, eighteenth session). 0: plain launches.
+#ifndef KVFUSE_WRITE_PDL
+#define KVFUSE_WRITE_PDL 1
+#endif
+
 namespace kvfuse {
 
 __device__ __forceinline__ void wait_for_prior_grids() {

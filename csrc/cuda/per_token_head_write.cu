@@ -36,6 +36,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "grid_dependency.h"
+
 namespace kvfuse {
 namespace {
 
@@ -155,6 +157,10 @@ __device__ __forceinline__ float row_scale(const float (&x)[kElems]) {
 
 template <typename In, int kLanes, int kElems>
 __global__ void __launch_bounds__(kThreads) per_token_head_write_kernel(const __grid_constant__ PthParams p) {
+  if constexpr (KVFUSE_WRITE_PDL) {
+    wait_for_prior_grids();
+    release_dependents();
+  }
   constexpr int kGroups = kThreads / kLanes;
   const int lane = threadIdx.x % kLanes;
   const uint32_t item = blockIdx.x * kGroups + threadIdx.x / kLanes;  // (token, head)
@@ -188,9 +194,9 @@ __global__ void __launch_bounds__(kThreads) per_token_head_write_kernel(const __
 template <typename In, int kLanes, int kElems>
 void launch_with(const PthParams& p, cudaStream_t stream) {
   constexpr int kGroups = kThreads / kLanes;
-  per_token_head_write_kernel<In, kLanes, kElems>
-      <<<static_cast<unsigned>((int64_t{p.items} + kGroups - 1) / kGroups), kThreads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_maybe_dependent(per_token_head_write_kernel<In, kLanes, kElems>,
+                         dim3(static_cast<unsigned>((int64_t{p.items} + kGroups - 1) / kGroups)), dim3(kThreads), 0,
+                         stream, KVFUSE_WRITE_PDL && dependent_launch_supported(), p);
 }
 
 // 16 elements per lane where the head size allows (half the lanes, each with twice the bytes in
