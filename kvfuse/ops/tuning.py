@@ -149,9 +149,12 @@ class RopeWritePolicy:
 # every size measured from 16 tokens on (level at 1; at 1024 level on warm inputs, faster on cold
 # ones), and slower or level for NVFP4
 # throughout; with the query (its own launch natively) it is faster only at 16384 tokens, for
-# both (4096 lost; sizes in between were not measured). e5m2 was not measured.
+# both (4096 lost; sizes in between were not measured). e5m2 was not measured. Since the NVFP4
+# encode's instruction cuts (eighteenth session, `python -m benchmarks.rope_write` at 1c6e791)
+# the native NVFP4 kernel without a query takes 13.27 us at 4096 tokens against Triton's 13.96
+# (2.31 / 2.35 at 64, within noise; sizes in between not measured).
 _SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMode.NVFP4: 256},
-                             native_from={KVQuantMode.FP8_E4M3: 16},
+                             native_from={KVQuantMode.FP8_E4M3: 16, KVQuantMode.NVFP4: 4096},
                              native_with_query_from={KVQuantMode.FP8_E4M3: 16384, KVQuantMode.NVFP4: 16384})
 
 #: Rotary-write policies by GPU architecture; others (and the CPU interpreter) use sm90's.
