@@ -428,11 +428,11 @@ _ATTENTION_HEAD_SIZES = (64, 128, 256)
 #: for every few query tokens).
 DECODE_TOKENS_PER_SEQUENCE = 4
 # Split-KV: blocks of 4 warps per SM the launch aims for when the batch alone does not fill the
-# GPU (the kernel is built for 4 resident blocks per SM), and the most splits. Per-token-head
-# blocks of 4 KV heads aim for 2; NVFP4 head pairs aim for 4 again since the eighteenth session's
-# split sweep (BENCHMARKS.md).
+# GPU (the kernel is built for 4 resident blocks per SM), and the most splits. Blocks of several
+# KV heads (decode_heads_per_block: 4 per-token-head, 2 NVFP4) aim for 2: their split sweeps in
+# BENCHMARKS.md.
 _BLOCKS_PER_SM = 4
-_PER_TOKEN_HEAD_BLOCKS_PER_SM = 2
+_GROUPED_BLOCKS_PER_SM = 2
 _MAX_SPLITS = 32
 
 
@@ -522,7 +522,7 @@ def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) ->
         fn = _ops["paged_decode_attention"] = torch.ops.kvfuse_native.paged_decode_attention.default
     if num_splits is None:
         heads_per_block = decode_heads_per_block(call)
-        blocks_per_sm = _PER_TOKEN_HEAD_BLOCKS_PER_SM if heads_per_block == 4 else _BLOCKS_PER_SM
+        blocks_per_sm = _BLOCKS_PER_SM if heads_per_block == 1 else _GROUPED_BLOCKS_PER_SM
         num_splits = _num_splits(call.block_table.shape[0], call.kv_cache.shape[3] // heads_per_block,
                                  call.query.device, blocks_per_sm)
     return fn(call.query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,
