@@ -706,6 +706,52 @@ def test_cuda_backend_by_token_count(monkeypatch):
         backends.clear_cache()
 
 
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4, KVQuantMode.FP8_PER_TOKEN_HEAD],
+                         ids=lambda m: m.name)
+def test_cuda_writes_launched_as_dependents_wait_for_their_producers(mode):
+    """The writes are programmatic dependents (csrc/cuda/grid_dependency.h): in a graph where a torch
+    kernel computes the key and two writes share slots, each write must see the key of this replay
+    (not the last one's) and the second write's rows must win on the shared slots."""
+    if native.unavailable_reason("encode_and_cache_write", "cuda", mode) is not None:
+        pytest.skip(native.unavailable_reason("encode_and_cache_write", "cuda", mode))
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    T, H, D, block = 16384, 8, 128, 16
+    num_blocks = 2 * T // block
+    source = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    value = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    key = torch.zeros_like(source)
+    slots_a = torch.randperm(num_blocks * block, device="cuda", generator=gen)[:T]
+    slots_b = torch.cat([slots_a[: T // 2], torch.randperm(num_blocks * block, device="cuda", generator=gen)[:T // 2]])
+    slots_b[1::7] = -1
+    k_scale, v_scale = _scales(mode, "cuda")
+    cache = _sentinel_cache(num_blocks, block, H, row_dim_for(mode, D), storage_dtype(mode, torch.bfloat16), "cuda")
+
+    def step():
+        torch.mul(source, 3, out=key)
+        native.encode_and_cache_write(key, value, cache, slots_a, k_scale, v_scale, int(mode))
+        native.encode_and_cache_write(value, key, cache, slots_b, k_scale, v_scale, int(mode))
+
+    step()  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for replay in range(2):
+        source.copy_(torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen))
+        fresh = _sentinel_cache(num_blocks, block, H, row_dim_for(mode, D), storage_dtype(mode, torch.bfloat16),
+                                "cuda")
+        cache.copy_(fresh)
+        expected = fresh.clone()
+        want_key = source * 3
+        ref.encode_and_cache_write(want_key, value, expected, slots_a, k_scale, v_scale, mode)
+        ref.encode_and_cache_write(value, want_key, expected, slots_b, k_scale, v_scale, mode)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_same(cache, expected, f"{mode.name}, replay {replay}")
+
+
 # ----------------------------------------------------------------------------- eager routing (CUDA)
 
 
