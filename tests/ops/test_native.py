@@ -722,8 +722,9 @@ def test_cuda_writes_launched_as_dependents_wait_for_their_producers(mode):
     source = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     value = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     key = torch.zeros_like(source)
-    slots_a = torch.randperm(num_blocks * block, device="cuda", generator=gen)[:T]
-    slots_b = torch.cat([slots_a[: T // 2], torch.randperm(num_blocks * block, device="cuda", generator=gen)[:T // 2]])
+    perm = torch.randperm(num_blocks * block, device="cuda", generator=gen)
+    slots_a = perm[:T]
+    slots_b = torch.cat([perm[: T // 2], perm[T:T + T // 2]])  # no slot twice within a write
     slots_b[1::7] = -1
     k_scale, v_scale = _scales(mode, "cuda")
     cache = _sentinel_cache(num_blocks, block, H, row_dim_for(mode, D), storage_dtype(mode, torch.bfloat16), "cuda")
