@@ -98,18 +98,18 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #ifndef KVFUSE_DECODE_HEADS_FASTEST
 #define KVFUSE_DECODE_HEADS_FASTEST 1
 #endif
-// 1: the decode and split-merge kernels are launched as programmatic dependents (grid_dependency.h).
-// Off: level within noise in the eighteenth session's A/B (BENCHMARKS.md).
 // L2 prefetch size (0, 64, 128 or 256 bytes) of the decode's cp.async copies of NVFP4 / FP8 rows:
 // the other KV heads of a slot are the neighbouring blocks' rows (heads first), so a larger
-// prefetch reads the slot's run from DRAM in longer bursts for them. 256 against 0: 1-2% faster
-// for both formats in the eighteenth session's A/B (BENCHMARKS.md).
+// prefetch reads the slot's run from DRAM in longer bursts for them. 256 against 0 in the
+// eighteenth session's A/Bs (BENCHMARKS.md): FP8 1-2% faster, NVFP4 level within noise.
 #ifndef KVFUSE_DECODE_NVFP4_PREFETCH
 #define KVFUSE_DECODE_NVFP4_PREFETCH 256
 #endif
 #ifndef KVFUSE_DECODE_FP8_PREFETCH
 #define KVFUSE_DECODE_FP8_PREFETCH 256
 #endif
+// 1: the decode and split-merge kernels are launched as programmatic dependents (grid_dependency.h).
+// Off: level within noise in the eighteenth session's A/B (BENCHMARKS.md).
 #ifndef KVFUSE_DECODE_PDL
 #define KVFUSE_DECODE_PDL 0
 #endif

@@ -4,8 +4,8 @@
 // kernel before it in the stream is still finishing its last blocks, so the launch latency and
 // block ramp-up overlap that kernel's tail instead of following it. Such a kernel must call
 // wait_for_prior_grids() before it touches global memory: it returns once every earlier kernel of
-// the stream has completed and its writes are visible (and at once for a kernel launched
-// normally, so the kernels call it unconditionally). release_dependents() lets the next
+// the stream has completed and its writes are visible (and at once in a kernel launched
+// normally, where both calls cost next to nothing). release_dependents() lets the next
 // programmatically launched kernel be scheduled early in turn; that kernel still waits for this
 // one's completion before it reads anything, so calling it early is always safe.
 #pragma once
