@@ -324,10 +324,7 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
 template <class Op, int kUnits, int kBlock, bool kPaired, class Rot = NoRotation>
 __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThreads / kBlock)
     rows_kernel(const RowParams p) {
-  if constexpr (KVFUSE_WRITE_PDL) {
-    wait_for_prior_grids();
-    release_dependents();
-  }
+  start_after_prior_grids<KVFUSE_WRITE_PDL>();
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
   if constexpr (Op::kUsesScale) {
     div_k = make_divider(__ldg(p.scale[0]));
@@ -911,10 +908,7 @@ struct QueryParams {
 
 template <class Rot>
 __global__ void __launch_bounds__(256) rope_query_kernel(const QueryParams q, const RopeParams r) {
-  if constexpr (KVFUSE_WRITE_PDL) {
-    wait_for_prior_grids();
-    release_dependents();
-  }
+  start_after_prior_grids<KVFUSE_WRITE_PDL>();
   const uint32_t u = blockIdx.x * 256 + threadIdx.x;
   // Lanes past the last unit stay for the partner exchange (whole heads end before them).
   const bool live = u < q.units;

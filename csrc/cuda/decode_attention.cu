@@ -1190,10 +1190,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
                 "head groups: per-token-head rows (a warp per head) or NVFP4 (kWarps / HG warps per head)");
   // Warps per head: they take interleaved chunks of it and merge at the end.
   constexpr int kHeadWarps = kWarps / HG;
-  if constexpr (KVFUSE_DECODE_PDL) {
-    wait_for_prior_grids();
-    release_dependents();
-  }
+  start_after_prior_grids<KVFUSE_DECODE_PDL>();
   extern __shared__ float smem[];
   float* sm_m = smem;                          // [kWarps][ROWS]
   float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
@@ -1489,10 +1486,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
 // Merge split partials of one (token, head): o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
 // Writes every row of out; rows outside query_start_loc (padding) get zeros.
 __global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodeParams p, int num_q_heads, int head_size) {
-  if constexpr (KVFUSE_DECODE_PDL) {
-    wait_for_prior_grids();
-    release_dependents();
-  }
+  start_after_prior_grids<KVFUSE_DECODE_PDL>();
   const int64_t row = blockIdx.x;
   const int head = blockIdx.y;
   const bool covered = row >= __ldg(p.query_start_loc) && row < __ldg(p.query_start_loc + p.num_seqs);

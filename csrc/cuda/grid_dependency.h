@@ -38,6 +38,16 @@ __device__ __forceinline__ void release_dependents() {
 #endif
 }
 
+// The prologue of a kernel that may be launched as a dependent (kEnabled: the build launches it so):
+// wait for the grids before it, then let the next one be scheduled.
+template <bool kEnabled>
+__device__ __forceinline__ void start_after_prior_grids() {
+  if constexpr (kEnabled) {
+    wait_for_prior_grids();
+    release_dependents();
+  }
+}
+
 // Whether the current device takes programmatic dependent launches (compute capability >= 9.0),
 // asked once per device.
 inline bool dependent_launch_supported() {

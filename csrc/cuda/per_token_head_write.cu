@@ -157,10 +157,7 @@ __device__ __forceinline__ float row_scale(const float (&x)[kElems]) {
 
 template <typename In, int kLanes, int kElems>
 __global__ void __launch_bounds__(kThreads) per_token_head_write_kernel(const __grid_constant__ PthParams p) {
-  if constexpr (KVFUSE_WRITE_PDL) {
-    wait_for_prior_grids();
-    release_dependents();
-  }
+  start_after_prior_grids<KVFUSE_WRITE_PDL>();
   constexpr int kGroups = kThreads / kLanes;
   const int lane = threadIdx.x % kLanes;
   const uint32_t item = blockIdx.x * kGroups + threadIdx.x / kLanes;  // (token, head)
