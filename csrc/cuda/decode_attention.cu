@@ -68,6 +68,7 @@
 
 #include "../kv_quant_mode.h"
 #include "../nvfp4_page.h"
+#include "device_attributes.h"
 #include "grid_dependency.h"
 
 namespace kvfuse {
@@ -1516,22 +1517,6 @@ __global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodePar
   }
 }
 
-// The current device's SM count (cached per device: the launch path is host-latency bound).
-int multiprocessors() {
-  static int counts[64] = {};
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= 64) {
-    int n = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }
-  if (counts[device] == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device));
-  }
-  return counts[device];
-}
-
 template <DecodeFmt F, int D, int ROWS, int HG>
 void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
@@ -1547,7 +1532,8 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   auto kernel = decode_attention_kernel<F, D, ROWS, HG>;
   if constexpr (Layout<F, D>::kNvfp4 && HG > 1 && D <= 128 && KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS > 0) {
     const int64_t blocks = int64_t{grid.x} * grid.y * grid.z;
-    if (blocks <= int64_t{KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS} * multiprocessors()) {
+    const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>();
+    if (blocks <= int64_t{KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS} * sms) {
       kernel = decode_attention_kernel<F, D, ROWS, HG, KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS>;
     }
   }

@@ -13,9 +13,9 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
-#include <cstdint>
 #include <utility>
+
+#include "device_attributes.h"
 
 // 1: the cache-write kernels (cache_write.cu, per_token_head_write.cu) are launched as
 // programmatic dependents on sm_90+, so a write's launch overlaps the tail of the kernel before it
@@ -48,22 +48,9 @@ __device__ __forceinline__ void start_after_prior_grids() {
   }
 }
 
-// Whether the current device takes programmatic dependent launches (compute capability >= 9.0),
-// asked once per device.
+// Whether the current device takes programmatic dependent launches (compute capability >= 9.0).
 inline bool dependent_launch_supported() {
-  constexpr int kDevices = 64;
-  static std::atomic<int8_t> known[kDevices] = {};  // 0: not asked, 1: no, 2: yes
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= kDevices) return false;
-  int8_t state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    int major = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    state = major >= 9 ? 2 : 1;
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  return state == 2;
+  return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute
