@@ -123,13 +123,6 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_NVFP4_HEADS 2
 #endif
 
-// NVFP4 blocks of kWarps KV heads (KVFUSE_DECODE_NVFP4_HEADS 4): 1 stages each chunk for the whole
-// block, so that the slot's run of all its heads' rows (4 x D / 2 bytes) is copied at once
-// (copy_nvfp4_group_chunk); 0: each warp copies its own head's rows into its own ring.
-#ifndef KVFUSE_DECODE_NVFP4_GROUP_STAGE
-#define KVFUSE_DECODE_NVFP4_GROUP_STAGE 0
-#endif
-
 // NVFP4 head-group launches of at most this many blocks per SM take a build whose register
 // budget is set for that many (more registers per thread than KVFUSE_DECODE_MIN_BLOCKS allows);
 // larger ones keep the KVFUSE_DECODE_MIN_BLOCKS build. 0: always the latter.
@@ -808,59 +801,6 @@ __device__ __forceinline__ void copy_nvfp4_chunk(const DecodeParams& p, const in
   }
 }
 
-// One NVFP4 chunk of heads head0 .. head0 + HG - 1 into the block's stage: HG warp stages side by
-// side (Nvfp4Stage each, so that read_nvfp4_chunk reads a member's as its own). Per side and key the
-// copies cover the slot's run of the HG heads' rows (HG x D / 2 bytes) in consecutive threads, then
-// one thread per (side, key, head) copies its scale row. Out-of-range keys as copy_nvfp4_chunk.
-template <int D, int HG>
-__device__ __forceinline__ void copy_nvfp4_group_chunk(const DecodeParams& p, const int32_t* bt_row, int head0,
-                                                       int start, int lo, int hi, uint32_t stage) {
-  using S = Nvfp4Stage<D>;
-  constexpr int kRunPieces = HG * S::kPieces;  // 16-byte pieces of one slot's run
-  const int H = p.num_kv_heads;
-  const bool in_page = chunk_in_page(p, start, lo, hi);
-  const uint8_t* chunk_page = nullptr;
-  if (in_page) chunk_page = p.cache + static_cast<int64_t>(__ldg(bt_row + (start >> p.page_shift))) * p.stride_cb;
-  const int first = start & (p.page - 1);
-  // The page and slot of key k, or nullptr where `valid` is false.
-  auto page_of = [&](int k, bool valid, int& slot) -> const uint8_t* {
-    slot = first + k;
-    if (in_page) return chunk_page;
-    const int pos = start + k;
-    slot = 0;
-    if (!valid) return nullptr;
-    slot = pos % p.page;
-    return p.cache + static_cast<int64_t>(__ldg(bt_row + pos / p.page)) * p.stride_cb;
-  };
-  constexpr int kCopies = 2 * kChunk * kRunPieces;
-#pragma unroll
-  for (int i = threadIdx.x; i < kCopies; i += kThreads) {
-    const int side = i / (kChunk * kRunPieces), k = (i / kRunPieces) % kChunk, piece = i % kRunPieces;
-    int slot;
-    const uint8_t* page = page_of(k, start + k >= lo && start + k < hi, slot);
-    const uint8_t* src = p.cache;
-    if (page != nullptr) src = page + side * p.stride_ckv + (slot * H + head0) * S::kRowBytes + piece * 16;
-    const uint32_t dst = stage + (piece / S::kPieces) * S::kBytes + side * S::kV + S::place(k, (piece % S::kPieces) * 16);
-    cp_async_16<KVFUSE_DECODE_NVFP4_PREFETCH>(dst, src, page != nullptr);
-  }
-  constexpr int kScaleCopies = 2 * kChunk * HG;
-#pragma unroll
-  for (int i = threadIdx.x; i < kScaleCopies; i += kThreads) {
-    const int side = i / (kChunk * HG), k = (i / HG) % kChunk, member = i % HG;
-    // A row of an interleaved group holds scales of all its 4 slots (one page: pages are 4k slots).
-    const int group_lo = side == 1 && p.v_scales_swizzled ? start + (k & ~3) : start + k;
-    const int group_hi = side == 1 && p.v_scales_swizzled ? group_lo + 4 : group_lo + 1;
-    int slot;
-    const uint8_t* page = page_of(k, group_lo < hi && group_hi > lo, slot);
-    const uint8_t* src = p.cache;
-    if (page != nullptr) {
-      src = page + side * p.stride_ckv + p.page * H * S::kRowBytes + (slot * H + head0 + member) * S::kBlocks;
-    }
-    cp_async_small<S::kBlocks, KVFUSE_DECODE_NVFP4_PREFETCH>(
-        stage + member * S::kBytes + S::kScales + side * S::kScaleSide + k * S::kBlocks, src, page != nullptr);
-  }
-}
-
 template <int W>
 __device__ __forceinline__ void shared_words(const uint8_t* at, uint32_t (&w)[W]) {
   if constexpr (W % 4 == 0) {
@@ -1241,10 +1181,6 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
   }
 }
 
-// NVFP4 head groups of a warp per head stage their chunks block-wide (copy_nvfp4_group_chunk).
-template <int HG>
-constexpr bool kNvfp4GroupStage = KVFUSE_DECODE_NVFP4_GROUP_STAGE && HG == kWarps && KVFUSE_DECODE_NVFP4_STAGES >= 2;
-
 // MIN_BLOCKS: the resident blocks per SM the register budget is set for (D <= 128).
 template <DecodeFmt F, int D, int ROWS, int HG, int MIN_BLOCKS = KVFUSE_DECODE_MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
@@ -1371,37 +1307,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
     };
     int c = c_begin + warp % kHeadWarps;
     constexpr int kStages = L::kStages;
-    if constexpr (HG > 1 && L::kNvfp4 && kNvfp4GroupStage<HG>) {
-      // As below: every warp takes every chunk, its own head's stage of the block's staged runs.
-      using S = Nvfp4Stage<D>;
-      constexpr int kGroupBytes = HG * S::kBytes;
-      uint8_t* ring = reinterpret_cast<uint8_t*>(smem);
-      const uint32_t ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-      const int head0 = head_group * HG;
-      const Nvfp4Copy plan = nvfp4_copy<D>(p, kvh, lane);
-      c = c_begin;
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        if (c + s < c_end) copy_nvfp4_group_chunk<D, HG>(p, bt_row, head0, (c + s) * kChunk, lo, hi, ring_at + s * kGroupBytes);
-        cp_async_commit();
-      }
-      for (int i = 0; c < c_end; ++i, ++c) {
-        cp_async_wait<kStages - 2>();
-        __syncthreads();
-        const int ahead = c + kStages - 1;
-        if (ahead < c_end) {
-          copy_nvfp4_group_chunk<D, HG>(p, bt_row, head0, ahead * kChunk, lo, hi,
-                                        ring_at + ((i + kStages - 1) % kStages) * kGroupBytes);
-        }
-        cp_async_commit();
-        ChunkBytes<F, D> bytes;
-        read_nvfp4_chunk<D>(ring + (i % kStages) * kGroupBytes + warp * S::kBytes, plan, c * kChunk, lo, hi, g, t,
-                            bytes);
-        attend(bytes, c);
-      }
-      cp_async_wait<0>();
-      __syncthreads();  // the merge below reuses the ring
-    } else if constexpr (HG > 1 && L::kRowScales) {
+    if constexpr (HG > 1 && L::kRowScales) {
       // All warps take every chunk, each its own head's rows of the block's staged runs.
       using S = GroupStage<D, HG>;
       uint8_t* ring = reinterpret_cast<uint8_t*>(smem);
@@ -1616,8 +1522,6 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
   if constexpr (HG > 1 && Layout<F, D>::kRowScales) {
     smem = std::max(smem, size_t{Layout<F, D>::kStages} * GroupStage<D, HG>::kBytes);
-  } else if constexpr (HG > 1 && Layout<F, D>::kNvfp4 && kNvfp4GroupStage<HG>) {
-    smem = std::max(smem, size_t{Layout<F, D>::kStages} * HG * Nvfp4Stage<D>::kBytes);
   } else if constexpr (Layout<F, D>::kNvfp4 && Layout<F, D>::kStages >= 2) {
     smem = std::max(smem, size_t{kWarps} * Layout<F, D>::kStages * Nvfp4Stage<D>::kBytes);
   } else if constexpr (Layout<F, D>::kStages >= 2) {
