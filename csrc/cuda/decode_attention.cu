@@ -36,11 +36,9 @@
 // HG = 2 for NVFP4 caches with an even number of heads (per-warp stages; warps w and w + 2 take the
 // same chunks of neighbouring heads, whose rows of a slot are one 128-byte run). Blocks are
 // launched heads first (DecodeParams::heads_fastest), so that a sequence's heads are read
-// together. With more splits than one, the block makes a normalised partial output and its
-// log2-sum-exp: up to kMaxClusterSplits splits on sm_90+ are one thread-block cluster whose
-// blocks merge them through distributed shared memory; otherwise they go to global memory and
-// decode_attention_reduce_kernel merges them. Padding rows are written as zeros by the kernels
-// (no memset before them).
+// together. With more splits than one, the block
+// writes a normalised partial output and its log2-sum-exp, and decode_attention_reduce_kernel
+// merges the splits.
 //
 // Fragment plan (g = lane / 4, t = lane % 4; the MMA's own layouts, PTX ISA "m16n8k16"):
 //   S^T = K Q^T   A = K (keys g, g + 8 of the chunk x 16 head dims), B = Q^T (16 dims x 8 query
@@ -60,7 +58,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cooperative_groups.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -118,14 +115,6 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_PDL 0
 #endif
 
-// Split-KV launches of 2 to kMaxClusterSplits splits: 1 runs a (sequence, head group)'s splits as
-// one thread-block cluster (sm_90+), whose blocks merge their partials through each other's shared
-// memory (distributed shared memory) before they exit; 0 writes the partials to global memory for
-// decode_attention_reduce_kernel, a second kernel (as with more splits or before sm_90).
-#ifndef KVFUSE_DECODE_CLUSTER_MERGE
-#define KVFUSE_DECODE_CLUSTER_MERGE 1
-#endif
-
 // NVFP4 caches: KV heads per block where the heads are even in number: 2 puts two heads' warps
 // (two each) on the same chunks at once, so that the 128-byte runs their rows of a slot form are
 // read together rather than as 64-byte halves by blocks apart (BENCHMARKS.md); 1: a head per
@@ -161,7 +150,6 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #endif
 
 constexpr int kWarps = 4;
-constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunk = 16;  // keys per warp per iteration
 constexpr float kLog2e = 1.4426950408889634f;
@@ -175,9 +163,9 @@ struct DecodeParams {
   const int32_t* seq_lens;
   const int32_t* query_start_loc;
   const float* sinks;  // nullptr: none
-  void* out;           // [tokens, q_heads, D], the query's dtype
-  float* part_out;     // [splits, tokens, q_heads, D] (split, merged by the reduce kernel)
-  float* part_lse;     // [splits, tokens, q_heads] (split, merged by the reduce kernel)
+  void* out;           // [tokens, q_heads, D], the query's dtype (no split)
+  float* part_out;     // [splits, tokens, q_heads, D] (split)
+  float* part_lse;     // [splits, tokens, q_heads] (split)
   int64_t stride_qt, stride_qh;
   int64_t stride_cb;                                   // bytes
   int stride_ckv, stride_cs, stride_ch;                 // bytes, inside one page
@@ -192,7 +180,6 @@ struct DecodeParams {
   bool v_scales_swizzled;              // NVFP4: vLLM's 4-token interleave of the V block scales
   bool query_fp16;
   bool heads_fastest;                  // grid (head groups, sequences, splits), else (sequences, head groups, splits)
-  bool cluster_merge;                  // the splits are one cluster and merge in shared memory (no reduce kernel)
 };
 
 // ----------------------------------------------------------------------------- register math
@@ -1209,8 +1196,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
   float* sm_m = smem;                          // [kWarps][ROWS]
   float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
   float* sm_o = sm_l + kWarps * ROWS;          // [kWarps][ROWS][D]
-  float* sm_part = sm_o + kWarps * ROWS * D;   // cluster merge: [HG][ROWS][D] this split's output
-  float* sm_lse = sm_part + HG * ROWS * D;     // cluster merge: [HG][ROWS] its log2-sum-exp
 
   // p.heads_fastest: blockIdx.x is the head group, so that the blocks of one sequence's KV heads,
   // whose rows of a slot are adjacent in the page, are launched (and read their rows) together.
@@ -1224,19 +1209,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
   const int G = p.group;
   const int tile_tokens = ROWS / G;
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(b) * p.stride_bt;
-  // Rows outside every sequence (padding) are zeros. Without a reduce kernel, which writes every
-  // row, split 0's blocks write them: block row b takes the rows b, b + seqs, ..., its head group's
-  // query heads (HG * G * D contiguous elements per row).
-  if (split == 0 && (p.num_splits == 1 || p.cluster_merge)) {
-    const int64_t covered_lo = __ldg(p.query_start_loc), covered_hi = __ldg(p.query_start_loc + p.num_seqs);
-    const int vectors = HG * p.group * D / 8;  // 16-byte stores of 8 elements
-    for (int64_t row = b; row < p.num_tokens; row += p.num_seqs) {
-      if (row >= covered_lo && row < covered_hi) continue;
-      uint4* dst = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.out) +
-                                            (row * (p.num_kv_heads * p.group) + head_group * HG * p.group) * D * 2);
-      for (int i = threadIdx.x; i < vectors; i += kThreads) dst[i] = make_uint4(0, 0, 0, 0);
-    }
-  }
   // Per-token-head rows carry their own scales (the static ones are unused).
   float k_scale = L::kRowScales ? 1.f : __ldg(p.k_scale + kvh * p.k_scale_stride);
   if constexpr (L::kNvfp4) k_scale *= 64.f;  // decoded values are e2m1 * block scale * 2^-6
@@ -1463,21 +1435,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
       }
     }
     __syncthreads();
-    // To global partials (the reduce kernel merges them), to this block's shared memory (the
-    // cluster merges them below), or straight to the output.
-    const bool split_out = p.num_splits > 1 && !p.cluster_merge;
-    auto store_out = [&](int64_t row, int head, int dim, float4 o) {
-      uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * (p.num_kv_heads * G) + head) * D + dim) * 2;
-      uint2 packed;
-      if (p.query_fp16) {
-        const __half2 a = __floats2half2_rn(o.x, o.y), c2 = __floats2half2_rn(o.z, o.w);
-        packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
-      } else {
-        const __nv_bfloat162 a = __floats2bfloat162_rn(o.x, o.y), c2 = __floats2bfloat162_rn(o.z, o.w);
-        packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
-      }
-      *reinterpret_cast<uint2*>(dst) = packed;
-    };
+    const bool split_out = p.num_splits > 1;
     // Head `member` of the group: its kHeadWarps warps each hold a part of each of its rows.
     for (int e = threadIdx.x * 4; e < HG * ROWS * D; e += kThreads * 4) {
       const int member = e / (ROWS * D), r = (e / D) % ROWS, dim = e % D;
@@ -1501,50 +1459,26 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
       }
       const float inv = Lsum > 0.f ? v_scale_of(head_group * HG + member) / Lsum : 0.f;
       o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
-      const float lse = Lsum > 0.f ? base + log2f(Lsum) : -INFINITY;
       const int64_t row = q_start + q0 + tok;
-      if (p.cluster_merge) {
-        *reinterpret_cast<float4*>(sm_part + e) = o;
-        if (dim == 0) sm_lse[member * ROWS + r] = lse;
-      } else if (split_out) {
+      if (split_out) {
         float* dst = p.part_out + ((static_cast<int64_t>(split) * p.num_tokens + row) * (p.num_kv_heads * G) + head) * D + dim;
         *reinterpret_cast<float4*>(dst) = o;
-        if (dim == 0) p.part_lse[(static_cast<int64_t>(split) * p.num_tokens + row) * (p.num_kv_heads * G) + head] = lse;
+        if (dim == 0) {
+          p.part_lse[(static_cast<int64_t>(split) * p.num_tokens + row) * (p.num_kv_heads * G) + head] =
+              Lsum > 0.f ? base + log2f(Lsum) : -INFINITY;
+        }
       } else {
-        store_out(row, head, dim, o);
-      }
-    }
-    if (p.cluster_merge) {
-      // Every split of this (sequence, head group) is a block of the cluster, with the same query
-      // tiles: once all have stored their partials, block `rank` merges every splits-th vector of
-      // the rows (o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), as the reduce kernel), reading
-      // the others' shared memory; the second barrier keeps every block's partials alive until
-      // all reads are done.
-      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-      cluster.sync();
-      const int splits = p.num_splits, rank = static_cast<int>(cluster.block_rank());
-      for (int e = (threadIdx.x + rank * kThreads) * 4; e < HG * ROWS * D; e += kThreads * 4 * splits) {
-        const int member = e / (ROWS * D), r = (e / D) % ROWS, dim = e % D;
-        const int tok = r / G;
-        if (tok >= n_tok) continue;
-        float M = -INFINITY;
-        for (int s = 0; s < splits; ++s) M = fmaxf(M, cluster.map_shared_rank(sm_lse, s)[member * ROWS + r]);
-        const float base = M == -INFINITY ? 0.f : M;
-        float total = 0.f;
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s = 0; s < splits; ++s) {
-          const float wgt = exp2f(cluster.map_shared_rank(sm_lse, s)[member * ROWS + r] - base);
-          const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sm_part, s) + e);
-          total += wgt;
-          o.x += x.x * wgt, o.y += x.y * wgt, o.z += x.z * wgt, o.w += x.w * wgt;
+        uint8_t* dst = static_cast<uint8_t*>(p.out) + ((row * (p.num_kv_heads * G) + head) * D + dim) * 2;
+        uint2 packed;
+        if (p.query_fp16) {
+          const __half2 a = __floats2half2_rn(o.x, o.y), c2 = __floats2half2_rn(o.z, o.w);
+          packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
+        } else {
+          const __nv_bfloat162 a = __floats2bfloat162_rn(o.x, o.y), c2 = __floats2bfloat162_rn(o.z, o.w);
+          packed.x = *reinterpret_cast<const uint32_t*>(&a), packed.y = *reinterpret_cast<const uint32_t*>(&c2);
         }
-        if (total > 0.f) {
-          o.x /= total, o.y /= total, o.z /= total, o.w /= total;
-        }
-        const int head = (HG == 1 ? kvh : head_group * HG + member) * G + r % G;
-        store_out(q_start + q0 + tok, head, dim, o);
+        *reinterpret_cast<uint2*>(dst) = packed;
       }
-      cluster.sync();
     }
     __syncthreads();  // the next query tile reuses the shared buffers
   }
@@ -1585,7 +1519,7 @@ __global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodePar
 
 template <DecodeFmt F, int D, int ROWS, int HG>
 void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
-  size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D + (p.cluster_merge ? HG * ROWS * (D + 1) : 0));
+  size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
   if constexpr (HG > 1 && Layout<F, D>::kRowScales) {
     smem = std::max(smem, size_t{Layout<F, D>::kStages} * GroupStage<D, HG>::kBytes);
   } else if constexpr (Layout<F, D>::kNvfp4 && Layout<F, D>::kStages >= 2) {
@@ -1606,9 +1540,8 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  const dim3 cluster(1, 1, p.cluster_merge ? p.num_splits : 1);
-  launch_clustered(kernel, grid, cluster, dim3(kThreads), smem, stream, KVFUSE_DECODE_PDL && dependent_launch_supported(),
-                   p);
+  launch_maybe_dependent(kernel, grid, dim3(kThreads), smem, stream, KVFUSE_DECODE_PDL && dependent_launch_supported(),
+                         p);
 }
 
 template <DecodeFmt F, int D, int HG>
@@ -1704,13 +1637,11 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= 256, "paged_decode_attention: num_splits=", num_splits,
                     " (allowed: 1 to 256)");
   c10::cuda::CUDAGuard guard(query.device());
-  // Every row is written by the kernels, padding rows (outside query_start_loc) as zeros.
-  auto out = at::empty({num_tokens, num_q_heads, head_size}, query.options());
-  if (num_tokens == 0 || num_seqs == 0) return out.zero_();
-  const bool cluster_merge = KVFUSE_DECODE_CLUSTER_MERGE && num_splits >= 2 && num_splits <= kMaxClusterSplits &&
-                             cached_device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
+  auto out = num_splits > 1 ? at::empty({num_tokens, num_q_heads, head_size}, query.options())
+                            : at::zeros({num_tokens, num_q_heads, head_size}, query.options());
+  if (num_tokens == 0 || num_seqs == 0) return out;
   at::Tensor part_out, part_lse;
-  if (num_splits > 1 && !cluster_merge) {
+  if (num_splits > 1) {
     part_out = at::empty({num_splits, num_tokens, num_q_heads, head_size}, query.options().dtype(at::kFloat));
     part_lse = at::empty({num_splits, num_tokens, num_q_heads}, query.options().dtype(at::kFloat));
   }
@@ -1724,9 +1655,8 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
   p.query_start_loc = query_start_loc.data_ptr<int32_t>();
   p.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   p.out = out.data_ptr();
-  p.part_out = part_out.defined() ? part_out.data_ptr<float>() : nullptr;
-  p.part_lse = part_lse.defined() ? part_lse.data_ptr<float>() : nullptr;
-  p.cluster_merge = cluster_merge;
+  p.part_out = num_splits > 1 ? part_out.data_ptr<float>() : nullptr;
+  p.part_lse = num_splits > 1 ? part_lse.data_ptr<float>() : nullptr;
   p.stride_qt = query.stride(0);
   p.stride_qh = query.stride(1);
   p.stride_cb = kv_cache.stride(0);
@@ -1762,7 +1692,7 @@ at::Tensor paged_decode_attention_cuda(const at::Tensor& query, const at::Tensor
     case KVQuantMode::FP8_PER_TOKEN_HEAD: launch_head_size<DecodeFmt::kE4m3Rows>(p, head_size, seqs, stream); break;
     default: launch_head_size<DecodeFmt::kE4m3>(p, head_size, seqs, stream); break;
   }
-  if (num_splits > 1 && !cluster_merge) {
+  if (num_splits > 1) {
     launch_maybe_dependent(decode_attention_reduce_kernel, dim3(num_tokens, num_q_heads), dim3(128), 0, stream,
                            KVFUSE_DECODE_PDL && dependent_launch_supported(), p, static_cast<int>(num_q_heads),
                            static_cast<int>(head_size));

@@ -1,4 +1,4 @@
-// Programmatic dependent launch and thread-block clusters (Hopper and later) for kvfuse's CUDA kernels.
+// Programmatic dependent launch (Hopper and later) for kvfuse's CUDA kernels.
 //
 // A kernel launched with launch_maybe_dependent(..., dependent = true) may be scheduled while the
 // kernel before it in the stream is still finishing its last blocks, so the launch latency and
@@ -53,42 +53,22 @@ inline bool dependent_launch_supported() {
   return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) in thread-block clusters of `cluster` blocks (a
-// volume of 1: no cluster attribute; more needs compute capability 9.0 and a grid that the
-// cluster divides), with the programmatic-serialization attribute when `dependent` (the caller
-// decides per device: the attribute needs compute capability 9.0).
+// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute
+// when `dependent` (the caller decides per device: the attribute needs compute capability 9.0).
 template <typename... Params, typename... Args>
-void launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem,
-                      cudaStream_t stream, bool dependent, Args&&... args) {
+void launch_maybe_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                            bool dependent, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attributes[2];
-  unsigned count = 0;
-  if (dependent) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count].val.programmaticStreamSerializationAllowed = 1;
-    ++count;
-  }
-  if (cluster.x * cluster.y * cluster.z > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = cluster.x;
-    attributes[count].val.clusterDim.y = cluster.y;
-    attributes[count].val.clusterDim.z = cluster.z;
-    ++count;
-  }
-  config.attrs = attributes;
-  config.numAttrs = count;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = dependent ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-}
-
-// launch_clustered without clusters.
-template <typename... Params, typename... Args>
-void launch_maybe_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                            bool dependent, Args&&... args) {
-  launch_clustered(kernel, grid, dim3(1, 1, 1), block, smem, stream, dependent, std::forward<Args>(args)...);
 }
 
 }  // namespace kvfuse

@@ -73,12 +73,10 @@ def test_split_kv(mode, num_splits):
 @pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4], ids=lambda m: m.name)
 @pytest.mark.parametrize("num_splits", [5, 12])
 def test_split_calls_back_to_back_and_in_a_graph(mode, num_splits):
-    # Up to 8 splits merge inside one thread-block cluster through shared memory (5); more go
-    # through global buffers from the caching allocator, which hands one call's buffers to the next,
-    # and a second kernel merges them (12). Outputs are never zeroed before the kernels write every
-    # row, padding included. So: calls on alternating queries with no sync in between, then the same
-    # calls captured in one CUDA graph and replayed over NaN-filled outputs, each against its own
-    # reference.
+    # The splits' partials go through global buffers from the caching allocator, which hands one
+    # call's buffers to the next, and a second kernel merges them. So: calls on alternating queries
+    # with no sync in between, then the same calls captured in one CUDA graph and replayed over
+    # NaN-filled outputs, each against its own reference.
     args = make_case([4099, 2500, 16], [1, 1, 1], 32, 8, 128, mode, pad_rows=2, seed=51)
     other = dict(args, query=torch.randn_like(args["query"]) * 2)
     expected = [reference_out(a).float() for a in (args, other)]
