@@ -115,6 +115,12 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_PDL 0
 #endif
 
+// 1: a warp's ring requests its first chunks before the query tile is loaded, so that the two
+// latencies overlap at the start of a block; 0: after it.
+#ifndef KVFUSE_DECODE_EARLY_PROLOGUE
+#define KVFUSE_DECODE_EARLY_PROLOGUE 1
+#endif
+
 // NVFP4 caches: KV heads per block where the heads are even in number: 2 puts two heads' warps
 // (two each) on the same chunks at once, so that the 128-byte runs their rows of a slot form are
 // read together rather than as 64-byte halves by blocks apart (BENCHMARKS.md); 1: a head per
@@ -1244,6 +1250,33 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
         qpos[rt][j] = first_pos + r / G;
       }
     }
+    // Per-warp rings of cp.async stages (every path but the block-wide per-token-head stages).
+    constexpr int kStages = L::kStages;
+    constexpr bool kWarpRing = !(HG > 1 && L::kRowScales) && kStages >= 2;
+    using RingStage = std::conditional_t<L::kNvfp4, Nvfp4Stage<D>, Stage<F, D>>;
+    uint8_t* const warp_ring = reinterpret_cast<uint8_t*>(smem) + (kWarpRing ? warp * kStages * RingStage::kBytes : 0);
+    const uint32_t warp_ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(warp_ring));
+    Nvfp4Copy plan{};
+    if constexpr (L::kNvfp4 && kWarpRing) plan = nvfp4_copy<D>(p, kvh, lane);
+    auto copy_any_chunk = [&](int chunk, uint32_t into) {
+      if constexpr (L::kNvfp4) {
+        copy_nvfp4_chunk<D>(p, bt_row, kvh, chunk * kChunk, lo, hi, lane, plan, into);
+      } else {
+        copy_chunk<F, D>(p, bt_row, kvh, chunk * kChunk, lo, hi, lane, into);
+      }
+    };
+    // The ring's first kStages - 1 chunks, one commit group each (empty past the end, so that
+    // wait_group counts stay fixed).
+    auto ring_prologue = [&]() {
+#pragma unroll
+      for (int s = 0; s < kStages - 1; ++s) {
+        const int chunk = c_begin + warp % kHeadWarps + s * kHeadWarps;
+        if (chunk < c_end) copy_any_chunk(chunk, warp_ring_at + s * RingStage::kBytes);
+        cp_async_commit();
+      }
+    };
+    if constexpr (kWarpRing && KVFUSE_DECODE_EARLY_PROLOGUE) ring_prologue();
+
     float amax = 0.f;
     // Per k-step c, the 4 consecutive head dims that the K run's bytes for that step hold.
     float qf[RT][D / 4];
@@ -1306,7 +1339,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
       attend_chunk<F, D, ROWS>(p, bytes, qb, start, lo, hi, masked, qpos, row_ok, qk_scale, g, st);
     };
     int c = c_begin + warp % kHeadWarps;
-    constexpr int kStages = L::kStages;
     if constexpr (HG > 1 && L::kRowScales) {
       // All warps take every chunk, each its own head's rows of the block's staged runs.
       using S = GroupStage<D, HG>;
@@ -1336,26 +1368,11 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
       }
       cp_async_wait<0>();
       __syncthreads();  // the merge below reuses the ring
-    } else if constexpr (kStages >= 2) {
-      using S = std::conditional_t<L::kNvfp4, Nvfp4Stage<D>, Stage<F, D>>;
-      uint8_t* ring = reinterpret_cast<uint8_t*>(smem) + warp * kStages * S::kBytes;
-      const uint32_t ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-      Nvfp4Copy plan{};
-      if constexpr (L::kNvfp4) plan = nvfp4_copy<D>(p, kvh, lane);
-      auto copy_any_chunk = [&](int chunk, uint32_t into) {
-        if constexpr (L::kNvfp4) {
-          copy_nvfp4_chunk<D>(p, bt_row, kvh, chunk * kChunk, lo, hi, lane, plan, into);
-        } else {
-          copy_chunk<F, D>(p, bt_row, kvh, chunk * kChunk, lo, hi, lane, into);
-        }
-      };
-      // One commit group per chunk, empty past the end, so that wait_group counts stay fixed.
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        const int chunk = c + s * kHeadWarps;
-        if (chunk < c_end) copy_any_chunk(chunk, ring_at + s * S::kBytes);
-        cp_async_commit();
-      }
+    } else if constexpr (kWarpRing) {
+      using S = RingStage;
+      uint8_t* const ring = warp_ring;
+      const uint32_t ring_at = warp_ring_at;
+      if constexpr (!KVFUSE_DECODE_EARLY_PROLOGUE) ring_prologue();
       for (int i = 0; c < c_end; ++i, c += kHeadWarps) {
         const int ahead = c + (kStages - 1) * kHeadWarps;
         if (ahead < c_end) {
