@@ -115,12 +115,6 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_PDL 0
 #endif
 
-// 1: a warp's ring requests its first chunks before the query tile is loaded, so that the two
-// latencies overlap at the start of a block; 0: after it.
-#ifndef KVFUSE_DECODE_EARLY_PROLOGUE
-#define KVFUSE_DECODE_EARLY_PROLOGUE 1
-#endif
-
 // NVFP4 caches: KV heads per block where the heads are even in number: 2 puts two heads' warps
 // (two each) on the same chunks at once, so that the 128-byte runs their rows of a slot form are
 // read together rather than as 64-byte halves by blocks apart (BENCHMARKS.md); 1: a head per
@@ -339,6 +333,37 @@ struct Layout {
   static_assert(kStages == 0 || kStages >= 2, "a ring of stages has at least two");
 };
 
+// The block scales of lane part t's run of an NVFP4 K row (Layout::kKScales bytes, packed), from
+// the first of them (`first`: the row's scale bytes + run_byte(t, 0, 0) / 8). Two words (8 bytes)
+// of codes share a block, and a run's 16-byte segments lie 64 bytes (8 blocks) apart in the row, so
+// the run's scales are one byte (D = 64) or one 16-bit pair per segment, 8 bytes apart. kGlobal:
+// `first` points into the cache (read-only loads), else into a stage.
+template <int D, bool kGlobal>
+__device__ __forceinline__ uint32_t k_run_scales(const uint8_t* first) {
+  using L = Layout<DecodeFmt::kNvfp4, D>;
+  static_assert(run_byte<L::kKWords, 4>(1, 0, 0) / 8 - run_byte<L::kKWords, 4>(0, 0, 0) / 8 == (D == 64 ? 1 : 2) &&
+                    (L::kKScales < 4 || run_byte<L::kKWords, 4>(0, 4, 0) / 8 == 8),
+                "the run layout of k_run_scales");
+  if constexpr (L::kKScales == 1) {
+    if constexpr (kGlobal) return __ldg(first);
+    return *first;
+  } else {
+    uint32_t packed = 0;
+#pragma unroll
+    for (int s = 0; s < L::kKScales / 2; ++s) {
+      const uint16_t* pair = reinterpret_cast<const uint16_t*>(first + 8 * s);
+      uint32_t value;
+      if constexpr (kGlobal) {
+        value = __ldg(pair);
+      } else {
+        value = *pair;
+      }
+      packed |= value << (16 * s);
+    }
+    return packed;
+  }
+}
+
 // One chunk's raw bytes, as a thread holds them: K rows g and g + 8 (its quarter of each), V rows
 // 2t, 2t+1, 2t+8, 2t+9 (its eighth of each) and, for NVFP4, their block scales (bytes, packed).
 template <DecodeFmt F, int D>
@@ -389,18 +414,7 @@ __device__ __forceinline__ void load_chunk(const DecodeParams& p, const int32_t*
     if constexpr (L::kNvfp4) {
       const int row = slot[r] * H + kvh;
       load_run<L::kKWords, 4>(side[r] + row * L::kRowBytes, t, c.k[r]);
-      // The blocks of the run's words, two words (8 bytes) per block: word w's is byte w / 2.
-      const uint8_t* sc = side[r] + scales_at + row * L::kBlocks;
-      if constexpr (L::kKScales == 1) {
-        c.k_scales[r] = __ldg(sc + run_byte<L::kKWords, 4>(t, 0, 0) / 8);
-      } else {
-        c.k_scales[r] = 0;
-#pragma unroll
-        for (int s = 0; s < L::kKScales / 2; ++s) {
-          const int block = run_byte<L::kKWords, 4>(t, 4 * s, 0) / 8;
-          c.k_scales[r] |= static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(sc + block))) << (16 * s);
-        }
-      }
+      c.k_scales[r] = k_run_scales<D, true>(side[r] + scales_at + row * L::kBlocks + run_byte<L::kKWords, 4>(t, 0, 0) / 8);
     } else {
       load_run<L::kKWords, 4>(side[r] + slot[r] * p.stride_cs + kvh * p.stride_ch, t, c.k[r]);
     }
@@ -511,15 +525,7 @@ __device__ __forceinline__ void load_chunk_in_page(const DecodeParams& p, const 
     const uint32_t scale_shift = first * o.scale_row1, scale_row8 = 8 * o.scale_row1;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint8_t* sc = k_side + (o.k_scale + scale_shift + r * scale_row8);
-      if constexpr (L::kKScales == 1) {
-        c.k_scales[r] = __ldg(sc);
-      } else {
-        c.k_scales[r] = 0;
-#pragma unroll
-        for (int s = 0; s < L::kKScales / 2; ++s)  // run segments are 64 bytes = 8 blocks apart
-          c.k_scales[r] |= static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(sc + 8 * s))) << (16 * s);
-      }
+      c.k_scales[r] = k_run_scales<D, true>(k_side + (o.k_scale + scale_shift + r * scale_row8));
     }
     const uint32_t v_scale_rows[4] = {0, o.v_scale_next, scale_row8, scale_row8 + o.v_scale_next};
 #pragma unroll
@@ -872,17 +878,7 @@ __device__ __forceinline__ void read_nvfp4_chunk(const uint8_t* stage, const Nvf
   const uint8_t* k_scales = stage + S::kScales + g * S::kBlocks;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint8_t* scales = k_scales + r * 8 * S::kBlocks;
-    if constexpr (L::kKScales == 1) {
-      c.k_scales[r] = scales[run_byte<L::kKWords, 4>(t, 0, 0) / 8];
-    } else {
-      c.k_scales[r] = 0;
-#pragma unroll
-      for (int s = 0; s < L::kKScales / 2; ++s) {
-        const int block = run_byte<L::kKWords, 4>(t, 4 * s, 0) / 8;
-        c.k_scales[r] |= static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(scales + block)) << (16 * s);
-      }
-    }
+    c.k_scales[r] = k_run_scales<D, false>(k_scales + r * 8 * S::kBlocks + run_byte<L::kKWords, 4>(t, 0, 0) / 8);
   }
 #pragma unroll
   for (int s = 0; s < (L::kVWords + 3) / 4; ++s) {
@@ -1266,16 +1262,16 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
       }
     };
     // The ring's first kStages - 1 chunks, one commit group each (empty past the end, so that
-    // wait_group counts stay fixed).
-    auto ring_prologue = [&]() {
+    // wait_group counts stay fixed), requested before the query tile is loaded: the two latencies
+    // overlap (level with requesting them after it, within noise: BENCHMARKS.md, nineteenth session).
+    if constexpr (kWarpRing) {
 #pragma unroll
       for (int s = 0; s < kStages - 1; ++s) {
         const int chunk = c_begin + warp % kHeadWarps + s * kHeadWarps;
         if (chunk < c_end) copy_any_chunk(chunk, warp_ring_at + s * RingStage::kBytes);
         cp_async_commit();
       }
-    };
-    if constexpr (kWarpRing && KVFUSE_DECODE_EARLY_PROLOGUE) ring_prologue();
+    }
 
     float amax = 0.f;
     // Per k-step c, the 4 consecutive head dims that the K run's bytes for that step hold.
@@ -1372,7 +1368,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
       using S = RingStage;
       uint8_t* const ring = warp_ring;
       const uint32_t ring_at = warp_ring_at;
-      if constexpr (!KVFUSE_DECODE_EARLY_PROLOGUE) ring_prologue();
       for (int i = 0; c < c_end; ++i, c += kHeadWarps) {
         const int ahead = c + (kStages - 1) * kHeadWarps;
         if (ahead < c_end) {
