@@ -123,6 +123,13 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #define KVFUSE_DECODE_NVFP4_HEADS 2
 #endif
 
+// NVFP4 head pairs in launches that take the KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS build: warps per
+// block (4: two per head; 8: four per head, at that build's blocks per SM and a register budget of
+// 65536 / (32 x warps x blocks)).
+#ifndef KVFUSE_DECODE_NVFP4_PAIR_WARPS
+#define KVFUSE_DECODE_NVFP4_PAIR_WARPS 4
+#endif
+
 // NVFP4 head-group launches of at most this many blocks per SM take a build whose register
 // budget is set for that many (more registers per thread than KVFUSE_DECODE_MIN_BLOCKS allows);
 // larger ones keep the KVFUSE_DECODE_MIN_BLOCKS build. 0: always the latter.
@@ -1184,20 +1191,23 @@ __device__ __forceinline__ void attend_chunk(const DecodeParams& p, const ChunkB
 }
 
 // MIN_BLOCKS: the resident blocks per SM the register budget is set for (D <= 128).
-template <DecodeFmt F, int D, int ROWS, int HG, int MIN_BLOCKS = KVFUSE_DECODE_MIN_BLOCKS>
-__global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
+// WARPS: warps per block (kWarps but for NVFP4 head groups, KVFUSE_DECODE_NVFP4_PAIR_WARPS).
+template <DecodeFmt F, int D, int ROWS, int HG, int MIN_BLOCKS = KVFUSE_DECODE_MIN_BLOCKS, int WARPS = kWarps>
+__global__ void __launch_bounds__(WARPS * 32, D <= 128 ? MIN_BLOCKS : 1)
     decode_attention_kernel(const __grid_constant__ DecodeParams p) {
   using L = Layout<F, D>;
   using State = RowState<D, ROWS>;
   static_assert(HG == 1 || (HG == kWarps && L::kRowScales) || ((HG == 2 || HG == 4) && L::kNvfp4),
-                "head groups: per-token-head rows (a warp per head) or NVFP4 (kWarps / HG warps per head)");
+                "head groups: per-token-head rows (a warp per head) or NVFP4 (WARPS / HG warps per head)");
+  static_assert(WARPS == kWarps || (L::kNvfp4 && HG > 1), "other warp counts: NVFP4 head groups");
+  constexpr int kBlockThreads = WARPS * 32;
   // Warps per head: they take interleaved chunks of it and merge at the end.
-  constexpr int kHeadWarps = kWarps / HG;
+  constexpr int kHeadWarps = WARPS / HG;
   start_after_prior_grids<KVFUSE_DECODE_PDL>();
   extern __shared__ float smem[];
-  float* sm_m = smem;                          // [kWarps][ROWS]
-  float* sm_l = sm_m + kWarps * ROWS;          // [kWarps][ROWS]
-  float* sm_o = sm_l + kWarps * ROWS;          // [kWarps][ROWS][D]
+  float* sm_m = smem;                          // [WARPS][ROWS]
+  float* sm_l = sm_m + WARPS * ROWS;           // [WARPS][ROWS]
+  float* sm_o = sm_l + WARPS * ROWS;           // [WARPS][ROWS][D]
 
   // p.heads_fastest: blockIdx.x is the head group, so that the blocks of one sequence's KV heads,
   // whose rows of a slot are adjacent in the page, are launched (and read their rows) together.
@@ -1449,7 +1459,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? MIN_BLOCKS : 1)
     __syncthreads();
     const bool split_out = p.num_splits > 1;
     // Head `member` of the group: its kHeadWarps warps each hold a part of each of its rows.
-    for (int e = threadIdx.x * 4; e < HG * ROWS * D; e += kThreads * 4) {
+    for (int e = threadIdx.x * 4; e < HG * ROWS * D; e += kBlockThreads * 4) {
       const int member = e / (ROWS * D), r = (e / D) % ROWS, dim = e % D;
       const int tok = r / G;
       if (tok >= n_tok) continue;
@@ -1529,31 +1539,38 @@ __global__ void decode_attention_reduce_kernel(const __grid_constant__ DecodePar
   }
 }
 
+template <DecodeFmt F, int D, int ROWS, int HG, int MIN_BLOCKS, int WARPS>
+void launch_build(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  using L = Layout<F, D>;
+  size_t smem = sizeof(float) * (2 * WARPS * ROWS + WARPS * ROWS * D);
+  if constexpr (HG > 1 && L::kRowScales) {
+    smem = std::max(smem, size_t{L::kStages} * GroupStage<D, HG>::kBytes);
+  } else if constexpr (L::kNvfp4 && L::kStages >= 2) {
+    smem = std::max(smem, size_t{WARPS} * L::kStages * Nvfp4Stage<D>::kBytes);
+  } else if constexpr (L::kStages >= 2) {
+    smem = std::max(smem, size_t{WARPS} * L::kStages * Stage<F, D>::kBytes);
+  }
+  auto kernel = decode_attention_kernel<F, D, ROWS, HG, MIN_BLOCKS, WARPS>;
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  launch_maybe_dependent(kernel, grid, dim3(WARPS * 32), smem, stream, KVFUSE_DECODE_PDL && dependent_launch_supported(),
+                         p);
+}
+
 template <DecodeFmt F, int D, int ROWS, int HG>
 void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
-  size_t smem = sizeof(float) * (2 * kWarps * ROWS + kWarps * ROWS * D);
-  if constexpr (HG > 1 && Layout<F, D>::kRowScales) {
-    smem = std::max(smem, size_t{Layout<F, D>::kStages} * GroupStage<D, HG>::kBytes);
-  } else if constexpr (Layout<F, D>::kNvfp4 && Layout<F, D>::kStages >= 2) {
-    smem = std::max(smem, size_t{kWarps} * Layout<F, D>::kStages * Nvfp4Stage<D>::kBytes);
-  } else if constexpr (Layout<F, D>::kStages >= 2) {
-    smem = std::max(smem, size_t{kWarps} * Layout<F, D>::kStages * Stage<F, D>::kBytes);
-  }
   const dim3 grid = p.heads_fastest ? dim3(p.num_kv_heads / HG, num_seqs, p.num_splits)
                                     : dim3(num_seqs, p.num_kv_heads / HG, p.num_splits);
-  auto kernel = decode_attention_kernel<F, D, ROWS, HG>;
   if constexpr (Layout<F, D>::kNvfp4 && HG > 1 && D <= 128 && KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS > 0) {
     const int64_t blocks = int64_t{grid.x} * grid.y * grid.z;
     const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>();
     if (blocks <= int64_t{KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS} * sms) {
-      kernel = decode_attention_kernel<F, D, ROWS, HG, KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS>;
+      constexpr int kGroupWarps = HG == 2 ? KVFUSE_DECODE_NVFP4_PAIR_WARPS : kWarps;
+      return launch_build<F, D, ROWS, HG, KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS, kGroupWarps>(p, grid, stream);
     }
   }
-  if (smem > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
-  launch_maybe_dependent(kernel, grid, dim3(kThreads), smem, stream, KVFUSE_DECODE_PDL && dependent_launch_supported(),
-                         p);
+  launch_build<F, D, ROWS, HG, KVFUSE_DECODE_MIN_BLOCKS, kWarps>(p, grid, stream);
 }
 
 template <DecodeFmt F, int D, int HG>
