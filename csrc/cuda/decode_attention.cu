@@ -27,14 +27,15 @@
 // accumulator's rescale like a moved running max. A bf16 query is converted to fp16,
 // scaled down by a power of two first when its tile exceeds 2^15 (the scores are scaled back).
 //
-// Work split: a block of kWarps warps owns one (sequence, KV head, split). Its query tile is up to
+// Work split: a block of kWarps warps (8 for NVFP4 head pairs at up to 2 blocks per SM and query
+// tiles of 8 rows) owns one (sequence, KV head, split). Its query tile is up to
 // ROWS (8 or 16) rows = (query token, query head of the KV head's group) pairs; for decode with a
 // GQA group of 4 that is 4 live rows of 8. The warps take interleaved 16-key chunks of the split's
 // key range, each with its own running max / sum / accumulator, merged through shared memory at
-// the end. A block of HG > 1 KV heads gives each head kWarps / HG of its warps: HG = 4 for
+// the end. A block of HG > 1 KV heads gives each head 1 / HG of its warps: HG = 4 for
 // per-token-head rows (above; a block-wide stage, a warp per head, nothing merged across warps);
-// HG = 2 for NVFP4 caches with an even number of heads (per-warp stages; warps w and w + 2 take the
-// same chunks of neighbouring heads, whose rows of a slot are one 128-byte run). Blocks are
+// HG = 2 for NVFP4 caches with an even number of heads (per-warp stages; warps w and w + WARPS / 2
+// take the same chunks of neighbouring heads, whose rows of a slot are one 128-byte run). Blocks are
 // launched heads first (DecodeParams::heads_fastest), so that a sequence's heads are read
 // together. With more splits than one, the block
 // writes a normalised partial output and its log2-sum-exp, and decode_attention_reduce_kernel
@@ -116,18 +117,20 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #endif
 
 // NVFP4 caches: KV heads per block where the heads are even in number: 2 puts two heads' warps
-// (two each) on the same chunks at once, so that the 128-byte runs their rows of a slot form are
+// (two or four each: KVFUSE_DECODE_NVFP4_PAIR_WARPS) on the same chunks at once, so that the 128-byte runs their rows of a slot form are
 // read together rather than as 64-byte halves by blocks apart (BENCHMARKS.md); 1: a head per
 // block; 4 (where heads % 4 == 0, else 2): a warp per head, measured level with 2.
 #ifndef KVFUSE_DECODE_NVFP4_HEADS
 #define KVFUSE_DECODE_NVFP4_HEADS 2
 #endif
 
-// NVFP4 head pairs in launches that take the KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS build: warps per
-// block (4: two per head; 8: four per head, at that build's blocks per SM and a register budget of
-// 65536 / (32 x warps x blocks)).
+// NVFP4 head pairs with query tiles of 8 rows in launches that take the
+// KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS build: warps per block. 8 (four per head) doubles the warps
+// an SM holds at the same blocks, at a register budget of 65536 / (32 x 8 x 2) = 128, and measured
+// 2-3% faster than 4 (BENCHMARKS.md, nineteenth session). 16-row tiles keep 4: at 128 registers
+// they spill.
 #ifndef KVFUSE_DECODE_NVFP4_PAIR_WARPS
-#define KVFUSE_DECODE_NVFP4_PAIR_WARPS 4
+#define KVFUSE_DECODE_NVFP4_PAIR_WARPS 8
 #endif
 
 // NVFP4 head-group launches of at most this many blocks per SM take a build whose register
@@ -1566,7 +1569,7 @@ void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
     const int64_t blocks = int64_t{grid.x} * grid.y * grid.z;
     const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>();
     if (blocks <= int64_t{KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS} * sms) {
-      constexpr int kGroupWarps = HG == 2 ? KVFUSE_DECODE_NVFP4_PAIR_WARPS : kWarps;
+      constexpr int kGroupWarps = HG == 2 && ROWS == 8 ? KVFUSE_DECODE_NVFP4_PAIR_WARPS : kWarps;
       return launch_build<F, D, ROWS, HG, KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS, kGroupWarps>(p, grid, stream);
     }
   }

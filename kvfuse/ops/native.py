@@ -484,8 +484,8 @@ def _num_sms(device_index: int) -> int:
 def decode_heads_per_block(call: AttentionCall) -> int:
     """KV heads per block of the decode kernel: 4 for a per-token-head cache whose 4 heads' rows of a
     slot are one 16-byte aligned run (heads % 4 == 0, rows back to back), where the block stages those
-    runs together; 2 for an NVFP4 cache with an even number of heads (two warps per head, both heads
-    on the same chunks); else 1. Restates ``launch_groups`` in csrc/cuda/decode_attention.cu."""
+    runs together; 2 for an NVFP4 cache with an even number of heads (two or four warps per head,
+    both heads on the same chunks); else 1. Restates ``launch_groups`` in csrc/cuda/decode_attention.cu."""
     kv_cache = call.kv_cache
     num_kv_heads, row = kv_cache.shape[3], kv_cache.shape[4]
     key = KVFormat.of(call.kv_quant_mode).key

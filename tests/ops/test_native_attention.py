@@ -70,6 +70,22 @@ def test_split_kv(mode, num_splits):
     check(args, window=1000, num_splits=num_splits)
 
 
+@pytest.mark.parametrize("group", [4, 16], ids=lambda g: f"group{g}")
+def test_nvfp4_pairs_in_either_build(group):
+    # NVFP4 head pairs run one of two builds by launch size: up to 2 blocks per SM, 8 warps per
+    # block at a group of 4 (4 at 16: 16-row tiles), else 4 warps at 4 blocks per SM. Both are
+    # checked against the reference, with and without a window.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kv_heads = 4
+    args = make_case([1999, 533, 4097, 31, 16], [1] * 5, kv_heads * group, kv_heads, 128, KVQuantMode.NVFP4,
+                     pad_rows=2, seed=54)
+    pair_blocks = 5 * kv_heads // 2
+    for num_splits in (1, 2 * sms // pair_blocks + 1):
+        assert (pair_blocks * num_splits <= 2 * sms) == (num_splits == 1)
+        check(args, num_splits=num_splits)
+        check(args, window=700, num_splits=num_splits)
+
+
 @pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4], ids=lambda m: m.name)
 @pytest.mark.parametrize("num_splits", [5, 12])
 def test_split_calls_back_to_back_and_in_a_graph(mode, num_splits):
