@@ -134,8 +134,9 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #endif
 
 // NVFP4 head-group launches of at most this many blocks per SM take a build whose register
-// budget is set for that many (more registers per thread than KVFUSE_DECODE_MIN_BLOCKS allows);
-// larger ones keep the KVFUSE_DECODE_MIN_BLOCKS build. 0: always the latter.
+// budget is set for that many blocks (of 4 warps: more registers per thread than
+// KVFUSE_DECODE_MIN_BLOCKS allows; of KVFUSE_DECODE_NVFP4_PAIR_WARPS = 8: more warps at the same
+// registers); larger ones keep the KVFUSE_DECODE_MIN_BLOCKS build. 0: always the latter.
 #ifndef KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS
 #define KVFUSE_DECODE_NVFP4_GROUP_MIN_BLOCKS 2
 #endif
