@@ -117,9 +117,10 @@ enum class DecodeFmt { kNvfp4, kE4m3, kE5m2, kE4m3Rows };
 #endif
 
 // NVFP4 caches: KV heads per block where the heads are even in number: 2 puts two heads' warps
-// (two or four each: KVFUSE_DECODE_NVFP4_PAIR_WARPS) on the same chunks at once, so that the 128-byte runs their rows of a slot form are
-// read together rather than as 64-byte halves by blocks apart (BENCHMARKS.md); 1: a head per
-// block; 4 (where heads % 4 == 0, else 2): a warp per head, measured level with 2.
+// (two or four each: KVFUSE_DECODE_NVFP4_PAIR_WARPS) on the same chunks at once, so that the
+// 128-byte runs their rows of a slot form are read together rather than as 64-byte halves by
+// blocks apart (BENCHMARKS.md); 1: a head per block; 4 (where heads % 4 == 0, else 2): a warp
+// per head, measured level with 2.
 #ifndef KVFUSE_DECODE_NVFP4_HEADS
 #define KVFUSE_DECODE_NVFP4_HEADS 2
 #endif
@@ -356,8 +357,11 @@ __device__ __forceinline__ uint32_t k_run_scales(const uint8_t* first) {
                     (L::kKScales < 4 || run_byte<L::kKWords, 4>(0, 4, 0) / 8 == 8),
                 "the run layout of k_run_scales");
   if constexpr (L::kKScales == 1) {
-    if constexpr (kGlobal) return __ldg(first);
-    return *first;
+    if constexpr (kGlobal) {
+      return __ldg(first);
+    } else {
+      return *first;
+    }
   } else {
     uint32_t packed = 0;
 #pragma unroll
@@ -425,7 +429,8 @@ __device__ __forceinline__ void load_chunk(const DecodeParams& p, const int32_t*
     if constexpr (L::kNvfp4) {
       const int row = slot[r] * H + kvh;
       load_run<L::kKWords, 4>(side[r] + row * L::kRowBytes, t, c.k[r]);
-      c.k_scales[r] = k_run_scales<D, true>(side[r] + scales_at + row * L::kBlocks + run_byte<L::kKWords, 4>(t, 0, 0) / 8);
+      const uint8_t* row_scales = side[r] + scales_at + row * L::kBlocks;
+      c.k_scales[r] = k_run_scales<D, true>(row_scales + run_byte<L::kKWords, 4>(t, 0, 0) / 8);
     } else {
       load_run<L::kKWords, 4>(side[r] + slot[r] * p.stride_cs + kvh * p.stride_ch, t, c.k[r]);
     }
@@ -1558,8 +1563,8 @@ void launch_build(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  launch_maybe_dependent(kernel, grid, dim3(WARPS * 32), smem, stream, KVFUSE_DECODE_PDL && dependent_launch_supported(),
-                         p);
+  launch_maybe_dependent(kernel, grid, dim3(WARPS * 32), smem, stream,
+                         KVFUSE_DECODE_PDL && dependent_launch_supported(), p);
 }
 
 template <DecodeFmt F, int D, int ROWS, int HG>
