@@ -83,13 +83,16 @@ def _kvfuse_rows(args, impls, new, sweep=False, cached_prefix=False):
     prefix through the paged kernel (``kvfuse_partials``). ``sweep`` adds NEW_TOKEN_SWEEP's tiles
     (FP8: NEW_TOKEN_SWEEP_FP8's) and, for a quantized cache with a ``cached_prefix``,
     PREFIX_TILE_SWEEP's."""
-    if "kvfuse" not in impls:
-        return {}
+    fns = {}
     mode = KVQuantMode(args[7])
+    if "kvfuse_native" in impls and new > 4:
+        fns.update(_native_prefill_rows(args, mode, new))
+    if "kvfuse" not in impls:
+        return fns
     if mode is not KVQuantMode.NONE:
         # The quantized prefill path (rows gathered from the pages; FP8 dots for e4m3), its
         # decoded-rows variant for e4m3, and the paged kernel it replaced.
-        fns = {"kvfuse": (_kvfuse(args), True), "kvfuse_pages": (_kvfuse(args, new_token_kernel=False), True)}
+        fns.update({"kvfuse": (_kvfuse(args), True), "kvfuse_pages": (_kvfuse(args, new_token_kernel=False), True)})
         if new > 4:
             fns["kvfuse_partials"] = (_kvfuse(args, whole_context=False), True)
         if mode is KVQuantMode.FP8_E4M3:
@@ -100,12 +103,32 @@ def _kvfuse_rows(args, impls, new, sweep=False, cached_prefix=False):
             fns.update(_prefix_tile_variants(args))
         return fns
     key, value = _step_kv(args[1], args[4], args[5], new)
-    fns = {"kvfuse": (_kvfuse(args, key=key, value=value), True), "kvfuse_pages": (_kvfuse(args), True)}
+    fns.update({"kvfuse": (_kvfuse(args, key=key, value=value), True), "kvfuse_pages": (_kvfuse(args), True)})
     if new > 4:
         fns["kvfuse_paged_prefix"] = (_kvfuse(args, key=key, value=value, whole_context=False), True)
     if sweep:
         fns.update(_new_token_variants(args, key, value))
     return fns
+
+
+def _native_prefill_rows(args, mode, new):
+    """The native prefill kernel (csrc/cuda/prefill_attention.cu) where it takes the call:
+    ``kvfuse_native`` (a bf16 cache's call with the step's K/V; an e5m2 / NVFP4 cache's call
+    without), launched in its default grid order, and ``kvfuse_native_tiles`` with the ``tiles``
+    order (each head's query tiles together)."""
+    from kvfuse.ops import native
+
+    if mode is KVQuantMode.NONE:
+        key, value = _step_kv(args[1], args[4], args[5], new)
+        call = AttentionCall(*args, key=key, value=value)
+    else:
+        call = AttentionCall(*args)
+    reason = native.prefill_refusal(call)
+    if reason is not None:
+        print(f"kvfuse_native: {reason}", flush=True)
+        return {}
+    return {"kvfuse_native": (lambda: native.prefill_attention(call), True),
+            "kvfuse_native_tiles": (lambda: native.prefill_attention(call, grid_order="tiles"), True)}
 
 
 #: New-token prefill tiles timed by --sweep-new-tokens: (BLOCK_M, BLOCK_N, num_warps, num_stages,
@@ -674,7 +697,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="batch 64 / context 4096 decode + 4k prefill only")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--impls", default="kvfuse,kvfuse_native,kvfuse_flashinfer,flashinfer,flashinfer_tc,torch_sdpa",
-                        help="kvfuse: the Triton kernels; kvfuse_native: csrc/'s decode kernel (FP8, per-token-head FP8, NVFP4)")
+                        help="kvfuse: the Triton kernels; kvfuse_native: csrc/'s decode kernel (FP8, per-token-head FP8, "
+                             "NVFP4) and prefill kernel (bf16, NVFP4 on sm_90)")
     parser.add_argument("--decode-cases", default=None, metavar="B:CTX,...",
                         help="decode (batch, context) pairs to time instead of the default grid")
     parser.add_argument("--modes", default="bf16,fp8,nvfp4,fp8_pth")

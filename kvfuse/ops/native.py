@@ -87,7 +87,8 @@ __all__ = [
 ]
 
 _CPU_SOURCES = ("registration.cpp", "cpu/cache_write.cpp")
-_CUDA_SOURCES = ("cuda/cache_write.cu", "cuda/decode_attention.cu", "cuda/per_token_head_write.cu")
+_CUDA_SOURCES = ("cuda/cache_write.cu", "cuda/decode_attention.cu", "cuda/per_token_head_write.cu",
+                 "cuda/prefill_attention.cu")
 # Numerics depend on IEEE division and no flush-to-zero: say so explicitly instead of relying
 # on nvcc's defaults.
 _NVCC_FLAGS = ("-O3", "--prec-div=true", "--ftz=false")
@@ -241,9 +242,9 @@ def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
     if op == "paged_attention":
         if device_type != "cuda":
             return f"its attention kernel runs on CUDA, not on {device_type}"
-        if mode not in _ATTENTION_MODES:
-            return (f"its attention kernel reads {', '.join(m.name for m in sorted(_ATTENTION_MODES))} caches, "
-                    f"not {KVQuantMode(mode).name}")
+        if mode not in _ATTENTION_MODES | _PREFILL_MODES:
+            return (f"its attention kernels read {', '.join(m.name for m in sorted(_ATTENTION_MODES | _PREFILL_MODES))} "
+                    f"caches, not {KVQuantMode(mode).name}")
     state = _ensure_built()
     if state["library"] is None:
         return state["error"]
@@ -505,10 +506,13 @@ def _num_splits(num_seqs: int, blocks_per_seq: int, device: torch.device, blocks
 
 
 def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) -> torch.Tensor:
-    """:func:`kvfuse.ops.reference.paged_attention` by the native decode kernel, for the calls it
-    takes (see the module docstring); ``num_splits`` overrides the split-KV count (tests, benchmarks).
-    Rows whose sequence has no allowed key are zeros, as in the Triton kernel."""
+    """:func:`kvfuse.ops.reference.paged_attention` by the native prefill kernel or the native
+    decode kernel, for the calls they take (see the module docstring); ``num_splits`` overrides the
+    decode kernel's split-KV count (tests, benchmarks). Rows whose sequence has no allowed key are
+    zeros, as in the Triton kernel."""
     forced = envs.settings().forced_backend("attention") == "native"
+    if num_splits is None and prefill_refusal(call) is None:
+        return prefill_attention(call)
     reason = decode_refusal(call, prefill_shaped_ok=forced)
     if reason is not None:
         if forced:
@@ -528,6 +532,107 @@ def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) ->
     return fn(call.query, call.kv_cache, call.k_scale, call.v_scale, call.block_table, call.seq_lens,
               call.query_start_loc, call.sinks, KVFormat.of(call.kv_quant_mode).code, float(call.sm_scale),
               int(call.sliding_window or 0), float(call.logit_softcap), int(num_splits))
+
+
+# ----------------------------------------------------------------------------- prefill attention
+
+#: The caches csrc/cuda/prefill_attention.cu attends to: bf16 / fp16 (the step's K/V and the
+#: gathered prefix), and FP8 e5m2 / NVFP4 whole contexts gathered and decoded into the query's
+#: dtype. FP8 e4m3 prefill stays with Triton's FP8 tensor-core dots.
+_PREFILL_MODES = frozenset({KVQuantMode.NONE, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4})
+#: The one head size the prefill kernel is built for.
+PREFILL_HEAD_SIZE = 128
+
+
+def _rows_described(t: torch.Tensor) -> bool:
+    """Whether a tensor map can describe ``t`` ([rows, heads, head_size] with contiguous heads)."""
+    return (t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def prefill_refusal(call: AttentionCall) -> Optional[str]:
+    """None if the native prefill kernel (``csrc/cuda/prefill_attention.cu``) runs ``call``; else why
+    not, as a sentence. It takes prefill-shaped calls (more than :data:`DECODE_TOKENS_PER_SEQUENCE`
+    query tokens per sequence) on sm_90 with head size 128, bf16 / fp16 queries, no sliding window
+    or soft-cap, over a bf16 / fp16 cache whose step K/V the call carries, or an FP8 e5m2 / NVFP4
+    cache (one mode for K and V), where the dense gather of the context fits
+    :data:`kvfuse.ops.triton.prefill.WHOLE_CONTEXT_MAX_BYTES`."""
+    from .triton import prefill as triton_prefill
+
+    query, kv_cache = call.query, call.kv_cache
+    fmt = KVFormat.of(call.kv_quant_mode)
+    if fmt.is_mixed or fmt.key not in _PREFILL_MODES:
+        return f"kv_quant_mode={fmt.name}: it reads NONE, FP8_E5M2 and NVFP4 caches"
+    mode = fmt.key
+    if query.dtype not in (torch.bfloat16, torch.float16):
+        return f"query dtype {query.dtype}: it takes bfloat16 or float16 queries"
+    num_tokens, _, head_size = query.shape
+    if head_size != PREFILL_HEAD_SIZE:
+        return f"head_size={head_size}: it is built for head size {PREFILL_HEAD_SIZE}"
+    num_seqs = call.block_table.shape[0]
+    if num_tokens <= DECODE_TOKENS_PER_SEQUENCE * max(num_seqs, 1):
+        return f"{num_tokens} query tokens for {num_seqs} sequences: decode-shaped"
+    if call.sliding_window is not None:
+        return f"sliding_window={call.sliding_window}: it attends to whole contexts"
+    if float(call.logit_softcap) > 0:
+        return f"logit_softcap={call.logit_softcap}: it has no soft-cap"
+    if not _rows_described(query):
+        return f"query strides {tuple(query.stride())} / address: rows must start 16-byte aligned, heads contiguous"
+    if mode is KVQuantMode.NONE:
+        if call.key is None or call.value is None:
+            return "a bf16 / fp16 cache's call without the step's key / value"
+        if kv_cache.dtype != query.dtype:
+            return f"kv_cache dtype {kv_cache.dtype} differs from the query's {query.dtype}"
+        for name, t in (("key", call.key), ("value", call.value)):
+            if t.dtype != query.dtype or not _rows_described(t):
+                return f"{name} {t.dtype} strides {tuple(t.stride())}: rows of the query's dtype, 16-byte aligned"
+    if triton_prefill.context_bytes(call, False) > triton_prefill.WHOLE_CONTEXT_MAX_BYTES:
+        return (f"the dense context of {triton_prefill.context_bytes(call, False)} bytes exceeds "
+                f"{triton_prefill.WHOLE_CONTEXT_MAX_BYTES}")
+    if query.device.type != "cuda":
+        return f"query is on {query.device.type}: it runs on CUDA"
+    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    if _device_capability(index) != (9, 0):
+        return f"device capability {_device_capability(index)}: it is built for sm_90 (Hopper)"
+    return None
+
+
+def prefill_attention(call: AttentionCall, grid_order: Optional[str] = None) -> torch.Tensor:
+    """The native prefill kernel on ``call`` (:func:`prefill_refusal` must accept it): the cached
+    context gathered densely first (:func:`kvfuse.ops.triton.prefill.gather_context`: a bf16 /
+    fp16 cache's prefix, the step's K/V being the new keys; an e5m2 / NVFP4 cache's whole context,
+    decoded). ``grid_order`` (``heads`` / ``tiles``): the order blocks are launched in; default by
+    the new K/V's size against the L2 (:func:`kvfuse.ops.triton.prefill.auto_grid_order`)."""
+    from .triton import prefill as triton_prefill
+
+    fn = _ops.get("prefill_attention")
+    if fn is None:
+        _require("encode_kv")
+        fn = _ops["prefill_attention"] = torch.ops.kvfuse_native.prefill_attention.default
+    query = call.query
+    mode = KVFormat.of(call.kv_quant_mode).key
+    num_kv_heads = call.kv_cache.shape[3]
+    if mode is KVQuantMode.NONE:
+        context_key, context_value, stride = triton_prefill.gather_context(call, False, prefix_only=True)
+        key, value, new_in_context, factor = call.key, call.value, False, 1.0
+    else:
+        context_key, context_value, stride = triton_prefill.gather_context(call, False)
+        key, value, new_in_context = context_key, context_value, True
+        factor = triton_prefill._GATHERED_FACTOR[mode]
+    if grid_order is None:
+        index = query.device.index if query.device.index is not None else torch.cuda.current_device()
+        new_kv_bytes = 2 * query.shape[0] * num_kv_heads * query.shape[2] * query.element_size()
+        grid_order = triton_prefill.auto_grid_order(new_kv_bytes, triton_prefill._l2_bytes(index))
+    if grid_order not in ("heads", "tiles"):
+        raise ValueError(f"grid_order={grid_order!r}: expected 'heads' or 'tiles'")
+    return fn(query, key, value, context_key, context_value, stride, new_in_context, call.seq_lens,
+              call.query_start_loc, call.sinks, call.k_scale.float(), call.v_scale.float(),
+              mode is not KVQuantMode.NONE, float(call.sm_scale), float(factor), grid_order == "heads")
 
 
 # ----------------------------------------------------------------------------- eager routing on CUDA

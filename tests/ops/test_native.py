@@ -369,8 +369,10 @@ def test_failed_build_falls_back_with_reason(monkeypatch):
 def test_native_rejects_other_ops_and_devices():
     assert "runs on CUDA, not on cpu" in backends.unavailable_reason("native", "paged_attention", "cpu", 3)
     assert "mps" in backends.unavailable_reason("native", "encode_kv", "mps", 0)
-    # Its attention kernel reads quantized caches only: bf16 caches take Triton.
-    assert "NONE" in backends.unavailable_reason("native", "paged_attention", "cuda", int(KVQuantMode.NONE))
+    # Its attention kernels read every mode (bf16 caches: the prefill kernel only), so what is left
+    # on a host without a CUDA build is the build.
+    reason = backends.unavailable_reason("native", "paged_attention", "cuda", int(KVQuantMode.NONE))
+    assert reason is None or "NONE" not in reason
     # Per-token-head FP8: the fused write and attention, on CUDA only.
     pth = int(KVQuantMode.FP8_PER_TOKEN_HEAD)
     for op in ("encode_kv", "cache_write"):
@@ -884,3 +886,45 @@ def test_cuda_routing_with_native_forced_leaves_the_format_it_lacks_to_a_loud_re
     finally:
         monkeypatch.delenv("KVFUSE_CACHE_WRITE_BACKEND")
         backends.clear_cache()
+
+
+def _prefill_call(mode=KVQuantMode.NONE, tokens=64, seqs=2, head_size=128, q_dtype=torch.bfloat16, step_kv=True,
+                  **fields):
+    from kvfuse.ops.registry import AttentionCall
+
+    cache = torch.zeros(8, 2, 16, 2, row_dim_for(mode, head_size), dtype=storage_dtype(mode, q_dtype))
+    query = torch.zeros(tokens, 4, head_size, dtype=q_dtype)
+    kv = torch.zeros(tokens, 2, head_size, dtype=q_dtype) if step_kv else None
+    return AttentionCall(query, cache, torch.tensor(1.0), torch.tensor(1.0), torch.zeros(seqs, 4, dtype=torch.int32),
+                         torch.full((seqs,), tokens // seqs, dtype=torch.int32),
+                         torch.arange(seqs + 1, dtype=torch.int32) * (tokens // seqs), mode, 0.1,
+                         fields.pop("sliding_window", None), key=kv, value=kv if kv is None else kv.clone(), **fields)
+
+
+@pytest.mark.parametrize("fields,expected", [
+    (dict(mode=KVQuantMode.FP8_E4M3), "kv_quant_mode=FP8_E4M3"),
+    (dict(q_dtype=torch.float32), "query dtype torch.float32"),
+    (dict(head_size=64), "head_size=64"),
+    (dict(tokens=8, seqs=2), "decode-shaped"),
+    (dict(sliding_window=32), "sliding_window=32"),
+    (dict(logit_softcap=30.0), "logit_softcap=30.0"),
+    (dict(step_kv=False), "without the step's key / value"),
+    ({}, "query is on cpu"),
+    (dict(mode=KVQuantMode.NVFP4, step_kv=False), "query is on cpu"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_prefill_refusals_name_the_reason(fields, expected):
+    """What the native prefill kernel does not take, each named (a CPU host gets as far as the device)."""
+    reason = native.prefill_refusal(_prefill_call(**fields))
+    assert reason is not None and expected in reason
+
+
+def test_prefill_refuses_mixed_formats_and_unaligned_rows():
+    from kvfuse.kv_cache import KVFormat
+
+    mixed = KVFormat(KVQuantMode.NONE, KVQuantMode.FP8_E4M3)
+    call = _prefill_call()
+    assert f"kv_quant_mode={mixed.name}" in native.prefill_refusal(dataclasses.replace(call, kv_quant_mode=mixed))
+    head_major = call.query.transpose(0, 1).contiguous().transpose(0, 1)
+    assert "query strides" in native.prefill_refusal(dataclasses.replace(call, query=head_major))
+    odd_key = torch.zeros(64, 2, 129, dtype=torch.bfloat16)[:, :, :128]
+    assert "key" in native.prefill_refusal(dataclasses.replace(call, key=odd_key))

@@ -1,0 +1,136 @@
+"""The native prefill kernel (csrc/cuda/prefill_attention.cu) vs the reference, on an sm_90 GPU.
+
+Caches are NaN-poisoned and scattered (make_case); the step's K/V are the cache's rows at the query
+positions (step_kv), with random padding rows; the allocator is poisoned with NaN so that an
+unwritten output row shows up. What the kernel refuses is checked on the CPU in test_native.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvfuse.kv_cache import KVQuantMode
+from kvfuse.ops import native
+from kvfuse.ops.registry import AttentionCall
+from test_new_token_prefill import step_kv
+from test_triton_attention import TOL, make_case, poison_allocator, reference_out
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hopper():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the native prefill kernel is built for sm_90")
+    reason = native.unavailable_reason("paged_attention", "cuda", int(KVQuantMode.NONE))
+    if reason is not None:
+        pytest.fail(f"the native attention kernels are unavailable on this GPU host: {reason}")
+
+
+def check(args, grid_order=None, through_op=False, **call_fields):
+    """The kernel (or, ``through_op``, the backend's paged_attention) against the reference."""
+    args = dict(args, **call_fields)
+    mode = KVQuantMode(args["kv_quant_mode"])
+    if mode is KVQuantMode.NONE:
+        key, value = step_kv(args)
+        call = AttentionCall(**args, key=key, value=value)
+    else:
+        call = AttentionCall(**args)
+    assert native.prefill_refusal(call) is None
+    expected = reference_out(args)
+    poison_allocator(16 * args["query"].numel() * 2)
+    out = native.paged_attention(call) if through_op else native.prefill_attention(call, grid_order=grid_order)
+    assert out.shape == args["query"].shape and out.dtype == args["query"].dtype
+    atol, rtol = TOL[args["query"].dtype]
+    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=atol, rtol=rtol)
+    covered = int(args["query_start_loc"][-1])
+    assert torch.all(out[covered:] == 0), "padding rows must be zeros"
+    return out
+
+
+# (seq_lens, q_lens): fresh prompts of odd lengths; chunks over prefixes that end mid-page and
+# mid-tile, a 1-token row beside long ones; a prefix of exactly one key tile.
+CASES = {
+    "fresh": ([7, 533, 4099], [7, 533, 4099]),
+    "chunked": ([40, 1000, 700, 5], [17, 533, 129, 1]),
+    "prefix_one_tile": ([128 + 300], [300]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("heads", [(8, 8), (16, 2), (12, 4)], ids=str)
+@pytest.mark.parametrize("grid_order", ["heads", "tiles"])
+def test_bf16_matches_reference(case, heads, grid_order):
+    seq_lens, q_lens = CASES[case]
+    args = make_case(seq_lens, q_lens, heads[0], heads[1], 128, KVQuantMode.NONE, pad_rows=3, seed=41)
+    check(args, grid_order)
+
+
+@pytest.mark.parametrize("case", ["fresh", "chunked"])
+def test_fp16(case):
+    seq_lens, q_lens = CASES[case]
+    args = make_case(seq_lens, q_lens, 8, 2, 128, KVQuantMode.NONE, q_dtype=torch.float16, pad_rows=2, seed=43)
+    check(args)
+
+
+@pytest.mark.parametrize("mode", [KVQuantMode.NVFP4, KVQuantMode.FP8_E5M2], ids=lambda m: m.name)
+@pytest.mark.parametrize("case", ["fresh", "chunked"])
+def test_decoded_caches_match_reference(mode, case):
+    """e5m2 / NVFP4 caches: the whole context gathered, decoded, with the cache's scales."""
+    seq_lens, q_lens = CASES[case]
+    args = make_case(seq_lens, q_lens, 8, 2, 128, mode, pad_rows=3, seed=47)
+    check(args)
+
+
+def test_per_head_scales():
+    args = make_case([700, 300], [300, 300], 8, 4, 128, KVQuantMode.NVFP4, seed=53)
+    args["k_scale"] = torch.tensor([0.05, 0.1, 0.2, 0.4], device="cuda")
+    args["v_scale"] = torch.tensor([0.3, 0.1, 0.2, 0.05], device="cuda")
+    check(args)
+
+
+def test_sinks():
+    args = make_case([900, 260], [533, 260], 8, 2, 128, KVQuantMode.NONE, pad_rows=1, seed=59)
+    sinks = torch.linspace(-3.0, 6.0, 8, device="cuda")
+    sinks[1] = float("-inf")
+    check(args, sinks=sinks)
+
+
+def test_large_scores_stay_finite():
+    """Scores far beyond exp's range (a scaled query) still give the reference's softmax."""
+    args = make_case([600], [600], 4, 2, 128, KVQuantMode.NONE, seed=61)
+    args["query"] = args["query"] * 40
+    check(args)
+
+
+def test_backend_routes_prefill_here(monkeypatch):
+    """native.paged_attention sends prefill-shaped calls it takes to this kernel, others to Triton."""
+    seen = []
+    real = native.prefill_attention
+    monkeypatch.setattr(native, "prefill_attention", lambda call, **k: seen.append(call) or real(call, **k))
+    args = make_case([300, 200], [300, 100], 8, 2, 128, KVQuantMode.NONE, seed=67)
+    check(args, through_op=True)
+    assert len(seen) == 1
+    # A sliding window goes to Triton.
+    check_window = dict(args, sliding_window=64)
+    key, value = step_kv(check_window)
+    out = native.paged_attention(AttentionCall(**check_window, key=key, value=value))
+    torch.testing.assert_close(out.cpu().float(), reference_out(check_window).float(), atol=3e-2, rtol=3e-2)
+    assert len(seen) == 1
+
+
+def test_capture_in_a_cuda_graph():
+    args = make_case([1000, 333], [500, 333], 8, 2, 128, KVQuantMode.NONE, seed=71)
+    key, value = step_kv(args)
+    call = AttentionCall(**args, key=key, value=value)
+    expected = native.prefill_attention(call)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        native.prefill_attention(call)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = native.prefill_attention(call)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
