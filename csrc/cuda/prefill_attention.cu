@@ -60,31 +60,56 @@ constexpr int kHead = 128;                // the head size this kernel is built 
 constexpr int kBlockM = 128;              // query rows per block
 constexpr int kBlockN = 128;              // keys per tile
 constexpr int kConsumerRows = 64;         // query rows per consumer warpgroup
-constexpr int kStages = 2;                // K (and V) tiles in flight
 constexpr int kThreads = 384;             // producer + 2 consumer warpgroups
 constexpr int kSwizzleElems = 64;         // 16-bit elements per 128-byte swizzled row
-constexpr uint32_t kQHalfBytes = kConsumerRows * 128;    // 64 rows x 64 columns
+constexpr uint32_t kQHalfBytes = kConsumerRows * 128;    // 64 rows x 64 16-bit columns
 constexpr uint32_t kQConsumerBytes = 2 * kQHalfBytes;    // one consumer's 64 x 128 query rows
-constexpr uint32_t kKVHalfBytes = kBlockN * 128;         // 128 keys x 64 columns
-constexpr uint32_t kKVTileBytes = 2 * kKVHalfBytes;      // 128 keys x 128 columns
+constexpr uint32_t kQ8ConsumerBytes = kConsumerRows * 128;  // the same in e4m3: one 128-byte row each
+constexpr uint32_t kKVHalfBytes = kBlockN * 128;         // 128 keys x 64 16-bit columns
 constexpr uint32_t kSwizzleAtomBytes = 1024;             // 8 rows of 128 bytes
 constexpr uint32_t kProducerRegisters = 24;
 constexpr uint32_t kConsumerRegisters = 240;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kE4m3Max = 448.f;
+// P enters FP8 products as e4m3(2^8 p): e4m3's normal range then covers p >= 2^-14, and the
+// denominator sums the same 2^8 p, so the factor cancels (as in kvfuse.ops.triton.prefill).
+constexpr float kFp8PShift = 8.f;
 
-struct SharedStorage {
-  // Each 64-column half of a tile is one tensor-map box: rows of 128 bytes, 128-byte swizzle.
-  alignas(1024) uint8_t q[2 * kQConsumerBytes];     // [consumer][half][64 rows][128 B]
-  alignas(1024) uint8_t k[kStages][kKVTileBytes];   // [half][128 keys][128 B]
-  alignas(1024) uint8_t v[kStages][kKVTileBytes];
-  uint64_t q_full;
-  uint64_t k_full[kStages];
-  uint64_t k_empty[kStages];
-  uint64_t v_full[kStages];
-  uint64_t v_empty[kStages];
+// What the products read: the step's (or a decoded context's) 16-bit K/V, or e4m3 codes of an
+// FP8 cache's gathered context (keys [rows, heads * 128]; values transposed, [heads * 128,
+// columns], each 32-column group permuted to match P's register layout: fp8_value_column).
+enum class Operand { kBf16, kFp16, kE4m3 };
+
+template <Operand kOp>
+struct OperandTraits {
+  static constexpr bool kFp8 = kOp == Operand::kE4m3;
+  static constexpr bool kHalf = kOp == Operand::kFp16;
+  // A K or V tile: 128 keys x 128 elements, in two 64-column boxes (16-bit) or one box (e4m3).
+  static constexpr uint32_t kTileBytes = kFp8 ? kBlockN * 128 : 2 * kKVHalfBytes;
+  static constexpr int kStages = kFp8 ? 3 : 2;
+  static constexpr int kPRegisters = kFp8 ? 16 : 32;  // P of a 64 x 128 tile as MMA A operands
 };
 
-constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;  // + the base's alignment
+template <Operand kOp>
+struct SharedStorage {
+  using Traits = OperandTraits<kOp>;
+  // Each box is rows of 128 bytes with the 128-byte swizzle that wgmma's descriptors describe.
+  alignas(1024) uint8_t q[2 * kQConsumerBytes];     // [consumer][half][64 rows][128 B], 16-bit
+  alignas(1024) uint8_t q8[Traits::kFp8 ? 2 * kQ8ConsumerBytes : 1024];  // [consumer][64 rows][128 B], e4m3
+  alignas(1024) uint8_t k[Traits::kStages][Traits::kTileBytes];
+  alignas(1024) uint8_t v[Traits::kStages][Traits::kTileBytes];
+  float q_scale[kBlockM];  // e4m3: each query row's multiplier onto e4m3's range
+  uint64_t q_full;
+  uint64_t k_full[Traits::kStages];
+  uint64_t k_empty[Traits::kStages];
+  uint64_t v_full[Traits::kStages];
+  uint64_t v_empty[Traits::kStages];
+};
+
+template <Operand kOp>
+constexpr size_t shared_bytes() {
+  return sizeof(SharedStorage<kOp>) + 1024;  // + the base's alignment
+}
 
 struct PrefillParams {
   void* out;
@@ -145,23 +170,6 @@ __device__ __forceinline__ KeyTile key_tile(int it, int new_tiles, int prefix_ti
   return {true, (prefix_tiles - 1 - (it - new_tiles)) * kBlockN};
 }
 
-template <typename T>
-struct Packed;
-template <>
-struct Packed<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
-template <>
-struct Packed<__half> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
-
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -169,15 +177,50 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 #if KVFUSE_HOPPER_MMA
+// P's probabilities of the pair (column 8j + 2t, + 1) of the thread's row r (0: 16w + g, 1: + 8)
+// into the A operands of the P V product. 16-bit: one register per pair, k-step j / 2 (the
+// accumulator layout is the A layout). e4m3: two pairs per register (j even: low half), k-step
+// j / 4; P's column order inside each 32-key step then is not the keys' (a0 holds columns 2t,
+// 2t + 1, 8 + 2t, 9 + 2t), and the value tile's columns are stored in that same order.
+template <Operand kOp>
+__device__ __forceinline__ void store_p(uint32_t* p, int j, int r, float lo, float hi) {
+  if constexpr (kOp == Operand::kE4m3) {
+    const uint32_t pair = hopper::e4m3x2(lo, hi);
+    uint32_t& reg = p[4 * (j / 4) + 2 * ((j % 4) / 2) + r];
+    reg = (j % 2 == 0) ? pair : (reg | (pair << 16));
+  } else if constexpr (kOp == Operand::kFp16) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    p[2 * j + r] = *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    p[2 * j + r] = *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+__device__ __forceinline__ uint32_t pack_out(__nv_bfloat16*, float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack_out(__half*, float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
 // The online-softmax step of one consumer thread over a 64 x 128 score tile (its two rows:
-// r = 16 w + g and r + 8). Masked keys (column > limit[row]) become -inf. Updates the running
-// max m (log2 units) and the thread's partial row sums l (summed over the quad at the end),
-// writes P packed as the next P V product's A operands, returns the accumulator's rescale.
-template <typename T, bool kMasked>
-__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&m)[2], float (&l)[2], uint32_t (&p)[32],
-                                             float (&alpha)[2], float qk_scale, int limit0, int limit1, int lane) {
-  // Masked keys (column > limit of the row) read as -inf; s itself is left as it is (it is
-  // the next S product's accumulator, which no instruction may write while P V runs).
+// r = 16 w + g and r + 8, with score scales qk[0], qk[1] in log2 units). Masked keys (column >
+// limit of the row) read as -inf; s itself is left as it is (it is the next S product's
+// accumulator, which no instruction may write while P V runs). Updates the running max m and the
+// thread's partial row sums l (summed over the quad at the end), writes P as the next P V
+// product's A operands (store_p), and returns the accumulator's rescale in alpha.
+template <Operand kOp, bool kMasked>
+__device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2], float (&l)[2], uint32_t* p,
+                                             float (&alpha)[2], const float (&qk)[2], int limit0, int limit1,
+                                             int lane) {
+  constexpr float kShift = kOp == Operand::kE4m3 ? kFp8PShift : 0.f;
   const int col0 = 2 * (lane & 3);
   auto score = [&](int j, int e, int r) {
     const float x = s[4 * j + 2 * r + e];
@@ -197,70 +240,123 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&m)[2], floa
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = fmaxf(m[r], mx[r] * qk_scale);
+    const float m_new = fmaxf(m[r], mx[r] * qk[r]);
     // A row without a seen key so far keeps m = -inf: shift by 0 rather than compute inf - inf.
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     alpha[r] = fast_exp2(m[r] - m_use);
     m[r] = m_new;
-    mx[r] = -m_use;  // the shift, reused below
+    mx[r] = kShift - m_use;  // the exponent's offset, reused below
   }
   float sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const float p0 = fast_exp2(fmaf(score(j, 0, 0), qk_scale, mx[0]));
-    const float p1 = fast_exp2(fmaf(score(j, 1, 0), qk_scale, mx[0]));
-    const float p2 = fast_exp2(fmaf(score(j, 0, 1), qk_scale, mx[1]));
-    const float p3 = fast_exp2(fmaf(score(j, 1, 1), qk_scale, mx[1]));
-    sum[0] += p0 + p1;
-    sum[1] += p2 + p3;
-    // Column pair 8j + 2t of rows r, r + 8: A-operand registers 2j, 2j + 1 (the k-step j / 2).
-    p[2 * j] = Packed<T>::pack(p0, p1);
-    p[2 * j + 1] = Packed<T>::pack(p2, p3);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float p0 = fast_exp2(fmaf(score(j, 0, r), qk[r], mx[r]));
+      const float p1 = fast_exp2(fmaf(score(j, 1, r), qk[r], mx[r]));
+      sum[r] += p0 + p1;
+      store_p<kOp>(p, j, r, p0, p1);
+    }
   }
   l[0] = l[0] * alpha[0] + sum[0];
   l[1] = l[1] * alpha[1] + sum[1];
 }
 
-// S = Q K^T for one consumer: Q (64 x 128) and the K tile (128 x 128) are both K-major in shared
-// memory: a k-step of 16 columns starts 32 bytes further into the 128-byte swizzled rows, and the
-// head's second 64 columns are the tile's second half; 8-row swizzle atoms are 1024 bytes apart.
-template <bool kHalf>
+// S = Q K^T for one consumer. Both operands are K-major in shared memory with 8-row swizzle atoms
+// 1024 bytes apart. 16-bit: a k-step of 16 columns starts 32 bytes further into the 128-byte
+// rows, and the head's second 64 columns are each tile's second box. e4m3: a k-step is 32
+// columns, 32 bytes; a 128-byte row holds the whole head.
+template <Operand kOp>
 __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, uint32_t k_base) {
   using namespace hopper;
+  if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
-  for (int kk = 0; kk < kHead / 16; ++kk) {
-    const uint32_t column_bytes = (kk % 4) * 32;
-    const uint64_t da = swizzle128_desc(q_base + (kk / 4) * kQHalfBytes + column_bytes, 16, kSwizzleAtomBytes);
-    const uint64_t db = swizzle128_desc(k_base + (kk / 4) * kKVHalfBytes + column_bytes, 16, kSwizzleAtomBytes);
-    wgmma_m64n128k16_ss<kHalf, 0>(s, da, db, kk > 0);
+    for (int kk = 0; kk < kHead / 32; ++kk) {
+      wgmma_m64n128k32_e4m3_ss(s, swizzle128_desc(q_base + kk * 32, 16, kSwizzleAtomBytes),
+                               swizzle128_desc(k_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < kHead / 16; ++kk) {
+      const uint32_t column_bytes = (kk % 4) * 32;
+      const uint64_t da = swizzle128_desc(q_base + (kk / 4) * kQHalfBytes + column_bytes, 16, kSwizzleAtomBytes);
+      const uint64_t db = swizzle128_desc(k_base + (kk / 4) * kKVHalfBytes + column_bytes, 16, kSwizzleAtomBytes);
+      wgmma_m64n128k16_ss<kOp == Operand::kFp16, 0>(s, da, db, kk > 0);
+    }
   }
 }
 
-// O += P V: P from registers (packed by softmax_tile), the V tile N-major (the head dimension
+// O += P V, P from registers (softmax_tile). 16-bit: the V tile is N-major (the head dimension
 // contiguous): a k-step of 16 keys is two 8-row atoms (2048 bytes) on, and the head's second 64
-// columns, the N side's next atom, the tile's other half.
-template <bool kHalf>
-__device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t (&pa)[32], uint32_t v_base) {
+// columns, the N side's next atom, are the tile's other box. e4m3: the tile is V^T (keys
+// contiguous, K-major): a k-step of 32 keys is 32 bytes into its rows.
+template <Operand kOp>
+__device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t* pa, uint32_t v_base) {
   using namespace hopper;
+  if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint64_t db = swizzle128_desc(v_base + kk * 2 * kSwizzleAtomBytes, kKVHalfBytes, kSwizzleAtomBytes);
-    const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-    wgmma_m64n128k16_rs<kHalf, 1>(o, a, db);
+    for (int kk = 0; kk < kBlockN / 32; ++kk) {
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes));
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t db = swizzle128_desc(v_base + kk * 2 * kSwizzleAtomBytes, kKVHalfBytes, kSwizzleAtomBytes);
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      wgmma_m64n128k16_rs<kOp == Operand::kFp16, 1>(o, a, db);
+    }
   }
+}
+
+// e4m3: consumer c's 64 query rows, loaded in 16-bit, scaled row by row onto e4m3's range
+// (448 / max |q_row|, the multiplier kept in q_scale) and rounded into its e4m3 box. Two threads
+// per row, 64 columns each.
+template <typename T>
+__device__ __forceinline__ void quantize_query(const uint8_t* q16, uint8_t* q8, float* q_scale, int ctid) {
+  const int r = ctid / 2, half = ctid % 2;
+  const uint8_t* src = q16 + half * kQHalfBytes + r * 128;
+  float x[64];
+  float amax = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src + ((k ^ (r % 8)) * 16));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[8 * k + i] = to_float(e[i]);
+      amax = fmaxf(amax, fabsf(x[8 * k + i]));
+    }
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  const float mult = amax > 0.f ? kE4m3Max / amax : 1.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = 16 * k + 4 * i;
+      w[i] = hopper::e4m3x2(x[e] * mult, x[e + 1] * mult) | (hopper::e4m3x2(x[e + 2] * mult, x[e + 3] * mult) << 16);
+    }
+    const int chunk = 4 * half + k;
+    *reinterpret_cast<uint4*>(q8 + r * 128 + ((chunk ^ (r % 8)) * 16)) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  if (half == 0) q_scale[r] = mult;
+  hopper::fence_shared_for_async_proxy();
 }
 #endif
 
-template <typename T>
+template <Operand kOp, typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap ck_map,
                              const __grid_constant__ CUtensorMap cv_map, const PrefillParams p) {
 #if KVFUSE_HOPPER_MMA
   using namespace hopper;
-  constexpr bool kHalf = std::is_same<T, __half>::value;
+  using Traits = OperandTraits<kOp>;
+  constexpr int kStages = Traits::kStages;
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& sm = *reinterpret_cast<SharedStorage*>(
+  SharedStorage<kOp>& sm = *reinterpret_cast<SharedStorage<kOp>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
 
   const int grid_tile = p.heads_fastest ? blockIdx.y : blockIdx.x;
@@ -330,16 +426,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         const KeyTile kt = key_tile(it, new_tiles, prefix_tiles, local);
         const int row = (kt.prefix ? context_row0 : new_row0) + kt.first;
         mbar_wait(&sm.k_empty[s], parity);
-        mbar_arrive_expect_tx(&sm.k_full[s], kKVTileBytes);
-        for (int half = 0; half < 2; ++half) {
-          tma_load_2d(sm.k[s] + half * kKVHalfBytes, kt.prefix ? &ck_map : new_k, kvh * kHead + half * kSwizzleElems,
-                      row, &sm.k_full[s]);
+        mbar_arrive_expect_tx(&sm.k_full[s], Traits::kTileBytes);
+        if constexpr (Traits::kFp8) {
+          tma_load_2d(sm.k[s], &ck_map, kvh * kHead, row, &sm.k_full[s]);
+        } else {
+          for (int half = 0; half < 2; ++half) {
+            tma_load_2d(sm.k[s] + half * kKVHalfBytes, kt.prefix ? &ck_map : new_k,
+                        kvh * kHead + half * kSwizzleElems, row, &sm.k_full[s]);
+          }
         }
         mbar_wait(&sm.v_empty[s], parity);
-        mbar_arrive_expect_tx(&sm.v_full[s], kKVTileBytes);
-        for (int half = 0; half < 2; ++half) {
-          tma_load_2d(sm.v[s] + half * kKVHalfBytes, kt.prefix ? &cv_map : new_v, kvh * kHead + half * kSwizzleElems,
-                      row, &sm.v_full[s]);
+        mbar_arrive_expect_tx(&sm.v_full[s], Traits::kTileBytes);
+        if constexpr (Traits::kFp8) {
+          // V^T: the tile's 128 keys are columns `row`.. of rows kvh * 128.. (one per element).
+          tma_load_2d(sm.v[s], &cv_map, row, kvh * kHead, &sm.v_full[s]);
+        } else {
+          for (int half = 0; half < 2; ++half) {
+            tma_load_2d(sm.v[s] + half * kKVHalfBytes, kt.prefix ? &cv_map : new_v,
+                        kvh * kHead + half * kSwizzleElems, row, &sm.v_full[s]);
+          }
         }
       }
     }
@@ -362,22 +467,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     v_out = p.v_scale[kvh * p.v_scale_stride] * p.factor;
   }
 
+  mbar_wait(&sm.q_full, 0);
+  uint32_t q_base;
+  float qk[2] = {qk_scale, qk_scale};
+  if constexpr (Traits::kFp8) {
+    quantize_query<T>(sm.q + c * kQConsumerBytes, sm.q8 + c * kQ8ConsumerBytes, sm.q_scale + c * kConsumerRows, ctid);
+    named_barrier_sync(3 + c, 128);
+    qk[0] = qk_scale / sm.q_scale[row_a];
+    qk[1] = qk_scale / sm.q_scale[row_b];
+    q_base = smem_addr(sm.q8 + c * kQ8ConsumerBytes);
+  } else {
+    q_base = smem_addr(sm.q + c * kQConsumerBytes);
+  }
+  if (c == 1) named_barrier_arrive(1, 256);
+
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float s[64];
-  uint32_t pa[32];
+  uint32_t pa[Traits::kPRegisters];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-
-  const uint32_t q_base = smem_addr(sm.q + c * kQConsumerBytes);
-  mbar_wait(&sm.q_full, 0);
-  if (c == 1) named_barrier_arrive(1, 256);
 
   // Key tile 0 (the diagonal): S only, nothing to add to O yet.
   mbar_wait(&sm.k_full[0], 0);
   named_barrier_sync(my_turn, 256);
   wgmma_fence();
-  issue_scores<kHalf>(s, q_base, smem_addr(sm.k[0]));
+  issue_scores<kOp>(s, q_base, smem_addr(sm.k[0]));
   wgmma_commit();
   if (!(c == 1 && num_key_tiles == 1)) named_barrier_arrive(other_turn, 256);
   wgmma_wait<0>();
@@ -385,22 +500,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (lane == 0) mbar_arrive(&sm.k_empty[0]);
   {
     float alpha[2];
-    softmax_tile<T, true>(s, m, l, pa, alpha, qk_scale, row_a, row_b, lane);
+    softmax_tile<kOp, true>(s, m, l, pa, alpha, qk, row_a, row_b, lane);
   }
 
   // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
   // then this tile's softmax into `p_out`. The two P buffers alternate (the loop runs two tiles
   // per trip) so that the softmax never writes registers the running P V product reads.
-  auto step = [&](int it, const uint32_t(&p_in)[32], uint32_t(&p_out)[32]) {
+  auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
     const int st = it % kStages, pst = (it - 1) % kStages;
     const KeyTile kt = key_tile(it, new_tiles, prefix_tiles, local);
     mbar_wait(&sm.k_full[st], (it / kStages) & 1);
     mbar_wait(&sm.v_full[pst], ((it - 1) / kStages) & 1);
     named_barrier_sync(my_turn, 256);
     wgmma_fence();
-    issue_scores<kHalf>(s, q_base, smem_addr(sm.k[st]));
+    issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
     wgmma_commit();
-    issue_values<kHalf>(o, p_in, smem_addr(sm.v[pst]));
+    issue_values<kOp>(o, p_in, smem_addr(sm.v[pst]));
     wgmma_commit();
     if (!(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
     wgmma_wait<1>();  // S done; P V may still run
@@ -409,9 +524,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     float alpha[2];
     if (kt.prefix && kt.first + kBlockN > prefix) {
       const int limit = prefix - kt.first - 1;
-      softmax_tile<T, true>(s, m, l, p_out, alpha, qk_scale, limit, limit, lane);
+      softmax_tile<kOp, true>(s, m, l, p_out, alpha, qk, limit, limit, lane);
     } else {
-      softmax_tile<T, false>(s, m, l, p_out, alpha, qk_scale, kNoMask, kNoMask, lane);
+      softmax_tile<kOp, false>(s, m, l, p_out, alpha, qk, kNoMask, kNoMask, lane);
     }
     wgmma_wait<0>();
     fence_registers(o);
@@ -424,16 +539,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[4 * j + 3] *= alpha[1];
     }
   };
-  auto last_values = [&](const uint32_t(&p_last)[32]) {
+  auto last_values = [&](const uint32_t* p_last) {
     const int last = num_key_tiles - 1;
     mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
     wgmma_fence();
-    issue_values<kHalf>(o, p_last, smem_addr(sm.v[last % kStages]));
+    issue_values<kOp>(o, p_last, smem_addr(sm.v[last % kStages]));
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
   };
-  uint32_t pb[32];
+  uint32_t pb[Traits::kPRegisters];
   int it = 1;
   for (; it + 1 < num_key_tiles; it += 2) {
     step(it, pa, pb);
@@ -455,11 +570,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     float rescale = 1.f;
     if (p.sinks != nullptr) {
+      // The sink is a logit of its own (unscaled), in P's units like every other term of l.
       const float sink = p.sinks[h] * kLog2e;
       const float m_final = fmaxf(m[r], sink);
       if (m_final != -INFINITY) {
+        constexpr float kShift = Traits::kFp8 ? kFp8PShift : 0.f;
         rescale = fast_exp2(m[r] - m_final);
-        l[r] = l[r] * rescale + fast_exp2(sink - m_final);
+        l[r] = l[r] * rescale + fast_exp2(sink - m_final + kShift);
       }
     }
     inv[r] = l[r] > 0.f ? rescale * v_out / l[r] : 0.f;
@@ -473,7 +590,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     T* dst = out + static_cast<int64_t>(q_start + m0 + row) * p.stride_ot + h * p.stride_oh + col0;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      *reinterpret_cast<uint32_t*>(dst + 8 * j) = Packed<T>::pack(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+      *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+          pack_out(static_cast<T*>(nullptr), o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
     }
   }
 #else
@@ -498,29 +616,53 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A 2D tensor map over `t` ([rows, heads, 128], rows 16-byte aligned) seen as [rows, heads * 128]:
-// boxes of `box_rows` rows by 64 columns, 128-byte swizzle.
-CUtensorMap make_tensor_map(const at::Tensor& t, uint32_t box_rows, const char* name) {
-  TORCH_CHECK(t.dim() == 3 && t.size(2) == kHead && t.stride(2) == 1 && t.stride(1) == kHead,
-              "prefill_attention: ", name, " must be [rows, heads, 128] with contiguous heads, got sizes ", t.sizes(),
-              " strides ", t.strides());
-  TORCH_CHECK((t.stride(0) * t.element_size()) % 16 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
-              "prefill_attention: ", name, " rows must start 16-byte aligned (stride ", t.stride(0), ")");
+// A 2D tensor map over `rows` rows of `inner` elements (`row_bytes` apart) at `base`: boxes of
+// `box_rows` rows by `box_inner` elements (128 bytes), 128-byte swizzle; rows past the end read
+// as zeros.
+CUtensorMap make_tensor_map(void* base, CUtensorMapDataType type, int64_t inner, int64_t rows, int64_t row_bytes,
+                            uint32_t box_inner, uint32_t box_rows, const char* name) {
+  TORCH_CHECK(row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0, "prefill_attention: ", name,
+              " rows must start 16-byte aligned (", row_bytes, " bytes apart)");
   CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1) * kHead),
-                              static_cast<cuuint64_t>(std::max<int64_t>(t.size(0), 1))};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.stride(0) * t.element_size())};
-  const cuuint32_t box[2] = {kSwizzleElems, box_rows};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(std::max<int64_t>(rows, 1))};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[2] = {box_inner, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(
-      &map, t.scalar_type() == at::kHalf ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-      t.data_ptr(), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = tensor_map_encoder()(&map, type, 2, base, dims, strides, box, elem_strides,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(r == CUDA_SUCCESS, "prefill_attention: cuTensorMapEncodeTiled failed for ", name, " (CUresult ",
               static_cast<int>(r), ")");
   return map;
 }
 
+// `t` ([rows, heads, 128] 16-bit, heads contiguous) as [rows, heads * 128]: boxes of `box_rows`
+// rows by 64 columns.
+CUtensorMap head_rows_map(const at::Tensor& t, uint32_t box_rows, const char* name) {
+  TORCH_CHECK(t.dim() == 3 && t.size(2) == kHead && t.stride(2) == 1 && t.stride(1) == kHead,
+              "prefill_attention: ", name, " must be [rows, heads, 128] with contiguous heads, got sizes ", t.sizes(),
+              " strides ", t.strides());
+  const auto type = t.scalar_type() == at::kHalf ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return make_tensor_map(t.data_ptr(), type, t.size(1) * kHead, t.size(0), t.stride(0) * t.element_size(),
+                         kSwizzleElems, box_rows, name);
+}
+
+template <Operand kOp, typename T>
+void launch(const dim3& grid, cudaStream_t stream, const CUtensorMap& q_map, const CUtensorMap& k_map,
+            const CUtensorMap& v_map, const CUtensorMap& ck_map, const CUtensorMap& cv_map, const PrefillParams& p) {
+  constexpr size_t kBytes = shared_bytes<kOp>();
+  static std::once_flag once;
+  std::call_once(once, [] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<kOp, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kBytes)));
+  });
+  prefill_attention_kernel<kOp, T><<<grid, kThreads, kBytes, stream>>>(q_map, k_map, v_map, ck_map, cv_map, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// context_key / context_value: a 16-bit cache's gathered prefix or a decoded context ([rows,
+// kv_heads, 128]), or an e4m3 cache's gathered codes: keys [rows, kv_heads, 128], values
+// transposed [kv_heads * 128, columns] (new_in_context must hold; key / value are not read).
 at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                   const at::Tensor& context_key, const at::Tensor& context_value,
                                   int64_t context_stride, bool new_in_context, const at::Tensor& seq_lens,
@@ -533,16 +675,23 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
   TORCH_CHECK(major == 9 && minor == 0, "prefill_attention: built for sm_90 (Hopper), device is sm_", major, minor);
   TORCH_CHECK(query.scalar_type() == at::kBFloat16 || query.scalar_type() == at::kHalf,
               "prefill_attention: query must be bfloat16 or float16, got ", query.scalar_type());
-  for (const at::Tensor* t : {&key, &value, &context_key, &context_value}) {
-    TORCH_CHECK(t->scalar_type() == query.scalar_type(), "prefill_attention: K/V dtype ", t->scalar_type(),
-                " differs from the query's ", query.scalar_type());
+  const bool fp8 = context_key.scalar_type() == at::kFloat8_e4m3fn;
+  if (fp8) {
+    TORCH_CHECK(new_in_context && context_value.scalar_type() == at::kFloat8_e4m3fn && context_value.dim() == 2,
+                "prefill_attention: e4m3 codes take the whole context, values transposed [kv_heads * 128, columns]");
+  } else {
+    for (const at::Tensor* t : {&key, &value, &context_key, &context_value}) {
+      TORCH_CHECK(t->scalar_type() == query.scalar_type(), "prefill_attention: K/V dtype ", t->scalar_type(),
+                  " differs from the query's ", query.scalar_type());
+    }
   }
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && query_start_loc.scalar_type() == at::kInt,
               "prefill_attention: seq_lens and query_start_loc must be int32");
+  TORCH_CHECK(query.dim() == 3 && query.size(2) == kHead, "prefill_attention: query must be [tokens, heads, 128]");
   const int64_t num_tokens = query.size(0), num_q_heads = query.size(1);
-  const int64_t num_kv_heads = key.size(1), num_seqs = seq_lens.size(0);
-  TORCH_CHECK(num_q_heads % num_kv_heads == 0 && context_key.size(1) == num_kv_heads,
-              "prefill_attention: ", num_q_heads, " query heads over ", num_kv_heads, " KV heads");
+  const int64_t num_kv_heads = context_key.size(1), num_seqs = seq_lens.size(0);
+  TORCH_CHECK(num_q_heads % num_kv_heads == 0 && (fp8 || key.size(1) == num_kv_heads), "prefill_attention: ",
+              num_q_heads, " query heads over ", num_kv_heads, " KV heads");
   TORCH_CHECK(context_stride % kBlockN == 0 && context_stride > 0, "prefill_attention: context_stride=",
               context_stride, " must be a positive multiple of ", kBlockN);
   auto out = at::empty({num_tokens, num_q_heads, kHead}, query.options());
@@ -550,11 +699,26 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
   TORCH_CHECK(num_tokens < (int64_t{1} << 31) && context_key.size(0) < (int64_t{1} << 31),
               "prefill_attention: row counts must fit int32");
 
-  const CUtensorMap q_map = make_tensor_map(query, kConsumerRows, "query");
-  const CUtensorMap k_map = make_tensor_map(key, kBlockN, "key");
-  const CUtensorMap v_map = make_tensor_map(value, kBlockN, "value");
-  const CUtensorMap ck_map = make_tensor_map(context_key, kBlockN, "context_key");
-  const CUtensorMap cv_map = make_tensor_map(context_value, kBlockN, "context_value");
+  const CUtensorMap q_map = head_rows_map(query, kConsumerRows, "query");
+  CUtensorMap k_map, v_map, ck_map, cv_map;
+  if (fp8) {
+    TORCH_CHECK(context_key.dim() == 3 && context_key.size(2) == kHead && context_key.stride(2) == 1 &&
+                    context_key.stride(1) == kHead && context_value.size(0) == num_kv_heads * kHead &&
+                    context_value.stride(1) == 1,
+                "prefill_attention: e4m3 keys must be [rows, kv_heads, 128] (heads contiguous), values [kv_heads * "
+                "128, columns] with contiguous columns");
+    ck_map = make_tensor_map(context_key.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, num_kv_heads * kHead,
+                             context_key.size(0), context_key.stride(0), kHead, kBlockN, "context_key");
+    cv_map = make_tensor_map(context_value.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, context_value.size(1),
+                             context_value.size(0), context_value.stride(0), kBlockN, kHead, "context_value");
+    k_map = ck_map;
+    v_map = cv_map;
+  } else {
+    k_map = head_rows_map(key, kBlockN, "key");
+    v_map = head_rows_map(value, kBlockN, "value");
+    ck_map = head_rows_map(context_key, kBlockN, "context_key");
+    cv_map = head_rows_map(context_value, kBlockN, "context_value");
+  }
 
   PrefillParams p{};
   p.out = out.data_ptr();
@@ -583,23 +747,16 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
 
   const dim3 grid = p.heads_fastest ? dim3(num_q_heads, p.num_tiles) : dim3(p.num_tiles, num_q_heads);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (query.scalar_type() == at::kHalf) {
-    static std::once_flag once;
-    std::call_once(once, [] {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<__half>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    });
-    prefill_attention_kernel<__half><<<grid, kThreads, kSharedBytes, stream>>>(q_map, k_map, v_map, ck_map, cv_map, p);
+  const bool half = query.scalar_type() == at::kHalf;
+  if (fp8 && half) {
+    launch<Operand::kE4m3, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+  } else if (fp8) {
+    launch<Operand::kE4m3, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+  } else if (half) {
+    launch<Operand::kFp16, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
   } else {
-    static std::once_flag once;
-    std::call_once(once, [] {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<__nv_bfloat16>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    });
-    prefill_attention_kernel<__nv_bfloat16>
-        <<<grid, kThreads, kSharedBytes, stream>>>(q_map, k_map, v_map, ck_map, cv_map, p);
+    launch<Operand::kBf16, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 

@@ -537,9 +537,9 @@ def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) ->
 # ----------------------------------------------------------------------------- prefill attention
 
 #: The caches csrc/cuda/prefill_attention.cu attends to: bf16 / fp16 (the step's K/V and the
-#: gathered prefix), and FP8 e5m2 / NVFP4 whole contexts gathered and decoded into the query's
-#: dtype. FP8 e4m3 prefill stays with Triton's FP8 tensor-core dots.
-_PREFILL_MODES = frozenset({KVQuantMode.NONE, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4})
+#: gathered prefix), FP8 e4m3 (the whole context gathered as codes, FP8 tensor-core products),
+#: and FP8 e5m2 / NVFP4 (the whole context gathered and decoded into the query's dtype).
+_PREFILL_MODES = frozenset({KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4})
 #: The one head size the prefill kernel is built for.
 PREFILL_HEAD_SIZE = 128
 
@@ -559,15 +559,15 @@ def prefill_refusal(call: AttentionCall) -> Optional[str]:
     """None if the native prefill kernel (``csrc/cuda/prefill_attention.cu``) runs ``call``; else why
     not, as a sentence. It takes prefill-shaped calls (more than :data:`DECODE_TOKENS_PER_SEQUENCE`
     query tokens per sequence) on sm_90 with head size 128, bf16 / fp16 queries, no sliding window
-    or soft-cap, over a bf16 / fp16 cache whose step K/V the call carries, or an FP8 e5m2 / NVFP4
-    cache (one mode for K and V), where the dense gather of the context fits
+    or soft-cap, over a bf16 / fp16 cache whose step K/V the call carries, or an FP8 e4m3 / e5m2 /
+    NVFP4 cache (one mode for K and V), where the dense gather of the context fits
     :data:`kvfuse.ops.triton.prefill.WHOLE_CONTEXT_MAX_BYTES`."""
     from .triton import prefill as triton_prefill
 
     query, kv_cache = call.query, call.kv_cache
     fmt = KVFormat.of(call.kv_quant_mode)
     if fmt.is_mixed or fmt.key not in _PREFILL_MODES:
-        return f"kv_quant_mode={fmt.name}: it reads NONE, FP8_E5M2 and NVFP4 caches"
+        return f"kv_quant_mode={fmt.name}: it reads NONE, FP8_E4M3, FP8_E5M2 and NVFP4 caches"
     mode = fmt.key
     if query.dtype not in (torch.bfloat16, torch.float16):
         return f"query dtype {query.dtype}: it takes bfloat16 or float16 queries"
@@ -591,9 +591,9 @@ def prefill_refusal(call: AttentionCall) -> Optional[str]:
         for name, t in (("key", call.key), ("value", call.value)):
             if t.dtype != query.dtype or not _rows_described(t):
                 return f"{name} {t.dtype} strides {tuple(t.stride())}: rows of the query's dtype, 16-byte aligned"
-    if triton_prefill.context_bytes(call, False) > triton_prefill.WHOLE_CONTEXT_MAX_BYTES:
-        return (f"the dense context of {triton_prefill.context_bytes(call, False)} bytes exceeds "
-                f"{triton_prefill.WHOLE_CONTEXT_MAX_BYTES}")
+    context_bytes = triton_prefill.context_bytes(call, mode is KVQuantMode.FP8_E4M3)
+    if context_bytes > triton_prefill.WHOLE_CONTEXT_MAX_BYTES:
+        return f"the dense context of {context_bytes} bytes exceeds {triton_prefill.WHOLE_CONTEXT_MAX_BYTES}"
     if query.device.type != "cuda":
         return f"query is on {query.device.type}: it runs on CUDA"
     index = query.device.index if query.device.index is not None else torch.cuda.current_device()
@@ -605,8 +605,9 @@ def prefill_refusal(call: AttentionCall) -> Optional[str]:
 def prefill_attention(call: AttentionCall, grid_order: Optional[str] = None) -> torch.Tensor:
     """The native prefill kernel on ``call`` (:func:`prefill_refusal` must accept it): the cached
     context gathered densely first (:func:`kvfuse.ops.triton.prefill.gather_context`: a bf16 /
-    fp16 cache's prefix, the step's K/V being the new keys; an e5m2 / NVFP4 cache's whole context,
-    decoded). ``grid_order`` (``heads`` / ``tiles``): the order blocks are launched in; default by
+    fp16 cache's prefix, the step's K/V being the new keys; an e4m3 cache's whole context as codes,
+    values transposed in :func:`~kvfuse.ops.triton.prefill.permuted_value_column`'s order; an e5m2
+    / NVFP4 cache's whole context, decoded). ``grid_order`` (``heads`` / ``tiles``): the order blocks are launched in; default by
     the new K/V's size against the L2 (:func:`kvfuse.ops.triton.prefill.auto_grid_order`)."""
     from .triton import prefill as triton_prefill
 
@@ -621,7 +622,8 @@ def prefill_attention(call: AttentionCall, grid_order: Optional[str] = None) -> 
         context_key, context_value, stride = triton_prefill.gather_context(call, False, prefix_only=True)
         key, value, new_in_context, factor = call.key, call.value, False, 1.0
     else:
-        context_key, context_value, stride = triton_prefill.gather_context(call, False)
+        codes = mode is KVQuantMode.FP8_E4M3
+        context_key, context_value, stride = triton_prefill.gather_context(call, codes, permute_values=codes)
         key, value, new_in_context = context_key, context_value, True
         factor = triton_prefill._GATHERED_FACTOR[mode]
     if grid_order is None:

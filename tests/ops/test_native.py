@@ -902,7 +902,7 @@ def _prefill_call(mode=KVQuantMode.NONE, tokens=64, seqs=2, head_size=128, q_dty
 
 
 @pytest.mark.parametrize("fields,expected", [
-    (dict(mode=KVQuantMode.FP8_E4M3), "kv_quant_mode=FP8_E4M3"),
+    (dict(mode=KVQuantMode.FP8_PER_TOKEN_HEAD), "kv_quant_mode=FP8_PER_TOKEN_HEAD"),
     (dict(q_dtype=torch.float32), "query dtype torch.float32"),
     (dict(head_size=64), "head_size=64"),
     (dict(tokens=8, seqs=2), "decode-shaped"),

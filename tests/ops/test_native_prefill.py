@@ -14,6 +14,7 @@ from kvfuse.kv_cache import KVQuantMode
 from kvfuse.ops import native
 from kvfuse.ops.registry import AttentionCall
 from test_new_token_prefill import step_kv
+from test_quantized_prefill import fp8_dots_bound
 from test_triton_attention import TOL, make_case, poison_allocator, reference_out
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -42,9 +43,15 @@ def check(args, grid_order=None, through_op=False, **call_fields):
     poison_allocator(16 * args["query"].numel() * 2)
     out = native.paged_attention(call) if through_op else native.prefill_attention(call, grid_order=grid_order)
     assert out.shape == args["query"].shape and out.dtype == args["query"].dtype
-    atol, rtol = TOL[args["query"].dtype]
-    torch.testing.assert_close(out.cpu().float(), expected.float(), atol=atol, rtol=rtol)
     covered = int(args["query_start_loc"][-1])
+    if mode is KVQuantMode.FP8_E4M3:
+        # FP8 products (query and P rounded to e4m3): the bound stated for Triton's FP8 dots.
+        err = (out.cpu().float()[:covered] - expected.float()[:covered]).abs()
+        mean_bound, max_bound = fp8_dots_bound(args)
+        assert err.mean() <= mean_bound and err.max() <= max_bound, (err.mean(), mean_bound, err.max(), max_bound)
+    else:
+        atol, rtol = TOL[args["query"].dtype]
+        torch.testing.assert_close(out.cpu().float(), expected.float(), atol=atol, rtol=rtol)
     assert torch.all(out[covered:] == 0), "padding rows must be zeros"
     return out
 
@@ -83,6 +90,29 @@ def test_decoded_caches_match_reference(mode, case):
     check(args)
 
 
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("heads", [(8, 8), (16, 2)], ids=str)
+def test_fp8_e4m3_within_the_stated_bound(case, heads, q_dtype):
+    """e4m3 caches: FP8 tensor-core products over the gathered codes (values in the permuted
+    column order), within the error bound stated for FP8 dots."""
+    seq_lens, q_lens = CASES[case]
+    args = make_case(seq_lens, q_lens, heads[0], heads[1], 128, KVQuantMode.FP8_E4M3, q_dtype=q_dtype, pad_rows=3,
+                     seed=49)
+    check(args)
+
+
+def test_fp8_e4m3_matches_triton_fp8_dots_closely():
+    """Both kernels round the query row-wise and P as 2^8 p to e4m3: their outputs agree to far
+    inside the bound against the reference."""
+    from kvfuse.ops.triton.attention import paged_attention as triton_attention
+
+    args = make_case([1000, 533], [600, 533], 8, 2, 128, KVQuantMode.FP8_E4M3, seed=50)
+    out = check(args).float()
+    other = triton_attention(AttentionCall(**args), fp8_dots=True).float()
+    assert (out - other).abs().mean() < 2e-3 * other.abs().mean() + 1e-4
+
+
 def test_per_head_scales():
     args = make_case([700, 300], [300, 300], 8, 4, 128, KVQuantMode.NVFP4, seed=53)
     args["k_scale"] = torch.tensor([0.05, 0.1, 0.2, 0.4], device="cuda")
@@ -95,6 +125,8 @@ def test_sinks():
     sinks = torch.linspace(-3.0, 6.0, 8, device="cuda")
     sinks[1] = float("-inf")
     check(args, sinks=sinks)
+    fp8 = make_case([900, 260], [533, 260], 8, 2, 128, KVQuantMode.FP8_E4M3, pad_rows=1, seed=59)
+    check(fp8, sinks=sinks)
 
 
 def test_large_scores_stay_finite():

@@ -174,6 +174,30 @@ def test_gathered_context_is_the_cache(mode):
         assert torch.all(key[tail].float() == 0)
 
 
+def test_permuted_value_columns():
+    """gather_context(permute_values=True) puts each e4m3 value column where
+    permuted_value_column says, a permutation within each 16 columns (what the native FP8 prefill
+    kernel's P operand expects); plain and permuted gathers hold the same bytes otherwise."""
+    from kvfuse.ops.triton import prefill
+
+    assert sorted(prefill.permuted_value_column(c) for c in range(32)) == list(range(32))
+    assert [prefill.permuted_value_column(c) for c in (0, 1, 2, 8, 9, 15, 16, 26)] == [0, 1, 4, 2, 3, 15, 16, 22]
+    args = make_case([40, 130], [17, 19], 4, 2, 64, KVQuantMode.FP8_E4M3, seed=60)
+    call = AttentionCall(**args)
+    key, value, stride = prefill.gather_context(call, True)
+    key_p, value_p, stride_p = prefill.gather_context(call, True, permute_values=True)
+    assert stride_p == stride
+    order = torch.tensor([prefill.permuted_value_column(c) for c in range(value.shape[1])])
+    for b, seq_len in enumerate([40, 130]):
+        cols = torch.arange(b * stride, b * stride + -(-seq_len // 128) * 128)  # the written ones
+        assert torch.equal(key_p.cpu()[cols].view(torch.uint8), key.cpu()[cols].view(torch.uint8))
+        assert torch.equal(value_p.cpu()[:, order[cols]].view(torch.uint8), value.cpu()[:, cols].view(torch.uint8))
+        assert not torch.equal(order[cols], cols)
+    with pytest.raises(ValueError, match="permute_values"):
+        prefill.gather_context(AttentionCall(**make_case([5], [5], 2, 1, 64, KVQuantMode.NVFP4)), False,
+                               permute_values=True)
+
+
 def test_whole_context_by_its_size(monkeypatch):
     """By default the whole context is gathered while its tensors fit WHOLE_CONTEXT_MAX_BYTES;
     beyond, the new rows are gathered and the prefix goes through the paged kernel's partials.

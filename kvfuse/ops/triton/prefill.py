@@ -420,6 +420,23 @@ def _new_token_prefill_kernel(
 
 
 @triton.jit
+def _permuted_value_column(col):
+    """:func:`permuted_value_column` in a kernel."""
+    a = col & 15
+    return (col & ~15) + ((a >> 1) & 3) * 4 + (a >> 3) * 2 + (a & 1)
+
+
+def permuted_value_column(col: int) -> int:
+    """Where the native FP8 prefill kernel (csrc/cuda/prefill_attention.cu) wants the value of
+    key column ``col``: within each 16 columns, key ``8u + 2t + e`` (u, e in {0, 1}, t < 4) at
+    ``4t + 2u + e``. Its P operand of a 32-key product holds, per lane quad position t, the
+    accumulator's columns 2t, 2t + 1, 8 + 2t, 9 + 2t (and 16 more) where e4m3's A operand layout
+    expects columns 4t .. 4t + 3: the values follow P's order instead of P being shuffled."""
+    a = col & 15
+    return (col & ~15) + ((a >> 1) & 3) * 4 + (a >> 3) * 2 + (a & 1)
+
+
+@triton.jit
 def _value_column(q_start, b):
     """First column of sequence ``b``'s values in the transposed FP8 value tensor: 16-aligned (a
     tensor descriptor's innermost block offset must be a multiple of 16 bytes), with a gap of at
@@ -439,7 +456,7 @@ def _gather_new_rows_kernel(
     stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt, stride_kt, stride_vt, stride_vd,
     MODE: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_T: tl.constexpr, PAGE: tl.constexpr,
     USE_ASM: tl.constexpr, SWIZZLE_V: tl.constexpr, V_COLUMNS: tl.constexpr, WHOLE_CONTEXT: tl.constexpr = False,
-    PREFIX_ONLY: tl.constexpr = False,
+    PREFIX_ONLY: tl.constexpr = False, PERMUTE_VALUES: tl.constexpr = False,
 ):
     """Rows ``[BLOCK_T * pid0, +BLOCK_T)`` of the call's query, KV head ``pid1``: the cached K/V of
     each row's own position, into ``k_out[row, head * HEAD + d]`` and ``v_out`` at ``row *
@@ -455,7 +472,9 @@ def _gather_new_rows_kernel(
     value column) ``pid2 * num_tokens + pos`` (``num_tokens`` is then the per-sequence stride, a
     multiple of 128); positions from the sequence's length up to the next multiple of 128 get
     zeros (the last key tile reads them), the rest of the stride is not written. PREFIX_ONLY:
-    the same for the cached positions before the sequence's new tokens."""
+    the same for the cached positions before the sequence's new tokens. PERMUTE_VALUES (V_COLUMNS
+    with WHOLE_CONTEXT): each value goes to column :func:`permuted_value_column` of its own, the
+    order the native FP8 prefill kernel's P operand takes its keys in."""
     kvh = tl.program_id(1)
     if WHOLE_CONTEXT:
         b_seq = tl.program_id(2)
@@ -527,6 +546,8 @@ def _gather_new_rows_kernel(
             # Each sequence's values from its own aligned column; other columns keep their zeros.
             v_col = (r - q_start + _value_column(q_start, b)).to(tl.int64)
             v_mask = valid[:, None] & dmask
+        if PERMUTE_VALUES:
+            v_col = _permuted_value_column(v_col)
         tl.store(v_out_ptr + v_col[:, None] * stride_vt + (kvh * HEAD + offs_d[None, :]) * stride_vd, v.to(ty),
                  mask=v_mask)
 
@@ -720,7 +741,8 @@ _GATHER_ROWS = 64
 
 
 def _gather(call: AttentionCall, fp8_codes: bool, inline_asm: bool, rows: int, value_cols: int, zero_values: bool,
-            extent: int, top_bit: int, whole_context: bool = False, prefix_only: bool = False):
+            extent: int, top_bit: int, whole_context: bool = False, prefix_only: bool = False,
+            permute_values: bool = False):
     """Allocate the gathered tensors (``rows`` key rows; e4m3 values as ``value_cols`` columns,
     zeroed first where the kernel leaves columns a key tile reads, ``zero_values``) and launch
     :func:`_gather_new_rows_kernel` (skipped when there is nothing to gather) over ``extent`` rows
@@ -756,7 +778,7 @@ def _gather(call: AttentionCall, fp8_codes: bool, inline_asm: bool, rows: int, v
         MODE=int(mode), HEAD=head_size, HEAD_PAD=max(32, _next_pow2(head_size)), BLOCK_T=block_t, PAGE=page,
         USE_ASM=inline_asm and not interpret,
         SWIZZLE_V=mode is KVQuantMode.NVFP4 and nvfp4_v_scales_swizzled(page, head_size), V_COLUMNS=fp8_codes,
-        WHOLE_CONTEXT=whole_context, PREFIX_ONLY=prefix_only, num_warps=4,
+        WHOLE_CONTEXT=whole_context, PREFIX_ONLY=prefix_only, PERMUTE_VALUES=permute_values, num_warps=4,
     )
     return key, value
 
@@ -792,19 +814,23 @@ def context_bytes(call: AttentionCall, fp8_codes: bool) -> int:
 WHOLE_CONTEXT_MAX_BYTES = 1 << 30
 
 
-def gather_context(call: AttentionCall, fp8_codes: bool, inline_asm: bool = True, prefix_only: bool = False):
+def gather_context(call: AttentionCall, fp8_codes: bool, inline_asm: bool = True, prefix_only: bool = False,
+                   permute_values: bool = False):
     """Every cached position of every sequence, dense (:func:`_gather_new_rows_kernel` with
     WHOLE_CONTEXT): ``(key, value, stride)``, sequence ``b``'s position ``j`` at row ``b * stride +
     j`` of ``key [num_seqs * stride, kv_heads, head_size]`` and of ``value`` (same shape, decoded
     into the query's dtype), or at that column of ``value [kv_heads * head_size, num_seqs *
     stride]`` (e4m3 codes, transposed) when ``fp8_codes``. Rows from a sequence's length to the
     next multiple of 128 are zeros; rows past them are not written. ``prefix_only``: the positions
-    before each sequence's new tokens only (a bf16 / fp16 cache's prefix, :func:`new_token_prefill`)."""
+    before each sequence's new tokens only (a bf16 / fp16 cache's prefix, :func:`new_token_prefill`).
+    ``permute_values`` (``fp8_codes``): value columns in :func:`permuted_value_column`'s order."""
+    if permute_values and not fp8_codes:
+        raise ValueError("permute_values applies to e4m3 codes (fp8_codes=True) only")
     stride = context_stride(call)
     rows = call.block_table.shape[0] * stride
     # The kernel writes zeros up to each sequence's last key tile, and no tile reads further.
     key, value = _gather(call, fp8_codes, inline_asm, rows, rows, False, stride, 0, whole_context=True,
-                         prefix_only=prefix_only)
+                         prefix_only=prefix_only, permute_values=permute_values)
     return key, value, stride
 
 
