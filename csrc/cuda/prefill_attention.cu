@@ -29,9 +29,11 @@
 // those products ("ping-pong"), so that one warpgroup's softmax overlaps the other's MMAs.
 // The producer gives up registers (setmaxnreg) so that the consumers hold S, O and P (240 each).
 //
-// Key tiles in order: the diagonal tile of the new keys (masked: key i' <= i), the other new
-// tiles from the diagonal down, then the prefix tiles from its end down (the last one masked
-// where P is not a multiple of 128). Blocks are launched longest first (the reversed tile index).
+// Key tiles in order (KeyTiles): with the step's K/V, the diagonal tile of the new keys (masked:
+// key i' <= i), the other new tiles from the diagonal down, then the prefix tiles from its end
+// down (the last one masked where P is not a multiple of 128); with the whole context, its
+// 128-aligned tiles from the last one the block's rows see down (those reaching past position
+// P + m0 masked). Blocks are launched longest first (the reversed tile index).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
@@ -155,20 +157,55 @@ __device__ __forceinline__ void tile_sequence(const int32_t* qsl, int num_seqs, 
   local = tile - (q_start / kBlockM + lo);
 }
 
-// Key tile `it` of a block (the order in the file comment): whether it comes from the prefix, its
-// first key (relative to its source's first row for this sequence), and its mask limit (keys
-// with column <= limit are seen; kNoMask: all).
+// The key tiles of a block, in the order they are attended (the file comment's), and what each
+// masks. Keys of a tile are its columns 0..127; block row r (0..127) sees column c when
+// c <= diag + r and c <= end (kNoMask: no such bound).
 constexpr int kNoMask = 1 << 30;
 
 struct KeyTile {
-  bool prefix;
-  int first;
+  bool context;  // read from the context tensors (else the step's key / value)
+  int first;     // its first key: a context row (minus the sequence's first) or a new-key row
+  int diag;
+  int end;
 };
 
-__device__ __forceinline__ KeyTile key_tile(int it, int new_tiles, int prefix_tiles, int local) {
-  if (it < new_tiles) return {false, (local - it) * kBlockN};
-  return {true, (prefix_tiles - 1 - (it - new_tiles)) * kBlockN};
-}
+struct KeyTiles {
+  int local;          // the block's query tile within its sequence
+  int m0;             // its first query row
+  int prefix;         // cached positions before the new tokens
+  int new_tiles;      // step K/V: the new keys' tiles (up to the diagonal); context: 0
+  int prefix_tiles;   // step K/V: the prefix's tiles; context: every tile of positions [0, kv_end)
+  bool new_in_context;
+
+  __device__ __forceinline__ KeyTiles(int local_, int q_len, int prefix_, bool new_in_context_)
+      : local(local_), m0(local_ * kBlockM), prefix(prefix_), new_in_context(new_in_context_) {
+    if (new_in_context) {
+      // Query row i sits at context position prefix + i; tiles from position 0, 128-aligned (the
+      // e4m3 values' tensor map takes 16-byte aligned columns only).
+      const int kv_end = prefix + min(m0 + kBlockM, q_len);
+      new_tiles = 0;
+      prefix_tiles = (kv_end + kBlockN - 1) / kBlockN;
+    } else {
+      new_tiles = local + 1;
+      prefix_tiles = (prefix + kBlockN - 1) / kBlockN;
+    }
+  }
+
+  __device__ __forceinline__ int count() const { return new_tiles + prefix_tiles; }
+
+  __device__ __forceinline__ KeyTile operator[](int it) const {
+    if (it < new_tiles) {
+      const int first = (local - it) * kBlockN;
+      return {false, first, m0 - first, kNoMask};
+    }
+    const int first = (prefix_tiles - 1 - (it - new_tiles)) * kBlockN;
+    if (new_in_context) return {true, first, prefix + m0 - first, kNoMask};
+    return {true, first, kNoMask, prefix - first - 1};
+  }
+};
+
+// Whether any row of the block masks a key of tile `kt` (uniform over the block).
+__device__ __forceinline__ bool masked(const KeyTile& kt) { return kt.diag < kBlockN - 1 || kt.end < kBlockN - 1; }
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -389,11 +426,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // its rows unwritten here as in the Triton kernel's early exit.
   if (local < 0 || local * kBlockM >= q_len || prefix < 0) return;
   const int m0 = local * kBlockM;
-  const int new_tiles = local + 1;
-  const int prefix_tiles = (prefix + kBlockN - 1) / kBlockN;
-  const int num_key_tiles = new_tiles + prefix_tiles;
+  const KeyTiles tiles(local, q_len, prefix, p.new_in_context);
+  const int num_key_tiles = tiles.count();
   const int context_row0 = b * p.context_stride;
-  const int new_row0 = p.new_in_context ? context_row0 + prefix : q_start;
 
   const int warpgroup = tid / 128;
   if (tid == 0) {
@@ -411,8 +446,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     release_registers<kProducerRegisters>();
     if (tid == 0) {
-      const CUtensorMap* new_k = p.new_in_context ? &ck_map : &k_map;
-      const CUtensorMap* new_v = p.new_in_context ? &cv_map : &v_map;
       mbar_arrive_expect_tx(&sm.q_full, 2 * kQConsumerBytes);
       for (int c = 0; c < 2; ++c) {
         for (int half = 0; half < 2; ++half) {
@@ -423,15 +456,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int it = 0; it < num_key_tiles; ++it) {
         const int s = it % kStages;
         const uint32_t parity = ((it / kStages) & 1) ^ 1;
-        const KeyTile kt = key_tile(it, new_tiles, prefix_tiles, local);
-        const int row = (kt.prefix ? context_row0 : new_row0) + kt.first;
+        const KeyTile kt = tiles[it];
+        const int row = (kt.context ? context_row0 : q_start) + kt.first;
         mbar_wait(&sm.k_empty[s], parity);
         mbar_arrive_expect_tx(&sm.k_full[s], Traits::kTileBytes);
         if constexpr (Traits::kFp8) {
           tma_load_2d(sm.k[s], &ck_map, kvh * kHead, row, &sm.k_full[s]);
         } else {
           for (int half = 0; half < 2; ++half) {
-            tma_load_2d(sm.k[s] + half * kKVHalfBytes, kt.prefix ? &ck_map : new_k,
+            tma_load_2d(sm.k[s] + half * kKVHalfBytes, kt.context ? &ck_map : &k_map,
                         kvh * kHead + half * kSwizzleElems, row, &sm.k_full[s]);
           }
         }
@@ -442,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           tma_load_2d(sm.v[s], &cv_map, row, kvh * kHead, &sm.v_full[s]);
         } else {
           for (int half = 0; half < 2; ++half) {
-            tma_load_2d(sm.v[s] + half * kKVHalfBytes, kt.prefix ? &cv_map : new_v,
+            tma_load_2d(sm.v[s] + half * kKVHalfBytes, kt.context ? &cv_map : &v_map,
                         kvh * kHead + half * kSwizzleElems, row, &sm.v_full[s]);
           }
         }
@@ -498,9 +531,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   fence_registers(s);
   if (lane == 0) mbar_arrive(&sm.k_empty[0]);
+  // Per-tile mask limits of this thread's rows (masked tiles only; see KeyTiles).
+  auto limit = [&](const KeyTile& kt, int row) { return min(kt.diag + row, kt.end); };
   {
+    const KeyTile kt = tiles[0];  // always masked: the diagonal
     float alpha[2];
-    softmax_tile<kOp, true>(s, m, l, pa, alpha, qk, row_a, row_b, lane);
+    softmax_tile<kOp, true>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
   }
 
   // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
@@ -508,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // per trip) so that the softmax never writes registers the running P V product reads.
   auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
     const int st = it % kStages, pst = (it - 1) % kStages;
-    const KeyTile kt = key_tile(it, new_tiles, prefix_tiles, local);
+    const KeyTile kt = tiles[it];
     mbar_wait(&sm.k_full[st], (it / kStages) & 1);
     mbar_wait(&sm.v_full[pst], ((it - 1) / kStages) & 1);
     named_barrier_sync(my_turn, 256);
@@ -522,9 +558,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(s);
     if (lane == 0) mbar_arrive(&sm.k_empty[st]);
     float alpha[2];
-    if (kt.prefix && kt.first + kBlockN > prefix) {
-      const int limit = prefix - kt.first - 1;
-      softmax_tile<kOp, true>(s, m, l, p_out, alpha, qk, limit, limit, lane);
+    if (masked(kt)) {
+      softmax_tile<kOp, true>(s, m, l, p_out, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
     } else {
       softmax_tile<kOp, false>(s, m, l, p_out, alpha, qk, kNoMask, kNoMask, lane);
     }
