@@ -102,15 +102,18 @@ def test_fp8_e4m3_within_the_stated_bound(case, heads, q_dtype):
     check(args)
 
 
-def test_fp8_e4m3_matches_triton_fp8_dots_closely():
-    """Both kernels round the query row-wise and P as 2^8 p to e4m3: their outputs agree to far
-    inside the bound against the reference."""
+def test_fp8_e4m3_no_less_accurate_than_triton_fp8_dots():
+    """Both kernels round the query row-wise and P as 2^8 p to e4m3 (P against each one's own
+    running max, so their roundings differ): the native kernel's error against the reference is
+    of the size of the Triton kernel's."""
     from kvfuse.ops.triton.attention import paged_attention as triton_attention
 
     args = make_case([1000, 533], [600, 533], 8, 2, 128, KVQuantMode.FP8_E4M3, seed=50)
-    out = check(args).float()
-    other = triton_attention(AttentionCall(**args), fp8_dots=True).float()
-    assert (out - other).abs().mean() < 2e-3 * other.abs().mean() + 1e-4
+    expected = reference_out(args).float()
+    out = check(args).float().cpu()
+    other = triton_attention(AttentionCall(**args), fp8_dots=True).float().cpu()
+    err, other_err = (out - expected).abs().mean(), (other - expected).abs().mean()
+    assert err <= 1.25 * other_err, (err, other_err)
 
 
 def test_per_head_scales():
