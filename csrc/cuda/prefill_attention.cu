@@ -67,6 +67,10 @@
 #ifndef KVFUSE_PREFILL_FP8_HALF_EXP
 #define KVFUSE_PREFILL_FP8_HALF_EXP 0
 #endif
+// 1: the consumers take turns issuing their MMAs (named barriers); 0: each issues when ready.
+#ifndef KVFUSE_PREFILL_PINGPONG
+#define KVFUSE_PREFILL_PINGPONG 1
+#endif
 
 namespace kvfuse {
 namespace {
@@ -547,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     q_base = smem_addr(sm.q + c * kQConsumerBytes);
   }
-  if (c == 1) named_barrier_arrive(1, 256);
+  if (KVFUSE_PREFILL_PINGPONG && c == 1) named_barrier_arrive(1, 256);
 
   float o[64];
 #pragma unroll
@@ -558,11 +562,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Key tile 0 (the diagonal): S only, nothing to add to O yet.
   mbar_wait(&sm.k_full[0], 0);
-  named_barrier_sync(my_turn, 256);
+  if (KVFUSE_PREFILL_PINGPONG) named_barrier_sync(my_turn, 256);
   wgmma_fence();
   issue_scores<kOp>(s, q_base, smem_addr(sm.k[0]));
   wgmma_commit();
-  if (!(c == 1 && num_key_tiles == 1)) named_barrier_arrive(other_turn, 256);
+  if (KVFUSE_PREFILL_PINGPONG && !(c == 1 && num_key_tiles == 1)) named_barrier_arrive(other_turn, 256);
   wgmma_wait<0>();
   fence_registers(s);
   if (lane == 0) mbar_arrive(&sm.k_empty[0]);
@@ -582,13 +586,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const KeyTile kt = tiles[it];
     mbar_wait(&sm.k_full[st], (it / kStages) & 1);
     mbar_wait(&sm.v_full[pst], ((it - 1) / kStages) & 1);
-    named_barrier_sync(my_turn, 256);
+    if (KVFUSE_PREFILL_PINGPONG) named_barrier_sync(my_turn, 256);
     wgmma_fence();
     issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
     wgmma_commit();
     issue_values<kOp>(o, p_in, smem_addr(sm.v[pst]));
     wgmma_commit();
-    if (!(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
+    if (KVFUSE_PREFILL_PINGPONG && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
     wgmma_wait<1>();  // S done; P V may still run
     fence_registers(s);
     if (lane == 0) mbar_arrive(&sm.k_empty[st]);
