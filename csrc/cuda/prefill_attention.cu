@@ -55,27 +55,17 @@
 #include "device_attributes.h"
 #include "hopper_mma.h"
 
-// Tuning only (KVFUSE_NATIVE_CUDA_FLAGS): K/V ring stages of the 16-bit and e4m3 kernels, and
-// whether the e4m3 kernel takes P's exponentials in f16x2 (one MUFU op per two keys; P is rounded
-// to e4m3 after it, 3 mantissa bits, so fp16's 10 bits lose nothing it keeps).
+// Tuning only (KVFUSE_NATIVE_CUDA_FLAGS): K/V ring stages of the 16-bit and e4m3 kernels.
 #ifndef KVFUSE_PREFILL_STAGES
 #define KVFUSE_PREFILL_STAGES 2
 #endif
 #ifndef KVFUSE_PREFILL_FP8_STAGES
 #define KVFUSE_PREFILL_FP8_STAGES 3
 #endif
-#ifndef KVFUSE_PREFILL_FP8_HALF_EXP
-#define KVFUSE_PREFILL_FP8_HALF_EXP 0
-#endif
 // 1: the 16-bit kernels' consumers take turns issuing their MMAs (named barriers); 0: each issues
 // when ready. The e4m3 kernel issues when ready (measured faster: BENCHMARKS.md).
 #ifndef KVFUSE_PREFILL_PINGPONG
 #define KVFUSE_PREFILL_PINGPONG 1
-#endif
-// 1: the e4m3 kernel sums P on the tensor cores (P times 8 columns of ones, N = 8, beside each
-// P V product) in place of the softmax's adds.
-#ifndef KVFUSE_PREFILL_FP8_ONES
-#define KVFUSE_PREFILL_FP8_ONES 0
 #endif
 
 namespace kvfuse {
@@ -114,8 +104,6 @@ struct OperandTraits {
   static constexpr int kStages = kFp8 ? KVFUSE_PREFILL_FP8_STAGES : KVFUSE_PREFILL_STAGES;
   static constexpr int kPRegisters = kFp8 ? 16 : 32;  // P of a 64 x 128 tile as MMA A operands
   static constexpr bool kPingPong = !kFp8 && KVFUSE_PREFILL_PINGPONG;
-  // The row sums come from P times ones on the tensor cores (KVFUSE_PREFILL_FP8_ONES).
-  static constexpr bool kOnes = kFp8 && KVFUSE_PREFILL_FP8_ONES;
 };
 
 template <Operand kOp>
@@ -126,7 +114,6 @@ struct SharedStorage {
   alignas(1024) uint8_t q8[Traits::kFp8 ? 2 * kQ8ConsumerBytes : 1024];  // [consumer][64 rows][128 B], e4m3
   alignas(1024) uint8_t k[Traits::kStages][Traits::kTileBytes];
   alignas(1024) uint8_t v[Traits::kStages][Traits::kTileBytes];
-  alignas(1024) uint8_t ones[1024];  // kOnes: 8 rows of 128 e4m3 ones (one swizzle atom)
   float q_scale[kBlockM];  // e4m3: each query row's multiplier onto e4m3's range
   uint64_t q_full;
   uint64_t k_full[Traits::kStages];
@@ -280,7 +267,7 @@ __device__ __forceinline__ uint32_t pack_out(__half*, float lo, float hi) {
 // accumulator, which no instruction may write while P V runs). Updates the running max m and the
 // thread's partial row sums l (summed over the quad at the end), writes P as the next P V
 // product's A operands (store_p), and returns the accumulator's rescale in alpha.
-template <Operand kOp, bool kMasked, bool kSums = true>
+template <Operand kOp, bool kMasked>
 __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2], float (&l)[2], uint32_t* p,
                                              float (&alpha)[2], const float (&qk)[2], int limit0, int limit1,
                                              int lane) {
@@ -312,42 +299,18 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
     mx[r] = kShift - m_use;  // the exponent's offset, reused below
   }
   float sum[2] = {0.f, 0.f};
-  if constexpr (kOp == Operand::kE4m3 && KVFUSE_PREFILL_FP8_HALF_EXP) {
-    // Exponents in f16 (|x| < 2^10 keeps an absolute error under 2^-1, but x only matters down to
-    // p ~ 2^-14, |x| < 24: error < 2^-6, 0.5% of p), exponentials and their row sums in f16x2,
-    // P rounded from f16 to e4m3.
-    __half2 hsum[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < 16; ++j) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const __half2 x = __floats2half2_rn(fmaf(score(j, 0, r), qk[r], mx[r]), fmaf(score(j, 1, r), qk[r], mx[r]));
-        const __half2 e = h2exp2(x);
-        hsum[r] = __hadd2(hsum[r], e);
-        uint16_t pair;
-        asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(pair) : "r"(*reinterpret_cast<const uint32_t*>(&e)));
-        uint32_t& reg = p[4 * (j / 4) + 2 * ((j % 4) / 2) + r];
-        reg = (j % 2 == 0) ? pair : (reg | (static_cast<uint32_t>(pair) << 16));
-      }
-    }
-    sum[0] = __low2float(hsum[0]) + __high2float(hsum[0]);
-    sum[1] = __low2float(hsum[1]) + __high2float(hsum[1]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float p0 = fast_exp2(fmaf(score(j, 0, r), qk[r], mx[r]));
-        const float p1 = fast_exp2(fmaf(score(j, 1, r), qk[r], mx[r]));
-        if constexpr (kSums) sum[r] += p0 + p1;
-        store_p<kOp>(p, j, r, p0, p1);
-      }
+    for (int r = 0; r < 2; ++r) {
+      const float p0 = fast_exp2(fmaf(score(j, 0, r), qk[r], mx[r]));
+      const float p1 = fast_exp2(fmaf(score(j, 1, r), qk[r], mx[r]));
+      sum[r] += p0 + p1;
+      store_p<kOp>(p, j, r, p0, p1);
     }
   }
-  if constexpr (kSums) {
-    l[0] = l[0] * alpha[0] + sum[0];
-    l[1] = l[1] * alpha[1] + sum[1];
-  }
+  l[0] = l[0] * alpha[0] + sum[0];
+  l[1] = l[1] * alpha[1] + sum[1];
 }
 
 // S = Q K^T for one consumer. Both operands are K-major in shared memory with 8-row swizzle atoms
@@ -378,23 +341,14 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, ui
 // contiguous): a k-step of 16 keys is two 8-row atoms (2048 bytes) on, and the head's second 64
 // columns, the N side's next atom, are the tile's other box. e4m3: the tile is V^T (keys
 // contiguous, K-major): a k-step of 32 keys is 32 bytes into its rows.
-// `sums` (e4m3 with kOnes): += P times the ones atom at `ones_base`, the rows' sums of P.
-template <Operand kOp, bool kOnes>
-__device__ __forceinline__ void issue_values(float (&o)[64], float (&sums)[4], const uint32_t* pa, uint32_t v_base,
-                                             uint32_t ones_base) {
+template <Operand kOp>
+__device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t* pa, uint32_t v_base) {
   using namespace hopper;
   if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 32; ++kk) {
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
       wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes));
-    }
-    if constexpr (kOnes) {
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 32; ++kk) {
-        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-        wgmma_m64n8k32_e4m3_rs(sums, a, swizzle128_desc(ones_base + kk * 32, 16, kSwizzleAtomBytes));
-      }
     }
   } else {
 #pragma unroll
@@ -501,12 +455,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_init_fence();
   }
-  if constexpr (Traits::kOnes) {
-    if (tid < 64) {  // e4m3 1.0 is 0x38
-      *reinterpret_cast<uint4*>(sm.ones + 16 * tid) = make_uint4(0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u);
-    }
-    fence_shared_for_async_proxy();
-  }
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -580,9 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (Traits::kPingPong && c == 1) named_barrier_arrive(1, 256);
 
-  constexpr bool kSums = !Traits::kOnes;
-  const uint32_t ones_base = smem_addr(sm.ones);
-  float o[64], sums[4] = {0.f, 0.f, 0.f, 0.f};
+  float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float s[64];
@@ -604,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   {
     const KeyTile kt = tiles[0];  // always masked: the diagonal
     float alpha[2];
-    softmax_tile<kOp, true, kSums>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
+    softmax_tile<kOp, true>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
   }
 
   // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
@@ -619,7 +565,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
     wgmma_commit();
-    issue_values<kOp, Traits::kOnes>(o, sums, p_in, smem_addr(sm.v[pst]), ones_base);
+    issue_values<kOp>(o, p_in, smem_addr(sm.v[pst]));
     wgmma_commit();
     if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
     wgmma_wait<1>();  // S done; P V may still run
@@ -627,13 +573,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) mbar_arrive(&sm.k_empty[st]);
     float alpha[2];
     if (masked(kt)) {
-      softmax_tile<kOp, true, kSums>(s, m, l, p_out, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
+      softmax_tile<kOp, true>(s, m, l, p_out, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
     } else {
-      softmax_tile<kOp, false, kSums>(s, m, l, p_out, alpha, qk, kNoMask, kNoMask, lane);
+      softmax_tile<kOp, false>(s, m, l, p_out, alpha, qk, kNoMask, kNoMask, lane);
     }
     wgmma_wait<0>();
     fence_registers(o);
-    fence_registers(sums);
     if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -642,20 +587,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[4 * j + 2] *= alpha[1];
       o[4 * j + 3] *= alpha[1];
     }
-    if constexpr (Traits::kOnes) {
-      sums[0] *= alpha[0];
-      sums[2] *= alpha[1];
-    }
   };
   auto last_values = [&](const uint32_t* p_last) {
     const int last = num_key_tiles - 1;
     mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
     wgmma_fence();
-    issue_values<kOp, Traits::kOnes>(o, sums, p_last, smem_addr(sm.v[last % kStages]), ones_base);
+    issue_values<kOp>(o, p_last, smem_addr(sm.v[last % kStages]));
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
-    fence_registers(sums);
   };
   uint32_t pb[Traits::kPRegisters];
   int it = 1;
@@ -675,12 +615,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if constexpr (Traits::kOnes) {
-      l[r] = sums[2 * r];  // a ones column: the whole row's sum, in every lane
-    } else {
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     float rescale = 1.f;
     if (p.sinks != nullptr) {
       // The sink is a logit of its own (unscaled), in P's units like every other term of l.

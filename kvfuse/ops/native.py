@@ -583,6 +583,8 @@ def prefill_refusal(call: AttentionCall) -> Optional[str]:
         return f"logit_softcap={call.logit_softcap}: it has no soft-cap"
     if not _rows_described(query):
         return f"query strides {tuple(query.stride())} / address: rows must start 16-byte aligned, heads contiguous"
+    if mode is KVQuantMode.FP8_E4M3 and not envs.settings().fp8_prefill_dots:
+        return "KVFUSE_FP8_PREFILL_DOTS=0: e4m3 prefill in the model dtype takes the Triton kernel"
     if mode is KVQuantMode.NONE:
         if call.key is None or call.value is None:
             return "a bf16 / fp16 cache's call without the step's key / value"
