@@ -41,7 +41,8 @@ for phase in $phases; do
           --ignore tests/ops/test_new_token_prefill.py --ignore tests/ops/test_quantized_prefill.py
           --ignore tests/ops/test_per_token_head.py
           --ignore tests/ops/test_head_scales.py" ;;
-        tests-native) dirs="tests/ops/test_native.py tests/ops/test_native_attention.py tests/ops/test_per_token_head.py" ;;
+        tests-native) dirs="tests/ops/test_native.py tests/ops/test_native_attention.py tests/ops/test_native_prefill.py
+          tests/ops/test_per_token_head.py" ;;
         *) dirs="tests/compile tests/models tests/integrations tests/distributed" ;;
       esac
       # -v names every result as it happens (a summary printed at the end is lost when the phase
@@ -138,9 +139,10 @@ i = native.build_info(build=True); print('build ${flags:-default}:', i.get('buil
     prefill)
       # Issue 16's prefill matrix with its anchors (FlashInfer paged prefill, SDPA): 4k and 16k
       # fresh prompts, chunked prefill and 4-token speculative decode, bf16 / FP8 / NVFP4 caches;
-      # three round-robin rounds (medians), since a long compute-bound run lowers the clock.
+      # kvfuse_native is csrc/cuda/prefill_attention.cu (sm_90), kvfuse the Triton kernels; two
+      # round-robin rounds (medians), since a long compute-bound run lowers the clock.
       timeout 560 python3 -m benchmarks.attention --only prefill,extend --prefills 4096,16384 --modes bf16,fp8,nvfp4 \
-        --impls kvfuse,flashinfer,torch_sdpa --rounds 3 --out "$RES/prefill" 2>&1 \
+        --impls kvfuse,kvfuse_native,flashinfer,torch_sdpa --rounds 2 --out "$RES/prefill" 2>&1 \
         | grep -v '^ ' | tail -4
       ;;
     prefill-sweep)

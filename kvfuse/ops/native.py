@@ -30,6 +30,12 @@ on average) that it supports (:func:`decode_refusal`); the others run Triton's k
 covers every call. With the native backend forced (``KVFUSE_ATTENTION_BACKEND=native``) every
 call it supports runs natively, prefill-shaped ones included, and the rest raise.
 
+:func:`prefill_attention` (CUDA, sm_90 only) runs ``csrc/cuda/prefill_attention.cu``, a
+warp-specialised prefill kernel (tensor-map copies and ``wgmma``, FlashAttention-3's layout of
+one producer and two consumer warpgroups), on prefill-shaped calls with head size 128 over
+bf16 / fp16, FP8 e4m3 / e5m2 and NVFP4 caches (:func:`prefill_refusal` says which):
+:func:`paged_attention` sends it every call it accepts, before the decode kernel's turn.
+
 :func:`rope_encode_and_cache_write` (CUDA; FP8 and NVFP4 caches) rotates each key unit (16
 elements; 8 in small FP8 launches) inside the fused write kernel of ``csrc/cuda/cache_write.cu``
 (one more launch rotates the query, when there is one), bit for bit the reference's arithmetic;
@@ -75,6 +81,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "paged_attention",
     "decode_refusal",
+    "prefill_attention",
+    "prefill_refusal",
     "encode_kv",
     "cache_write",
     "encode_and_cache_write",

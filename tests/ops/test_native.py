@@ -928,3 +928,18 @@ def test_prefill_refuses_mixed_formats_and_unaligned_rows():
     assert "query strides" in native.prefill_refusal(dataclasses.replace(call, query=head_major))
     odd_key = torch.zeros(64, 2, 129, dtype=torch.bfloat16)[:, :, :128]
     assert "key" in native.prefill_refusal(dataclasses.replace(call, key=odd_key))
+
+
+def test_prefill_leaves_exact_value_fp8_prefill_to_triton(monkeypatch):
+    """KVFUSE_FP8_PREFILL_DOTS=0 asks for e4m3 prefill in the model dtype: the native kernel (FP8
+    products only) declines it; e5m2 and NVFP4 are unaffected."""
+    from kvfuse import envs
+
+    monkeypatch.setenv("KVFUSE_FP8_PREFILL_DOTS", "0")
+    envs.reload()
+    reason = native.prefill_refusal(_prefill_call(mode=KVQuantMode.FP8_E4M3, step_kv=False))
+    assert "KVFUSE_FP8_PREFILL_DOTS=0" in reason
+    assert "query is on cpu" in native.prefill_refusal(_prefill_call(mode=KVQuantMode.FP8_E5M2, step_kv=False))
+    monkeypatch.delenv("KVFUSE_FP8_PREFILL_DOTS")
+    envs.reload()
+    assert "query is on cpu" in native.prefill_refusal(_prefill_call(mode=KVQuantMode.FP8_E4M3, step_kv=False))
