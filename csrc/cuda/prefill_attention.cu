@@ -1,5 +1,6 @@
 // Prefill attention on Hopper (sm_90a): new query tokens over their sequence's cached prefix and
-// over themselves (causal), for head size 128, bf16 / fp16 operands, fp32 accumulation.
+// over themselves (causal), for head size 128: bf16 / fp16 operands, or e4m3 ones for an FP8 e4m3
+// cache (the query rounded row by row to e4m3), fp32 accumulation.
 //
 // Semantics: kvfuse/ops/reference.py paged_attention, for the calls kvfuse.ops.native.prefill_refusal
 // accepts (no sliding window, no soft-cap). Query token i of a sequence with P cached positions
@@ -13,20 +14,24 @@
 // the prefix of sequence b at rows b * context_stride + j of context_key / context_value (the
 // gather of kvfuse.ops.triton.prefill.gather_context); the new keys at rows q_start + i of the
 // step's key / value, or, with new_in_context, at rows b * context_stride + P + i of the context
-// tensors (a quantized cache's whole context, decoded into the query's dtype: then the scales
-// apply, with `factor` NVFP4's 2^6).
+// tensors (a quantized cache's whole context: then the scales apply, with `factor` NVFP4's 2^6).
+// e5m2 / NVFP4 contexts come decoded into the query's dtype, e4m3 ones as codes: keys [rows,
+// kv_heads * 128], values transposed [kv_heads * 128, columns] (FP8 wgmma reads both operands
+// K-major), each 16 columns permuted to P's register order (prefill.permuted_value_column).
 //
 // Work split, as FlashAttention-3 on Hopper: a block owns 128 query tokens of one sequence and
 // one query head (GQA: head h reads KV head h / group; a group's blocks share K/V through L2)
 // and runs three warpgroups. Warpgroup 0 is the producer: one thread issues tensor-map copies
-// of the query tile and of each 128-key K and V tile into a two-stage ring in shared memory
-// (128-byte swizzle, the layout wgmma reads), completing mbarriers. Warpgroups 1 and 2 are
-// consumers with 64 query rows each: per key tile, S = Q K^T (wgmma m64n128k16, both operands in
-// shared memory), the online softmax in registers, and O += P V (wgmma with P from registers:
-// the accumulator layout of S is the A-operand layout, so P needs no shuffle). Within a
-// consumer, the P V product of tile t - 1 is issued together with S of tile t and runs while
-// the softmax of tile t waits for S; between consumers, named barriers take turns for issuing
-// those products ("ping-pong"), so that one warpgroup's softmax overlaps the other's MMAs.
+// of the query tile and of each 128-key K and V tile into a ring in shared memory (two stages of
+// 16-bit tiles, three of e4m3 ones; 128-byte swizzle, the layout wgmma reads), completing mbarriers. Warpgroups 1 and 2 are
+// consumers with 64 query rows each: per key tile, S = Q K^T (wgmma m64n128k16, or k32 for e4m3,
+// both operands in shared memory), the online softmax in registers, and O += P V (wgmma with P
+// from registers: the accumulator layout of S is the 16-bit A-operand layout, so P needs no
+// shuffle; for e4m3 the values' column order absorbs the difference). Within a consumer, the
+// P V product of tile t - 1 is issued together with S of tile t and runs while the softmax of
+// tile t waits for S; in the 16-bit kernels the consumers take turns issuing those products
+// (named barriers, "ping-pong"), so that one warpgroup's softmax overlaps the other's MMAs (the
+// e4m3 kernel measured faster without the turns: BENCHMARKS.md).
 // The producer gives up registers (setmaxnreg) so that the consumers hold S, O and P (240 each).
 //
 // Key tiles in order (KeyTiles): with the step's K/V, the diagonal tile of the new keys (masked:
