@@ -97,13 +97,12 @@ constexpr float kFp8PShift = 8.f;
 
 // What the products read: the step's (or a decoded context's) 16-bit K/V, or e4m3 codes of an
 // FP8 cache's gathered context (keys [rows, heads * 128]; values transposed, [heads * 128,
-// columns], each 32-column group permuted to match P's register layout: fp8_value_column).
+// columns], each 16 columns permuted to P's register order: prefill.permuted_value_column).
 enum class Operand { kBf16, kFp16, kE4m3 };
 
 template <Operand kOp>
 struct OperandTraits {
   static constexpr bool kFp8 = kOp == Operand::kE4m3;
-  static constexpr bool kHalf = kOp == Operand::kFp16;
   // A K or V tile: 128 keys x 128 elements, in two 64-column boxes (16-bit) or one box (e4m3).
   static constexpr uint32_t kTileBytes = kFp8 ? kBlockN * 128 : 2 * kKVHalfBytes;
   static constexpr int kStages = kFp8 ? KVFUSE_PREFILL_FP8_STAGES : KVFUSE_PREFILL_STAGES;
