@@ -250,9 +250,10 @@ def unavailable_reason(op: str, device_type: str, mode: int) -> Optional[str]:
     if op == "paged_attention":
         if device_type != "cuda":
             return f"its attention kernel runs on CUDA, not on {device_type}"
-        if mode not in _ATTENTION_MODES | _PREFILL_MODES:
-            return (f"its attention kernels read {', '.join(m.name for m in sorted(_ATTENTION_MODES | _PREFILL_MODES))} "
-                    f"caches, not {KVQuantMode(mode).name}")
+        modes = _ATTENTION_MODES | _PREFILL_MODES
+        if mode not in modes:
+            return (f"its attention kernels read {', '.join(m.name for m in sorted(modes))} caches, "
+                    f"not {KVQuantMode(mode).name}")
     state = _ensure_built()
     if state["library"] is None:
         return state["error"]
@@ -554,8 +555,8 @@ PREFILL_HEAD_SIZE = 128
 
 def _rows_described(t: torch.Tensor) -> bool:
     """Whether a tensor map can describe ``t`` ([rows, heads, head_size] with contiguous heads)."""
-    return (t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] and (t.stride(0) * t.element_size()) % 16 == 0
-            and t.data_ptr() % 16 == 0)
+    return (t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2]
+            and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -617,8 +618,9 @@ def prefill_attention(call: AttentionCall, grid_order: Optional[str] = None) -> 
     context gathered densely first (:func:`kvfuse.ops.triton.prefill.gather_context`: a bf16 /
     fp16 cache's prefix, the step's K/V being the new keys; an e4m3 cache's whole context as codes,
     values transposed in :func:`~kvfuse.ops.triton.prefill.permuted_value_column`'s order; an e5m2
-    / NVFP4 cache's whole context, decoded). ``grid_order`` (``heads`` / ``tiles``): the order blocks are launched in; default by
-    the new K/V's size against the L2 (:func:`kvfuse.ops.triton.prefill.auto_grid_order`)."""
+    / NVFP4 cache's whole context, decoded). ``grid_order`` (``heads`` / ``tiles``): the order
+    blocks are launched in; default by the new K/V's size against the L2
+    (:func:`kvfuse.ops.triton.prefill.auto_grid_order`)."""
     from .triton import prefill as triton_prefill
 
     fn = _ops.get("prefill_attention")
