@@ -477,8 +477,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int b, q_start, q_len, local;
   tile_sequence(p.query_start_loc, p.num_seqs, tile, b, q_start, q_len, local);
   const int prefix = p.seq_lens[b] - q_len;
-  // Metadata with fewer cached positions than new tokens (refused by the op's checks) leaves
-  // its rows unwritten here as in the Triton kernel's early exit.
+  // Metadata with fewer cached positions than new tokens (refused by the op's checked mode):
+  // its rows are left unwritten (the Triton kernel's are zeros, from its zero-filled output).
   if (local < 0 || local * kBlockM >= q_len || prefix < 0) return;
   const int m0 = local * kBlockM;
   const KeyTiles tiles(local, q_len, prefix, p.new_in_context);
