@@ -576,18 +576,19 @@ def prefill_refusal(call: AttentionCall) -> Optional[str]:
     from .triton import prefill as triton_prefill
 
     query, kv_cache = call.query, call.kv_cache
+    # First: every decode call of the native backend passes here before its own kernel.
+    num_tokens, num_seqs = query.shape[0], call.block_table.shape[0]
+    if num_tokens <= DECODE_TOKENS_PER_SEQUENCE * max(num_seqs, 1):
+        return f"{num_tokens} query tokens for {num_seqs} sequences: decode-shaped"
     fmt = KVFormat.of(call.kv_quant_mode)
     if fmt.is_mixed or fmt.key not in _PREFILL_MODES:
         return f"kv_quant_mode={fmt.name}: it reads NONE, FP8_E4M3, FP8_E5M2 and NVFP4 caches"
     mode = fmt.key
     if query.dtype not in (torch.bfloat16, torch.float16):
         return f"query dtype {query.dtype}: it takes bfloat16 or float16 queries"
-    num_tokens, _, head_size = query.shape
+    head_size = query.shape[2]
     if head_size != PREFILL_HEAD_SIZE:
         return f"head_size={head_size}: it is built for head size {PREFILL_HEAD_SIZE}"
-    num_seqs = call.block_table.shape[0]
-    if num_tokens <= DECODE_TOKENS_PER_SEQUENCE * max(num_seqs, 1):
-        return f"{num_tokens} query tokens for {num_seqs} sequences: decode-shaped"
     if call.sliding_window is not None:
         return f"sliding_window={call.sliding_window}: it attends to whole contexts"
     if float(call.logit_softcap) > 0:
@@ -621,8 +622,8 @@ def prefill_attention(call: AttentionCall, grid_order: Optional[str] = None) -> 
     fp16 cache's prefix, the step's K/V being the new keys; an e4m3 cache's whole context as codes,
     values transposed in :func:`~kvfuse.ops.triton.prefill.permuted_value_column`'s order; an e5m2
     / NVFP4 cache's whole context, decoded). ``grid_order`` (``heads`` / ``tiles``): the order
-    blocks are launched in; default by the new K/V's size against the L2
-    (:func:`kvfuse.ops.triton.prefill.auto_grid_order`)."""
+    blocks are launched in; default by the new K/V's size (in the query's dtype) against the L2
+    (:func:`kvfuse.ops.triton.prefill.device_grid_order`)."""
     from .triton import prefill as triton_prefill
 
     fn = _ops.get("prefill_attention")
@@ -641,9 +642,7 @@ def prefill_attention(call: AttentionCall, grid_order: Optional[str] = None) -> 
         key, value, new_in_context = context_key, context_value, True
         factor = triton_prefill._GATHERED_FACTOR[mode]
     if grid_order is None:
-        index = query.device.index if query.device.index is not None else torch.cuda.current_device()
-        new_kv_bytes = 2 * query.shape[0] * num_kv_heads * query.shape[2] * query.element_size()
-        grid_order = triton_prefill.auto_grid_order(new_kv_bytes, triton_prefill._l2_bytes(index))
+        grid_order = triton_prefill.device_grid_order(query, query.element_size(), num_kv_heads)
     if grid_order not in ("heads", "tiles"):
         raise ValueError(f"grid_order={grid_order!r}: expected 'heads' or 'tiles'")
     return fn(query, key, value, context_key, context_value, stride, new_in_context, call.seq_lens,

@@ -161,6 +161,8 @@ def test_auto_grid_order_by_l2():
     key, value = step_kv(args)
     assert prefill.grid_order_for(tiles.interpret, args["query"], key, 2, interpret=True) == "tiles"
     assert prefill.grid_order_for(tiles_with(GRID_ORDER="group").interpret, args["query"], key, 2, True) == "group"
+    # A 48-token call's K/V fits any GPU's L2; off CUDA there is none.
+    assert prefill.device_grid_order(args["query"], 2, 2) == ("heads" if args["query"].is_cuda else "tiles")
     check(args, tiles)
 
 

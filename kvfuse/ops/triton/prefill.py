@@ -636,10 +636,18 @@ def grid_order_for(cfg: Tile, query: torch.Tensor, key: torch.Tensor, num_kv_hea
     and is read from memory again (BENCHMARKS.md, prefill grid orders)."""
     if cfg.GRID_ORDER != "auto":
         return cfg.GRID_ORDER
-    if interpret or query.device.type != "cuda":
+    if interpret:
+        return "tiles"
+    return device_grid_order(query, key.element_size(), num_kv_heads)
+
+
+def device_grid_order(query: torch.Tensor, kv_element_size: int, num_kv_heads: int) -> str:
+    """:func:`auto_grid_order` for ``query``'s tokens with K/V elements of ``kv_element_size``
+    bytes, against the L2 of ``query``'s device (``tiles`` off CUDA)."""
+    if query.device.type != "cuda":
         return "tiles"
     index = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    return auto_grid_order(2 * query.shape[0] * num_kv_heads * query.shape[2] * key.element_size(), _l2_bytes(index))
+    return auto_grid_order(2 * query.shape[0] * num_kv_heads * query.shape[2] * kv_element_size, _l2_bytes(index))
 
 
 def auto_grid_order(kv_bytes: int, l2_bytes: int) -> str:
