@@ -73,6 +73,11 @@
 #ifndef KVFUSE_PREFILL_TREE_REDUCE
 #define KVFUSE_PREFILL_TREE_REDUCE 0
 #endif
+// 1: a warp skips the per-tile rescale of its accumulator when no row of the warp has a new max
+// (all alpha exactly 1). Not yet measured, hence off.
+#ifndef KVFUSE_PREFILL_SKIP_RESCALE
+#define KVFUSE_PREFILL_SKIP_RESCALE 0
+#endif
 // 1: the 16-bit kernels' consumers take turns issuing their MMAs (named barriers); 0: each issues
 // when ready. The e4m3 kernel issues when ready (measured faster: BENCHMARKS.md).
 #ifndef KVFUSE_PREFILL_PINGPONG
@@ -457,29 +462,37 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kvh = h / p.group;
   const int tid = threadIdx.x;
 
+  // Zeros into this head's columns of rows [first, end) (rows that belong to no query).
+  auto clear_rows = [&](int first, int end) {
+    T* out = static_cast<T*>(p.out);
+    for (int i = tid; i < kBlockM * (kHead / 8); i += kThreads) {
+      const int row = first + i / (kHead / 8);
+      if (row < end) {
+        *reinterpret_cast<uint4*>(out + row * p.stride_ot + h * p.stride_oh + (i % (kHead / 8)) * 8) =
+            make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
   // Rows outside every sequence ([0, qsl[0]) and [qsl[num_seqs], num_tokens)) are zeros, as in
   // the Triton kernel; each block clears its own head's share of its grid tile's row range.
   {
     const int first_row = p.query_start_loc[0], end_row = p.query_start_loc[p.num_seqs];
     const int r0 = grid_tile * kBlockM;
-    if (r0 < p.num_tokens && (r0 < first_row || r0 + kBlockM > end_row)) {
-      T* out = static_cast<T*>(p.out);
-      for (int i = tid; i < kBlockM * (kHead / 8); i += kThreads) {
-        const int row = r0 + i / (kHead / 8);
-        if (row < p.num_tokens && (row < first_row || row >= end_row)) {
-          *reinterpret_cast<uint4*>(out + row * p.stride_ot + h * p.stride_oh + (i % (kHead / 8)) * 8) =
-              make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
+    if (r0 < p.num_tokens && r0 < first_row) clear_rows(r0, min(first_row, p.num_tokens));
+    const int r1 = max(r0, end_row);
+    if (r1 < p.num_tokens && r1 < r0 + kBlockM) clear_rows(r1, min(r0 + kBlockM, p.num_tokens));
   }
 
   int b, q_start, q_len, local;
   tile_sequence(p.query_start_loc, p.num_seqs, tile, b, q_start, q_len, local);
+  if (local < 0 || local * kBlockM >= q_len) return;
   const int prefix = p.seq_lens[b] - q_len;
-  // Metadata with fewer cached positions than new tokens (refused by the op's checked mode):
-  // its rows are left unwritten (the Triton kernel's are zeros, from its zero-filled output).
-  if (local < 0 || local * kBlockM >= q_len || prefix < 0) return;
+  // Metadata with fewer cached positions than new tokens (refused by the op's checked mode): the
+  // sequence's rows are zeros, as in the Triton kernel.
+  if (prefix < 0) {
+    clear_rows(q_start + local * kBlockM, q_start + min(local * kBlockM + kBlockM, q_len));
+    return;
+  }
   const int m0 = local * kBlockM;
   const KeyTiles tiles(local, q_len, prefix, p.new_in_context);
   const int num_key_tiles = tiles.count();
@@ -621,12 +634,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_registers(o);
     if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
+    // alpha is exactly 1 where a row's max did not grow: skipping the multiply changes no bit.
+    if (!KVFUSE_PREFILL_SKIP_RESCALE || !__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
+      for (int j = 0; j < 16; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
     }
   };
   auto last_values = [&](const uint32_t* p_last) {

@@ -518,9 +518,8 @@ def paged_attention(call: AttentionCall, *, num_splits: Optional[int] = None) ->
     """:func:`kvfuse.ops.reference.paged_attention` by the native prefill kernel or the native
     decode kernel, for the calls they take (see the module docstring); ``num_splits`` overrides the
     decode kernel's split-KV count (tests, benchmarks). Rows whose sequence has no allowed key are
-    zeros, as in the Triton kernel, but for one case: the prefill kernel leaves the rows of a
-    sequence with fewer cached positions than new tokens (metadata that checked mode refuses)
-    unwritten."""
+    zeros, as in the Triton kernel, also those of a sequence with fewer cached positions than new
+    tokens (metadata that checked mode refuses)."""
     forced = envs.settings().forced_backend("attention") == "native"
     if num_splits is None and prefill_refusal(call) is None:
         return prefill_attention(call)

@@ -51,6 +51,13 @@ def main() -> int:
         assert (out[:covered] - expected[:covered]).abs().max() <= tol, (seq_lens, mode)
         assert torch.all(out[covered:] == 0)
         count += 1
+    # A sequence with fewer cached positions than new tokens: its rows are cleared, not attended.
+    args = make_case([300, 300], [300, 150], 4, 2, 128, KVQuantMode.NONE, pad_rows=2, seed=count)
+    key, value = step_kv(args)
+    args["seq_lens"][1] = 100
+    out = native.prefill_attention(AttentionCall(**args, key=key, value=value)).float().cpu()
+    assert torch.all(out[300:] == 0)
+    count += 1
     torch.cuda.synchronize()
     print(f"{count} native prefill cases checked")
     return 0

@@ -132,6 +132,21 @@ def test_sinks():
     check(fp8, sinks=sinks)
 
 
+def test_sequence_shorter_than_its_new_tokens_gives_zero_rows():
+    """seq_len < q_len (metadata checked mode refuses): that sequence's rows are zeros, as the
+    Triton kernel's, in NaN-poisoned memory; the other sequences are still right."""
+    args = make_case([700, 300], [300, 300], 8, 2, 128, KVQuantMode.NONE, seed=73)
+    key, value = step_kv(args)
+    expected = reference_out(args).float()
+    short = dict(args, seq_lens=args["seq_lens"].clone())
+    short["seq_lens"][1] = 200
+    poison_allocator(16 * args["query"].numel() * 2)
+    out = native.prefill_attention(AttentionCall(**short, key=key, value=value)).cpu().float()
+    assert torch.all(out[300:600] == 0)
+    atol, rtol = TOL[args["query"].dtype]
+    torch.testing.assert_close(out[:300], expected[:300], atol=atol, rtol=rtol)
+
+
 def test_large_scores_stay_finite():
     """Scores far beyond exp's range (a scaled query) still give the reference's softmax."""
     args = make_case([600], [600], 4, 2, 128, KVQuantMode.NONE, seed=61)
