@@ -73,10 +73,11 @@
 #ifndef KVFUSE_PREFILL_TREE_REDUCE
 #define KVFUSE_PREFILL_TREE_REDUCE 0
 #endif
-// 1: a warp skips the per-tile rescale of its accumulator when no row of the warp has a new max
-// (all alpha exactly 1). Not yet measured, hence off.
-#ifndef KVFUSE_PREFILL_SKIP_RESCALE
-#define KVFUSE_PREFILL_SKIP_RESCALE 0
+// 1: O's rescale by a tile's softmax runs after the next tile's S product is issued (before that
+// tile's P V product), overlapping the tensor cores, instead of ending the tile's step on the
+// critical path. Not yet measured, hence off.
+#ifndef KVFUSE_PREFILL_LATE_RESCALE
+#define KVFUSE_PREFILL_LATE_RESCALE 0
 #endif
 // 1: the 16-bit kernels' consumers take turns issuing their MMAs (named barriers); 0: each issues
 // when ready. The e4m3 kernel issues when ready (measured faster: BENCHMARKS.md).
@@ -599,17 +600,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   fence_registers(s);
   if (lane == 0) mbar_arrive(&sm.k_empty[0]);
+  float alpha[2];  // O's rescale owed to the latest softmax (KVFUSE_PREFILL_LATE_RESCALE: not yet applied)
   // Per-tile mask limits of this thread's rows (masked tiles only; see KeyTiles).
   auto limit = [&](const KeyTile& kt, int row) { return min(kt.diag + row, kt.end); };
   {
     const KeyTile kt = tiles[0];  // always masked: the diagonal
-    float alpha[2];
     softmax_tile<kOp, true>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
   }
 
   // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
   // then this tile's softmax into `p_out`. The two P buffers alternate (the loop runs two tiles
   // per trip) so that the softmax never writes registers the running P V product reads.
+  // O's rescale by the last softmax's alpha (per row of this thread).
+  auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+  };
   auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
     const int st = it % kStages, pst = (it - 1) % kStages;
     const KeyTile kt = tiles[it];
@@ -619,13 +630,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
     wgmma_commit();
+    if constexpr (KVFUSE_PREFILL_LATE_RESCALE) {
+      rescale_o(alpha);
+      wgmma_fence();
+    }
     issue_values<kOp>(o, p_in, smem_addr(sm.v[pst]));
     wgmma_commit();
     if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
     wgmma_wait<1>();  // S done; P V may still run
     fence_registers(s);
     if (lane == 0) mbar_arrive(&sm.k_empty[st]);
-    float alpha[2];
     if (masked(kt)) {
       softmax_tile<kOp, true>(s, m, l, p_out, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
     } else {
@@ -634,20 +648,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_registers(o);
     if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-    // alpha is exactly 1 where a row's max did not grow: skipping the multiply changes no bit.
-    if (!KVFUSE_PREFILL_SKIP_RESCALE || !__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[4 * j] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
-    }
+    if constexpr (!KVFUSE_PREFILL_LATE_RESCALE) rescale_o(alpha);
   };
   auto last_values = [&](const uint32_t* p_last) {
     const int last = num_key_tiles - 1;
     mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
+    if constexpr (KVFUSE_PREFILL_LATE_RESCALE) rescale_o(alpha);
     wgmma_fence();
     issue_values<kOp>(o, p_last, smem_addr(sm.v[last % kStages]));
     wgmma_commit();
