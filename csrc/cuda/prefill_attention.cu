@@ -67,18 +67,6 @@
 #ifndef KVFUSE_PREFILL_FP8_STAGES
 #define KVFUSE_PREFILL_FP8_STAGES 3
 #endif
-// 1: the softmax reduces each row's 32 maxima and 32 sums as balanced trees (depth 5) instead of
-// one dependent chain each (depth 16 in the SASS): fewer fixed-latency waits, the leading stall
-// of both kernels (BENCHMARKS.md, twentieth session). Not yet measured, hence off.
-#ifndef KVFUSE_PREFILL_TREE_REDUCE
-#define KVFUSE_PREFILL_TREE_REDUCE 0
-#endif
-// 1: O's rescale by a tile's softmax runs after the next tile's S product is issued (before that
-// tile's P V product), overlapping the tensor cores, instead of ending the tile's step on the
-// critical path. Not yet measured, hence off.
-#ifndef KVFUSE_PREFILL_LATE_RESCALE
-#define KVFUSE_PREFILL_LATE_RESCALE 0
-#endif
 // 1: the 16-bit kernels' consumers take turns issuing their MMAs (named barriers); 0: each issues
 // when ready. The e4m3 kernel issues when ready (measured faster: BENCHMARKS.md).
 #ifndef KVFUSE_PREFILL_PINGPONG
@@ -237,18 +225,6 @@ struct KeyTiles {
 // Whether any row of the block masks a key of tile `kt` (uniform over the block).
 __device__ __forceinline__ bool masked(const KeyTile& kt) { return kt.diag < kBlockN - 1 || kt.end < kBlockN - 1; }
 
-// t[0] op t[1] op ... op t[15] as a balanced tree (t is overwritten).
-template <typename Op>
-__device__ __forceinline__ float tree_reduce(float (&t)[16], Op op) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) t[j] = op(t[j], t[j + 8]);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) t[j] = op(t[j], t[j + 4]);
-#pragma unroll
-  for (int j = 0; j < 2; ++j) t[j] = op(t[j], t[j + 2]);
-  return op(t[0], t[1]);
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -310,20 +286,10 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
     }
   };
   float mx[2] = {-INFINITY, -INFINITY};
-  if constexpr (KVFUSE_PREFILL_TREE_REDUCE) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float t[16];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) t[j] = fmaxf(score(j, 0, r), score(j, 1, r));
-      mx[r] = tree_reduce(t, [](float a, float b) { return fmaxf(a, b); });
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      mx[0] = fmaxf(mx[0], fmaxf(score(j, 0, 0), score(j, 1, 0)));
-      mx[1] = fmaxf(mx[1], fmaxf(score(j, 0, 1), score(j, 1, 1)));
-    }
+  for (int j = 0; j < 16; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(score(j, 0, 0), score(j, 1, 0)));
+    mx[1] = fmaxf(mx[1], fmaxf(score(j, 0, 1), score(j, 1, 1)));
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -337,24 +303,15 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
     mx[r] = kShift - m_use;  // the exponent's offset, reused below
   }
   float sum[2] = {0.f, 0.f};
-  float pair_sums[2][16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float p0 = fast_exp2(fmaf(score(j, 0, r), qk[r], mx[r]));
       const float p1 = fast_exp2(fmaf(score(j, 1, r), qk[r], mx[r]));
-      if constexpr (KVFUSE_PREFILL_TREE_REDUCE) {
-        pair_sums[r][j] = p0 + p1;
-      } else {
-        sum[r] += p0 + p1;
-      }
+      sum[r] += p0 + p1;
       store_p<kOp>(p, j, r, p0, p1);
     }
-  }
-  if constexpr (KVFUSE_PREFILL_TREE_REDUCE) {
-    sum[0] = tree_reduce(pair_sums[0], [](float a, float b) { return a + b; });
-    sum[1] = tree_reduce(pair_sums[1], [](float a, float b) { return a + b; });
   }
   l[0] = l[0] * alpha[0] + sum[0];
   l[1] = l[1] * alpha[1] + sum[1];
@@ -600,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   fence_registers(s);
   if (lane == 0) mbar_arrive(&sm.k_empty[0]);
-  float alpha[2];  // O's rescale owed to the latest softmax (KVFUSE_PREFILL_LATE_RESCALE: not yet applied)
+  float alpha[2];  // the latest softmax's rescale of O
   // Per-tile mask limits of this thread's rows (masked tiles only; see KeyTiles).
   auto limit = [&](const KeyTile& kt, int row) { return min(kt.diag + row, kt.end); };
   {
@@ -630,10 +587,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
     wgmma_commit();
-    if constexpr (KVFUSE_PREFILL_LATE_RESCALE) {
-      rescale_o(alpha);
-      wgmma_fence();
-    }
     issue_values<kOp>(o, p_in, smem_addr(sm.v[pst]));
     wgmma_commit();
     if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
@@ -648,12 +601,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_registers(o);
     if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-    if constexpr (!KVFUSE_PREFILL_LATE_RESCALE) rescale_o(alpha);
+    rescale_o(alpha);
   };
   auto last_values = [&](const uint32_t* p_last) {
     const int last = num_key_tiles - 1;
     mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
-    if constexpr (KVFUSE_PREFILL_LATE_RESCALE) rescale_o(alpha);
     wgmma_fence();
     issue_values<kOp>(o, p_last, smem_addr(sm.v[last % kStages]));
     wgmma_commit();
