@@ -155,6 +155,24 @@ def _tag(gencode: Optional[str]) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", "_".join(parts)).strip("_")
 
 
+def _loaded_libstdcxx() -> Optional[str]:
+    """The shared libstdc++ this process runs on (torch loads it), or None where it cannot be told.
+
+    Linking the extension against it by path keeps the C++ runtime single: a compiler whose own
+    library directory holds only a static libstdc++ (the GPU hosts' /opt/gcc wrapper, seen in the
+    twenty-first session) otherwise links a second copy into the extension, and every exception
+    the kernels throw (each refusal) then kills the process instead of raising ValueError."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if "/libstdc++.so" in path and os.path.isfile(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 def _compile(csrc: Path, gencode: Optional[str]) -> tuple[str, Path]:
     from filelock import FileLock
     from torch.utils import cpp_extension
@@ -175,6 +193,7 @@ def _compile(csrc: Path, gencode: Optional[str]) -> tuple[str, Path]:
             sources=sources,
             extra_cflags=cflags,
             extra_cuda_cflags=cuda_flags,
+            extra_ldflags=[lib for lib in (_loaded_libstdcxx(),) if lib],
             extra_include_paths=[str(csrc)],
             build_directory=str(build_dir),
             with_cuda=gencode is not None,

@@ -35,10 +35,6 @@ ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 OPS = torch.ops.kvfuse
 ONE = torch.tensor(1.0)
-# Triton kernels on CPU tensors: only under the interpreter, which conftest turns on where there is
-# no CUDA. On a CUDA host the -m gpu tests below run the same kernels compiled, on the GPU.
-interpreted = pytest.mark.skipif(ON_GPU and os.environ.get("TRITON_INTERPRET") != "1",
-                                 reason="Triton on CPU tensors needs TRITON_INTERPRET=1 (set on hosts without CUDA)")
 
 # Every finite e4m3fn value by code (0x7F / 0xFF are NaN).
 _E4M3_CODES = torch.arange(256, dtype=torch.int32).to(torch.uint8)
@@ -233,7 +229,6 @@ from kvfuse.ops.triton import kv_write as tkw  # noqa: E402
 from kvfuse.ops.triton import rope_kv_write as trk  # noqa: E402
 
 
-@interpreted
 @pytest.mark.parametrize("head_size,tokens", [(64, 7), (80, 7), (128, 7), (80, 533)])
 def test_triton_fused_write_equals_reference(head_size, tokens):
     heads, page = 3, 16
@@ -255,7 +250,6 @@ def test_triton_fused_write_equals_reference(head_size, tokens):
     assert torch.equal(flat[slots[slots >= 0], 0], enc[slots >= 0])
 
 
-@interpreted
 def test_triton_encode_kv_and_copy_equal_reference():
     key = _inputs(11, 2, 64, torch.float16, seed=4)
     rows = tkw.encode_kv(key, ONE, int(PTH), torch.uint8)
@@ -274,7 +268,6 @@ def test_triton_encode_kv_and_copy_equal_reference():
     assert torch.equal(got, want)
 
 
-@interpreted
 @pytest.mark.parametrize("neox", [True, False], ids=["neox", "gptj"])
 def test_triton_rope_write_equals_reference(neox):
     tokens, heads, d, rotary = 9, 2, 64, 32
@@ -354,7 +347,6 @@ SCENARIOS = {  # (seq_lens, q_lens, hq, hkv, window)
 }
 
 
-@interpreted
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_attention_against_float64(scenario):
     seq_lens, q_lens, hq, hkv, window = SCENARIOS[scenario]
@@ -375,7 +367,6 @@ def test_attention_against_float64(scenario):
     assert (ref.paged_attention(call).double() - unquantized).abs().max().item() < 0.08 * span
 
 
-@interpreted
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_triton_attention_16bit_queries_and_split_kv(q_dtype):
     call, _ = _attention_case([40, 3], [1, 1], 4, 2, 80, q_dtype=q_dtype, seed=3)
@@ -388,7 +379,7 @@ def test_triton_attention_16bit_queries_and_split_kv(q_dtype):
         assert (out.float() - expected).abs().max().item() <= tol
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_value_scales_of_any_magnitude_stay_exact_in_16bit_dots(device):
     # P is multiplied by each value's scale divided by the tile's largest one, so that value scales
     # from 1e-5 to 1e6 in one tile neither underflow nor overflow the fp16 P @ V of a 16-bit query
