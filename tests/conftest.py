@@ -50,8 +50,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 # A test without the gpu mark that hands CPU tensors to a Triton kernel needs the interpreter,
-# which only a host without CUDA gets (above); on a CUDA host Triton's launcher refuses them.
-_CPU_TENSOR_REFUSAL = "cannot be accessed from Triton (cpu tensor?)"
+# which only a host without CUDA gets (above); on a CUDA host Triton's launcher refuses them, and
+# kvfuse's registry refuses a Triton backend forced for CPU tensors.
+_CPU_TRITON_REFUSALS = ("cannot be accessed from Triton (cpu tensor?)",
+                        "Triton kernels run on CUDA (or on CPU with TRITON_INTERPRET=1), not on cpu")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -61,8 +63,8 @@ def pytest_runtest_call(item):
     gpu mark, and every other error, are reported as they are."""
     try:
         return (yield)
-    except ValueError as error:
-        if (_CPU_TENSOR_REFUSAL in str(error) and torch.cuda.is_available()
+    except (ValueError, RuntimeError) as error:
+        if (any(refusal in str(error) for refusal in _CPU_TRITON_REFUSALS) and torch.cuda.is_available()
                 and os.environ.get("TRITON_INTERPRET") != "1" and item.get_closest_marker("gpu") is None):
             pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1, which conftest sets only on hosts "
                         "without CUDA")
