@@ -557,27 +557,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   fence_registers(s);
   if (lane == 0) mbar_arrive(&sm.k_empty[0]);
-  float alpha[2];  // the latest softmax's rescale of O
   // Per-tile mask limits of this thread's rows (masked tiles only; see KeyTiles).
   auto limit = [&](const KeyTile& kt, int row) { return min(kt.diag + row, kt.end); };
   {
     const KeyTile kt = tiles[0];  // always masked: the diagonal
+    float alpha[2];
     softmax_tile<kOp, true>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
   }
 
   // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
   // then this tile's softmax into `p_out`. The two P buffers alternate (the loop runs two tiles
   // per trip) so that the softmax never writes registers the running P V product reads.
-  // O's rescale by the last softmax's alpha (per row of this thread).
-  auto rescale_o = [&](const float (&alpha)[2]) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
-  };
   auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
     const int st = it % kStages, pst = (it - 1) % kStages;
     const KeyTile kt = tiles[it];
@@ -593,6 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<1>();  // S done; P V may still run
     fence_registers(s);
     if (lane == 0) mbar_arrive(&sm.k_empty[st]);
+    float alpha[2];
     if (masked(kt)) {
       softmax_tile<kOp, true>(s, m, l, p_out, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
     } else {
@@ -601,7 +592,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_registers(o);
     if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-    rescale_o(alpha);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
   };
   auto last_values = [&](const uint32_t* p_last) {
     const int last = num_key_tiles - 1;

@@ -159,9 +159,9 @@ def _loaded_libstdcxx() -> Optional[str]:
     """The shared libstdc++ this process runs on (torch loads it), or None where it cannot be told.
 
     Linking the extension against it by path keeps the C++ runtime single: a compiler whose own
-    library directory holds only a static libstdc++ (the GPU hosts' /opt/gcc wrapper, seen in the
-    twenty-first session) otherwise links a second copy into the extension, and every exception
-    the kernels throw (each refusal) then kills the process instead of raising ValueError."""
+    library directory holds only a static libstdc++ (as the GPU hosts' /opt/gcc wrapper does:
+    BENCHMARKS.md) otherwise links a second copy into the extension, and every exception the
+    kernels throw (each refusal) then kills the process instead of raising ValueError."""
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
