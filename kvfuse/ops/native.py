@@ -579,11 +579,6 @@ def _rows_described(t: torch.Tensor) -> bool:
             and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
-@functools.lru_cache(maxsize=None)
-def _device_capability(device_index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device_index)
-
-
 def prefill_refusal(call: AttentionCall) -> Optional[str]:
     """None if the native prefill kernel (``csrc/cuda/prefill_attention.cu``) runs ``call``; else why
     not, as a sentence. It takes prefill-shaped calls (more than :data:`DECODE_TOKENS_PER_SEQUENCE`
@@ -628,9 +623,11 @@ def prefill_refusal(call: AttentionCall) -> Optional[str]:
         return f"the dense context of {context_bytes} bytes exceeds {triton_prefill.WHOLE_CONTEXT_MAX_BYTES}"
     if query.device.type != "cuda":
         return f"query is on {query.device.type}: it runs on CUDA"
-    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    if _device_capability(index) != (9, 0):
-        return f"device capability {_device_capability(index)}: it is built for sm_90 (Hopper)"
+    from . import tuning
+
+    arch = tuning.device_arch(query.device)
+    if arch != "sm90":
+        return f"device {arch}: it is built for sm_90 (Hopper)"
     return None
 
 

@@ -97,6 +97,13 @@ def _device_arch(index: int) -> str:
     return f"sm{major}{minor}"
 
 
+def device_arch(device) -> str:
+    """``sm{major}{minor}`` of a CUDA ``torch.device`` (its index, else the current device), cached."""
+    import torch
+
+    return _device_arch(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _current_arch() -> str:
     import torch
 
@@ -165,7 +172,4 @@ def rope_write_policy(device) -> RopeWritePolicy:
     """The rotary-write policy for ``device`` (a ``torch.device``): its architecture's, else sm90's."""
     if device.type != "cuda":
         return _SM90_ROPE
-    import torch
-
-    arch = _device_arch(device.index if device.index is not None else torch.cuda.current_device())
-    return ROPE_WRITE_POLICIES.get(arch, _SM90_ROPE)
+    return ROPE_WRITE_POLICIES.get(device_arch(device), _SM90_ROPE)
