@@ -113,7 +113,7 @@ def _kvfuse_rows(args, impls, new, sweep=False, cached_prefix=False):
 
 def _native_prefill_rows(args, mode, new):
     """The native prefill kernel (csrc/cuda/prefill_attention.cu) where it takes the call:
-    ``kvfuse_native`` (a bf16 cache's call with the step's K/V; an e5m2 / NVFP4 cache's call
+    ``kvfuse_native`` (a bf16 cache's call with the step's K/V; an FP8 / NVFP4 cache's call
     without), launched in its default grid order, and ``kvfuse_native_tiles`` with the ``tiles``
     order (each head's query tiles together)."""
     from kvfuse.ops import native
@@ -698,7 +698,7 @@ def main():
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--impls", default="kvfuse,kvfuse_native,kvfuse_flashinfer,flashinfer,flashinfer_tc,torch_sdpa",
                         help="kvfuse: the Triton kernels; kvfuse_native: csrc/'s decode kernel (FP8, per-token-head FP8, "
-                             "NVFP4) and prefill kernel (bf16, NVFP4 on sm_90)")
+                             "NVFP4) and prefill kernel (bf16, FP8, NVFP4 on sm_90)")
     parser.add_argument("--decode-cases", default=None, metavar="B:CTX,...",
                         help="decode (batch, context) pairs to time instead of the default grid")
     parser.add_argument("--modes", default="bf16,fp8,nvfp4,fp8_pth")
