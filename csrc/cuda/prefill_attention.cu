@@ -72,6 +72,11 @@
 #ifndef KVFUSE_PREFILL_PINGPONG
 #define KVFUSE_PREFILL_PINGPONG 1
 #endif
+// How many of every 16 column pairs of the e4m3 softmax take 2^x from a polynomial on the FMA
+// pipe (poly_exp2) instead of the special-function unit: 0 to 16.
+#ifndef KVFUSE_PREFILL_FP8_POLY_EXP
+#define KVFUSE_PREFILL_FP8_POLY_EXP 2
+#endif
 
 namespace kvfuse {
 namespace {
@@ -231,6 +236,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^x without the special-function unit, for x <= 64. With e4m3 operands the tensor cores finish
+// a 64 x 128 tile's two products in as many cycles as that unit (16 results per clock and SM)
+// needs for its 8192 exponentials, so the softmax hands part of them to the FMA pipe.
+// x = n + f with n = round(x) (the 1.5 * 2^23 shifter leaves n in the sum's low mantissa bits)
+// and f in [-1/2, 1/2]; 2^f is a cubic fitted to the relative error (at most 7.6e-5 in float32,
+// far below e4m3's 2^-4 steps), and n goes into the exponent bits. x is clamped at -120, so -inf
+// (a masked key) gives about 2^-120: e4m3 rounds it to 0, and next to the row's largest term
+// (2^kFp8PShift) it is lost in the sum.
+__device__ __forceinline__ float poly_exp2(float x) {
+  constexpr float kShifter = 12582912.f;  // 1.5 * 2^23
+  x = fmaxf(x, -120.f);
+  const float shifted = __fadd_rn(x, kShifter);
+  const float f = __fsub_rn(x, __fsub_rn(shifted, kShifter));
+  float y = fmaf(f, 0x1.c3f5eep-5f, 0x1.f0dd5cp-3f);
+  y = fmaf(y, f, 0x1.62f31ap-1f);
+  y = fmaf(y, f, 0x1.fff696p-1f);
+  return __int_as_float(__float_as_int(y) + (__float_as_int(shifted) << 23));
+}
+
 #if KVFUSE_HOPPER_MMA
 // P's probabilities of the pair (column 8j + 2t, + 1) of the thread's row r (0: 16w + g, 1: + 8)
 // into the A operands of the P V product. 16-bit: one register per pair, k-step j / 2 (the
@@ -302,13 +326,17 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
     m[r] = m_new;
     mx[r] = kShift - m_use;  // the exponent's offset, reused below
   }
+  // Column pairs j with (j * kPoly) % 16 < kPoly (evenly spread) take poly_exp2.
+  constexpr int kPoly = kOp == Operand::kE4m3 ? KVFUSE_PREFILL_FP8_POLY_EXP : 0;
+  static_assert(kPoly >= 0 && kPoly <= 16, "KVFUSE_PREFILL_FP8_POLY_EXP counts column pairs of 16");
+  auto exp2_of = [](int j, float x) { return (j * kPoly) % 16 < kPoly ? poly_exp2(x) : fast_exp2(x); };
   float sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float p0 = fast_exp2(fmaf(score(j, 0, r), qk[r], mx[r]));
-      const float p1 = fast_exp2(fmaf(score(j, 1, r), qk[r], mx[r]));
+      const float p0 = exp2_of(j, fmaf(score(j, 0, r), qk[r], mx[r]));
+      const float p1 = exp2_of(j, fmaf(score(j, 1, r), qk[r], mx[r]));
       sum[r] += p0 + p1;
       store_p<kOp>(p, j, r, p0, p1);
     }
