@@ -72,10 +72,13 @@
 #ifndef KVFUSE_PREFILL_PINGPONG
 #define KVFUSE_PREFILL_PINGPONG 1
 #endif
+#ifndef KVFUSE_PREFILL_FP8_PINGPONG
+#define KVFUSE_PREFILL_FP8_PINGPONG 0
+#endif
 // How many of every 16 column pairs of the e4m3 softmax take 2^x from a polynomial on the FMA
 // pipe (poly_exp2) instead of the special-function unit: 0 to 16.
 #ifndef KVFUSE_PREFILL_FP8_POLY_EXP
-#define KVFUSE_PREFILL_FP8_POLY_EXP 2
+#define KVFUSE_PREFILL_FP8_POLY_EXP 0
 #endif
 
 namespace kvfuse {
@@ -112,7 +115,7 @@ struct OperandTraits {
   static constexpr uint32_t kTileBytes = kFp8 ? kBlockN * 128 : 2 * kKVHalfBytes;
   static constexpr int kStages = kFp8 ? KVFUSE_PREFILL_FP8_STAGES : KVFUSE_PREFILL_STAGES;
   static constexpr int kPRegisters = kFp8 ? 16 : 32;  // P of a 64 x 128 tile as MMA A operands
-  static constexpr bool kPingPong = !kFp8 && KVFUSE_PREFILL_PINGPONG;
+  static constexpr bool kPingPong = kFp8 ? KVFUSE_PREFILL_FP8_PINGPONG : KVFUSE_PREFILL_PINGPONG;
 };
 
 template <Operand kOp>
