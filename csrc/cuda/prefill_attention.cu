@@ -72,26 +72,13 @@
 #ifndef KVFUSE_PREFILL_PINGPONG
 #define KVFUSE_PREFILL_PINGPONG 1
 #endif
-// Keys per tile of the e4m3 kernel, 128 or 192. Its softmax is the critical path (BENCHMARKS.md),
-// and each tile's share of it that does not grow with the keys (the O rescale, the row
-// reductions' shuffles, the waits) is spread over more keys in a wider tile.
-#ifndef KVFUSE_PREFILL_FP8_KEYS
-#define KVFUSE_PREFILL_FP8_KEYS 192
-#endif
-// How many of the e4m3 P V product's 32-key steps take their P from the scores' registers after
-// the previous product is done, instead of straight from the softmax (OperandTraits::kLateSteps).
-#ifndef KVFUSE_PREFILL_FP8_LATE_STEPS
-#define KVFUSE_PREFILL_FP8_LATE_STEPS 2
-#endif
 
 namespace kvfuse {
 namespace {
 
 constexpr int kHead = 128;                // the head size this kernel is built for
 constexpr int kBlockM = 128;              // query rows per block
-constexpr int kBlockN = 128;              // keys per tile of the 16-bit kernels
-constexpr int kFp8Keys = KVFUSE_PREFILL_FP8_KEYS;  // keys per tile of the e4m3 kernel
-static_assert(kFp8Keys == 128 || kFp8Keys == 192, "KVFUSE_PREFILL_FP8_KEYS: 128 or 192");
+constexpr int kBlockN = 128;              // keys per tile
 constexpr int kConsumerRows = 64;         // query rows per consumer warpgroup
 constexpr int kThreads = 384;             // producer + 2 consumer warpgroups
 constexpr int kSwizzleElems = 64;         // 16-bit elements per 128-byte swizzled row
@@ -116,25 +103,10 @@ enum class Operand { kBf16, kFp16, kE4m3 };
 template <Operand kOp>
 struct OperandTraits {
   static constexpr bool kFp8 = kOp == Operand::kE4m3;
-  static constexpr int kKeys = kFp8 ? kFp8Keys : kBlockN;
-  // A K tile: kKeys keys x 128 elements, in two 64-column boxes (16-bit) or one box of 128-byte
-  // rows (e4m3). A V tile: the same (16-bit), or V^T's 128 rows in boxes of 128 key columns
-  // (e4m3; a 192-key tile reads its second box whole and uses its first 64 columns).
-  static constexpr uint32_t kKTileBytes = kFp8 ? kKeys * 128 : 2 * kKVHalfBytes;
-  static constexpr int kValueBoxes = kFp8 ? (kKeys + 127) / 128 : 2;
-  static constexpr uint32_t kVTileBytes = kFp8 ? kValueBoxes * 128 * 128 : 2 * kKVHalfBytes;
+  // A K or V tile: 128 keys x 128 elements, in two 64-column boxes (16-bit) or one box (e4m3).
+  static constexpr uint32_t kTileBytes = kFp8 ? kBlockN * 128 : 2 * kKVHalfBytes;
   static constexpr int kStages = kFp8 ? KVFUSE_PREFILL_FP8_STAGES : KVFUSE_PREFILL_STAGES;
-  static constexpr int kScores = kKeys / 2;  // S of a 64 x kKeys tile: accumulators per thread
-  // P as the P V product's A operands: 4 registers per k-step (16 keys, or 32 in e4m3).
-  static constexpr int kSteps = kFp8 ? kKeys / 32 : kKeys / 16;
-  // The softmax must not write the A operands the previous tile's P V product is still reading.
-  // Its first kEarlySteps k-steps of P go straight into one of two buffers that take turns; the
-  // last kLateSteps stay as floats over S's own registers and are packed (pack_late) into a third
-  // buffer once that product is done. Two whole buffers of a 192-key e4m3 P do not fit beside S
-  // and O in the consumers' 240 registers.
-  static constexpr int kLateSteps = kFp8 ? std::min(KVFUSE_PREFILL_FP8_LATE_STEPS, kSteps) : 0;
-  static constexpr int kEarlySteps = kSteps - kLateSteps;
-  static constexpr int kGroupsPerStep = kFp8 ? 4 : 2;  // 8-key column groups per k-step
+  static constexpr int kPRegisters = kFp8 ? 16 : 32;  // P of a 64 x 128 tile as MMA A operands
   static constexpr bool kPingPong = !kFp8 && KVFUSE_PREFILL_PINGPONG;
 };
 
@@ -144,8 +116,8 @@ struct SharedStorage {
   // Each box is rows of 128 bytes with the 128-byte swizzle that wgmma's descriptors describe.
   alignas(1024) uint8_t q[2 * kQConsumerBytes];     // [consumer][half][64 rows][128 B], 16-bit
   alignas(1024) uint8_t q8[Traits::kFp8 ? 2 * kQ8ConsumerBytes : 1024];  // [consumer][64 rows][128 B], e4m3
-  alignas(1024) uint8_t k[Traits::kStages][Traits::kKTileBytes];
-  alignas(1024) uint8_t v[Traits::kStages][Traits::kVTileBytes];
+  alignas(1024) uint8_t k[Traits::kStages][Traits::kTileBytes];
+  alignas(1024) uint8_t v[Traits::kStages][Traits::kTileBytes];
   float q_scale[kBlockM];  // e4m3: each query row's multiplier onto e4m3's range
   uint64_t q_full;
   uint64_t k_full[Traits::kStages];
@@ -158,7 +130,6 @@ template <Operand kOp>
 constexpr size_t shared_bytes() {
   return sizeof(SharedStorage<kOp>) + 1024;  // + the base's alignment
 }
-static_assert(shared_bytes<Operand::kE4m3>() <= 227 * 1024, "the e4m3 ring exceeds a block's shared memory");
 
 struct PrefillParams {
   void* out;
@@ -205,9 +176,8 @@ __device__ __forceinline__ void tile_sequence(const int32_t* qsl, int num_seqs, 
 }
 
 // The key tiles of a block, in the order they are attended (the file comment's), and what each
-// masks. Keys of a tile are its columns 0..kKeys - 1; block row r (0..127) sees column c when
-// c <= diag + r and c <= end (kNoMask: no such bound). Tiles of the step's new keys are 128 wide
-// (the 16-bit kernels); tiles of the whole context (new_in_context) are kKeys wide.
+// masks. Keys of a tile are its columns 0..127; block row r (0..127) sees column c when
+// c <= diag + r and c <= end (kNoMask: no such bound).
 constexpr int kNoMask = 1 << 30;
 
 struct KeyTile {
@@ -217,7 +187,6 @@ struct KeyTile {
   int end;
 };
 
-template <int kKeys>
 struct KeyTiles {
   int local;          // the block's query tile within its sequence
   int m0;             // its first query row
@@ -229,14 +198,14 @@ struct KeyTiles {
   __device__ __forceinline__ KeyTiles(int local_, int q_len, int prefix_, bool new_in_context_)
       : local(local_), m0(local_ * kBlockM), prefix(prefix_), new_in_context(new_in_context_) {
     if (new_in_context) {
-      // Query row i sits at context position prefix + i; tiles from position 0, kKeys-aligned (the
+      // Query row i sits at context position prefix + i; tiles from position 0, 128-aligned (the
       // e4m3 values' tensor map takes 16-byte aligned columns only).
       const int kv_end = prefix + min(m0 + kBlockM, q_len);
       new_tiles = 0;
-      prefix_tiles = (kv_end + kKeys - 1) / kKeys;
+      prefix_tiles = (kv_end + kBlockN - 1) / kBlockN;
     } else {
       new_tiles = local + 1;
-      prefix_tiles = (prefix + kKeys - 1) / kKeys;
+      prefix_tiles = (prefix + kBlockN - 1) / kBlockN;
     }
   }
 
@@ -244,18 +213,17 @@ struct KeyTiles {
 
   __device__ __forceinline__ KeyTile operator[](int it) const {
     if (it < new_tiles) {
-      const int first = (local - it) * kKeys;
+      const int first = (local - it) * kBlockN;
       return {false, first, m0 - first, kNoMask};
     }
-    const int first = (prefix_tiles - 1 - (it - new_tiles)) * kKeys;
+    const int first = (prefix_tiles - 1 - (it - new_tiles)) * kBlockN;
     if (new_in_context) return {true, first, prefix + m0 - first, kNoMask};
     return {true, first, kNoMask, prefix - first - 1};
   }
 };
 
 // Whether any row of the block masks a key of tile `kt` (uniform over the block).
-template <int kKeys>
-__device__ __forceinline__ bool masked(const KeyTile& kt) { return kt.diag < kKeys - 1 || kt.end < kKeys - 1; }
+__device__ __forceinline__ bool masked(const KeyTile& kt) { return kt.diag < kBlockN - 1 || kt.end < kBlockN - 1; }
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -297,14 +265,14 @@ __device__ __forceinline__ uint32_t pack_out(__half*, float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// The online-softmax step of one consumer thread over a 64 x kKeys score tile (its two rows:
+// The online-softmax step of one consumer thread over a 64 x 128 score tile (its two rows:
 // r = 16 w + g and r + 8, with score scales qk[0], qk[1] in log2 units). Masked keys (column >
-// limit of the row) read as -inf. Updates the running max m and the thread's partial row sums l
-// (summed over the quad at the end), writes P (its first kEarlySteps k-steps as the next P V
-// product's A operands, store_p; the rest over s, for pack_late), and returns the accumulator's
-// rescale in alpha.
-template <Operand kOp, bool kMasked, int kKeys = OperandTraits<kOp>::kKeys>
-__device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 2], float (&m)[2], float (&l)[2], uint32_t* p,
+// limit of the row) read as -inf; s itself is left as it is (it is the next S product's
+// accumulator, which no instruction may write while P V runs). Updates the running max m and the
+// thread's partial row sums l (summed over the quad at the end), writes P as the next P V
+// product's A operands (store_p), and returns the accumulator's rescale in alpha.
+template <Operand kOp, bool kMasked>
+__device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2], float (&l)[2], uint32_t* p,
                                              float (&alpha)[2], const float (&qk)[2], int limit0, int limit1,
                                              int lane) {
   constexpr float kShift = kOp == Operand::kE4m3 ? kFp8PShift : 0.f;
@@ -319,7 +287,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 2], float (&m)[2
   };
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int j = 0; j < kKeys / 8; ++j) {
+  for (int j = 0; j < 16; ++j) {
     mx[0] = fmaxf(mx[0], fmaxf(score(j, 0, 0), score(j, 1, 0)));
     mx[1] = fmaxf(mx[1], fmaxf(score(j, 0, 1), score(j, 1, 1)));
   }
@@ -336,34 +304,17 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 2], float (&m)[2
   }
   float sum[2] = {0.f, 0.f};
 #pragma unroll
-  for (int j = 0; j < kKeys / 8; ++j) {
+  for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float p0 = fast_exp2(fmaf(score(j, 0, r), qk[r], mx[r]));
       const float p1 = fast_exp2(fmaf(score(j, 1, r), qk[r], mx[r]));
       sum[r] += p0 + p1;
-      if (j < OperandTraits<kOp>::kEarlySteps * OperandTraits<kOp>::kGroupsPerStep) {
-        store_p<kOp>(p, j, r, p0, p1);
-      } else {
-        s[4 * j + 2 * r] = p0;
-        s[4 * j + 2 * r + 1] = p1;
-      }
+      store_p<kOp>(p, j, r, p0, p1);
     }
   }
   l[0] = l[0] * alpha[0] + sum[0];
   l[1] = l[1] * alpha[1] + sum[1];
-}
-
-// The late k-steps of the softmax's P, left over the scores, into their A operands `late`.
-template <Operand kOp>
-__device__ __forceinline__ void pack_late(const float (&s)[OperandTraits<kOp>::kScores], uint32_t* late) {
-  using Traits = OperandTraits<kOp>;
-  constexpr int kFirst = Traits::kEarlySteps * Traits::kGroupsPerStep;
-#pragma unroll
-  for (int j = kFirst; j < Traits::kKeys / 8; ++j) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) store_p<kOp>(late, j - kFirst, r, s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
-  }
 }
 
 // S = Q K^T for one consumer. Both operands are K-major in shared memory with 8-row swizzle atoms
@@ -371,19 +322,13 @@ __device__ __forceinline__ void pack_late(const float (&s)[OperandTraits<kOp>::k
 // rows, and the head's second 64 columns are each tile's second box. e4m3: a k-step is 32
 // columns, 32 bytes; a 128-byte row holds the whole head.
 template <Operand kOp>
-__device__ __forceinline__ void issue_scores(float (&s)[OperandTraits<kOp>::kScores], uint32_t q_base,
-                                             uint32_t k_base) {
+__device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, uint32_t k_base) {
   using namespace hopper;
   if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
     for (int kk = 0; kk < kHead / 32; ++kk) {
-      const uint64_t da = swizzle128_desc(q_base + kk * 32, 16, kSwizzleAtomBytes);
-      const uint64_t db = swizzle128_desc(k_base + kk * 32, 16, kSwizzleAtomBytes);
-      if constexpr (OperandTraits<kOp>::kKeys == 192) {
-        wgmma_m64n192k32_e4m3_ss(s, da, db, kk > 0);
-      } else {
-        wgmma_m64n128k32_e4m3_ss(s, da, db, kk > 0);
-      }
+      wgmma_m64n128k32_e4m3_ss(s, swizzle128_desc(q_base + kk * 32, 16, kSwizzleAtomBytes),
+                               swizzle128_desc(k_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
     }
   } else {
 #pragma unroll
@@ -399,26 +344,21 @@ __device__ __forceinline__ void issue_scores(float (&s)[OperandTraits<kOp>::kSco
 // O += P V, P from registers (softmax_tile). 16-bit: the V tile is N-major (the head dimension
 // contiguous): a k-step of 16 keys is two 8-row atoms (2048 bytes) on, and the head's second 64
 // columns, the N side's next atom, are the tile's other box. e4m3: the tile is V^T (keys
-// contiguous, K-major): a k-step of 32 keys is 32 bytes into the rows of its 128-key box.
+// contiguous, K-major): a k-step of 32 keys is 32 bytes into its rows.
 template <Operand kOp>
-__device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t* early, const uint32_t* late,
-                                             uint32_t v_base) {
+__device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t* pa, uint32_t v_base) {
   using namespace hopper;
-  constexpr int kEarly = OperandTraits<kOp>::kEarlySteps;
   if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
-    for (int kk = 0; kk < OperandTraits<kOp>::kSteps; ++kk) {
-      const uint32_t* pa = kk < kEarly ? early + 4 * kk : late + 4 * (kk - kEarly);
-      const uint32_t a[4] = {pa[0], pa[1], pa[2], pa[3]};
-      const uint32_t at = v_base + (kk / 4) * (128 * 128) + (kk % 4) * 32;
-      wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(at, 16, kSwizzleAtomBytes));
+    for (int kk = 0; kk < kBlockN / 32; ++kk) {
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes));
     }
   } else {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint64_t db = swizzle128_desc(v_base + kk * 2 * kSwizzleAtomBytes, kKVHalfBytes, kSwizzleAtomBytes);
-      const uint32_t* pa = kk < kEarly ? early + 4 * kk : late + 4 * (kk - kEarly);
-      const uint32_t a[4] = {pa[0], pa[1], pa[2], pa[3]};
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
       wgmma_m64n128k16_rs<kOp == Operand::kFp16, 1>(o, a, db);
     }
   }
@@ -512,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   const int m0 = local * kBlockM;
-  const KeyTiles<Traits::kKeys> tiles(local, q_len, prefix, p.new_in_context);
+  const KeyTiles tiles(local, q_len, prefix, p.new_in_context);
   const int num_key_tiles = tiles.count();
   const int context_row0 = b * p.context_stride;
 
@@ -545,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const KeyTile kt = tiles[it];
         const int row = (kt.context ? context_row0 : q_start) + kt.first;
         mbar_wait(&sm.k_empty[s], parity);
-        mbar_arrive_expect_tx(&sm.k_full[s], Traits::kKTileBytes);
+        mbar_arrive_expect_tx(&sm.k_full[s], Traits::kTileBytes);
         if constexpr (Traits::kFp8) {
           tma_load_2d(sm.k[s], &ck_map, kvh * kHead, row, &sm.k_full[s]);
         } else {
@@ -555,12 +495,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         mbar_wait(&sm.v_empty[s], parity);
-        mbar_arrive_expect_tx(&sm.v_full[s], Traits::kVTileBytes);
+        mbar_arrive_expect_tx(&sm.v_full[s], Traits::kTileBytes);
         if constexpr (Traits::kFp8) {
-          // V^T: the tile's keys are columns `row`.. of rows kvh * 128.. (one per element).
-          for (int box = 0; box < Traits::kValueBoxes; ++box) {
-            tma_load_2d(sm.v[s] + box * (128 * 128), &cv_map, row + box * 128, kvh * kHead, &sm.v_full[s]);
-          }
+          // V^T: the tile's 128 keys are columns `row`.. of rows kvh * 128.. (one per element).
+          tma_load_2d(sm.v[s], &cv_map, row, kvh * kHead, &sm.v_full[s]);
         } else {
           for (int half = 0; half < 2; ++half) {
             tma_load_2d(sm.v[s] + half * kKVHalfBytes, kt.context ? &cv_map : &v_map,
@@ -605,10 +543,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  float s[Traits::kScores];
-  // P's A operands: the early k-steps in pa or pc (taking turns), the late ones in p_late.
-  uint32_t pa[std::max(4 * Traits::kEarlySteps, 1)], pc[std::max(4 * Traits::kEarlySteps, 1)];
-  uint32_t p_late[std::max(4 * Traits::kLateSteps, 1)];
+  float s[64];
+  uint32_t pa[Traits::kPRegisters];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   // Key tile 0 (the diagonal): S only, nothing to add to O yet.
@@ -627,12 +563,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const KeyTile kt = tiles[0];  // always masked: the diagonal
     float alpha[2];
     softmax_tile<kOp, true>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
-    pack_late<kOp>(s, p_late);
   }
 
-  // Key tile `it` >= 1: S of this tile together with P V of the previous one (its early P in
-  // `p_in`), then this tile's softmax, its early P into `p_out` (pa and pc alternate: the loop
-  // runs two tiles per trip) and, once P V is done, its late P into p_late.
+  // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
+  // then this tile's softmax into `p_out`. The two P buffers alternate (the loop runs two tiles
+  // per trip) so that the softmax never writes registers the running P V product reads.
   auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
     const int st = it % kStages, pst = (it - 1) % kStages;
     const KeyTile kt = tiles[it];
@@ -642,14 +577,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
     wgmma_commit();
-    issue_values<kOp>(o, p_in, p_late, smem_addr(sm.v[pst]));
+    issue_values<kOp>(o, p_in, smem_addr(sm.v[pst]));
     wgmma_commit();
     if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
     wgmma_wait<1>();  // S done; P V may still run
     fence_registers(s);
     if (lane == 0) mbar_arrive(&sm.k_empty[st]);
     float alpha[2];
-    if (masked<Traits::kKeys>(kt)) {
+    if (masked(kt)) {
       softmax_tile<kOp, true>(s, m, l, p_out, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
     } else {
       softmax_tile<kOp, false>(s, m, l, p_out, alpha, qk, kNoMask, kNoMask, lane);
@@ -657,7 +592,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_registers(o);
     if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-    pack_late<kOp>(s, p_late);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       o[4 * j] *= alpha[0];
@@ -670,19 +604,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int last = num_key_tiles - 1;
     mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
     wgmma_fence();
-    issue_values<kOp>(o, p_last, p_late, smem_addr(sm.v[last % kStages]));
+    issue_values<kOp>(o, p_last, smem_addr(sm.v[last % kStages]));
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
   };
+  uint32_t pb[Traits::kPRegisters];
   int it = 1;
   for (; it + 1 < num_key_tiles; it += 2) {
-    step(it, pa, pc);
-    step(it + 1, pc, pa);
+    step(it, pa, pb);
+    step(it + 1, pb, pa);
   }
   if (it < num_key_tiles) {
-    step(it, pa, pc);
-    last_values(pc);
+    step(it, pa, pb);
+    last_values(pb);
   } else {
     last_values(pa);
   }
@@ -818,10 +753,8 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
   const int64_t num_kv_heads = context_key.size(1), num_seqs = seq_lens.size(0);
   TORCH_CHECK(num_q_heads % num_kv_heads == 0 && (fp8 || key.size(1) == num_kv_heads), "prefill_attention: ",
               num_q_heads, " query heads over ", num_kv_heads, " KV heads");
-  // A sequence's last key tile must end inside its own rows (gather_context zeroes them).
-  const int64_t tile = fp8 ? kFp8Keys : kBlockN;
-  TORCH_CHECK(context_stride % tile == 0 && context_stride > 0, "prefill_attention: context_stride=",
-              context_stride, " must be a positive multiple of ", tile);
+  TORCH_CHECK(context_stride % kBlockN == 0 && context_stride > 0, "prefill_attention: context_stride=",
+              context_stride, " must be a positive multiple of ", kBlockN);
   auto out = at::empty({num_tokens, num_q_heads, kHead}, query.options());
   if (num_tokens == 0 || num_seqs == 0) return out;
   TORCH_CHECK(num_tokens < (int64_t{1} << 31) && context_key.size(0) < (int64_t{1} << 31),
@@ -836,7 +769,7 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
                 "prefill_attention: e4m3 keys must be [rows, kv_heads, 128] (heads contiguous), values [kv_heads * "
                 "128, columns] with contiguous columns");
     ck_map = make_tensor_map(context_key.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, num_kv_heads * kHead,
-                             context_key.size(0), context_key.stride(0), kHead, kFp8Keys, "context_key");
+                             context_key.size(0), context_key.stride(0), kHead, kBlockN, "context_key");
     cv_map = make_tensor_map(context_value.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, context_value.size(1),
                              context_value.size(0), context_value.stride(0), kBlockN, kHead, "context_value");
     k_map = ck_map;

@@ -136,8 +136,8 @@ def test_softcap_and_sinks(variant, context):
 @pytest.mark.parametrize("mode", [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4], ids=lambda m: m.name)
 def test_gathered_context_is_the_cache(mode):
     """gather_context: every cached position of each sequence at row (FP8 values: column)
-    ``b * stride + pos``, the stride the table's capacity rounded up to CONTEXT_ALIGN (384); zeros
-    from each sequence's length to the next multiple of it (the last key tile reads them)."""
+    ``b * stride + pos``, the stride the table's capacity rounded up to 128; zeros from each
+    sequence's length to the next multiple of 128 (the last key tile reads them)."""
     from kvfuse.ops.triton import prefill
 
     seq_lens, q_lens = [40, 130, 5], [17, 19, 1]
@@ -146,9 +146,7 @@ def test_gathered_context_is_the_cache(mode):
     codes = mode is KVQuantMode.FP8_E4M3
     key, value, stride = prefill.gather_context(call, codes)
     cols = args["block_table"].shape[1]
-    align = prefill.CONTEXT_ALIGN
-    assert align % 128 == 0 and align % 192 == 0  # the native kernels' key tiles
-    assert stride == -(-cols * 16 // align) * align and stride >= max(seq_lens)
+    assert stride == -(-cols * 16 // 128) * 128 and stride % 128 == 0 and stride >= max(seq_lens)
     assert key.shape == (3 * stride, 2, 64)
     assert prefill.context_bytes(call, codes) == key.numel() * key.element_size() * 2
     cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
@@ -162,7 +160,7 @@ def test_gathered_context_is_the_cache(mode):
         k_rows = read_cache_rows(cache, blocks, offsets, 0, layout)
         v_rows = read_cache_rows(cache, blocks, offsets, 1, layout)
         rows = slice(b * stride, b * stride + seq_len)
-        tail = slice(b * stride + seq_len, b * stride + -(-seq_len // align) * align)
+        tail = slice(b * stride + seq_len, b * stride + -(-seq_len // 128) * 128)
         if codes:
             got_v = value[:, rows].T.reshape(seq_len, 2, 64)
             assert torch.equal(key[rows].view(torch.uint8), k_rows.view(torch.uint8))
@@ -191,8 +189,7 @@ def test_permuted_value_columns():
     assert stride_p == stride
     order = torch.tensor([prefill.permuted_value_column(c) for c in range(value.shape[1])])
     for b, seq_len in enumerate([40, 130]):
-        written = -(-seq_len // prefill.CONTEXT_ALIGN) * prefill.CONTEXT_ALIGN
-        cols = torch.arange(b * stride, b * stride + written)
+        cols = torch.arange(b * stride, b * stride + -(-seq_len // 128) * 128)  # the written ones
         assert torch.equal(key_p.cpu()[cols].view(torch.uint8), key.cpu()[cols].view(torch.uint8))
         assert torch.equal(value_p.cpu()[:, order[cols]].view(torch.uint8), value.cpu()[:, cols].view(torch.uint8))
         assert not torch.equal(order[cols], cols)

@@ -450,20 +450,13 @@ def value_columns(num_tokens: int, num_seqs: int) -> int:
     return (num_tokens // 16 + num_seqs + 1) * 16
 
 
-#: :func:`gather_context`'s rows per sequence, and the zeros after each sequence's positions, come
-#: in multiples of this: the key tiles that read them are 128 positions wide (Triton's kernels and
-#: the native 16-bit one) or 192 (the native e4m3 kernel), and a sequence's last tile must end
-#: inside its own rows, on zeros.
-CONTEXT_ALIGN = 384
-
-
 @triton.jit
 def _gather_new_rows_kernel(
     cache_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, k_out_ptr, v_out_ptr, num_seqs, num_tokens, top_bit,
     stride_cb, stride_ckv, stride_cs, stride_ch, stride_bt, stride_kt, stride_vt, stride_vd,
     MODE: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_T: tl.constexpr, PAGE: tl.constexpr,
     USE_ASM: tl.constexpr, SWIZZLE_V: tl.constexpr, V_COLUMNS: tl.constexpr, WHOLE_CONTEXT: tl.constexpr = False,
-    PREFIX_ONLY: tl.constexpr = False, PERMUTE_VALUES: tl.constexpr = False, ALIGN: tl.constexpr = CONTEXT_ALIGN,
+    PREFIX_ONLY: tl.constexpr = False, PERMUTE_VALUES: tl.constexpr = False,
 ):
     """Rows ``[BLOCK_T * pid0, +BLOCK_T)`` of the call's query, KV head ``pid1``: the cached K/V of
     each row's own position, into ``k_out[row, head * HEAD + d]`` and ``v_out`` at ``row *
@@ -477,7 +470,7 @@ def _gather_new_rows_kernel(
 
     WHOLE_CONTEXT: every cached position of sequence ``pid2`` instead, position ``pos`` at row (and
     value column) ``pid2 * num_tokens + pos`` (``num_tokens`` is then the per-sequence stride, a
-    multiple of ALIGN); positions from the sequence's length up to the next multiple of ALIGN get
+    multiple of 128); positions from the sequence's length up to the next multiple of 128 get
     zeros (the last key tile reads them), the rest of the stride is not written. PREFIX_ONLY:
     the same for the cached positions before the sequence's new tokens. PERMUTE_VALUES (V_COLUMNS
     with WHOLE_CONTEXT): each value goes to column :func:`permuted_value_column` of its own, the
@@ -488,7 +481,7 @@ def _gather_new_rows_kernel(
         seq_len = tl.load(seq_lens_ptr + b_seq)
         if PREFIX_ONLY:
             seq_len -= tl.load(qsl_ptr + b_seq + 1) - tl.load(qsl_ptr + b_seq)
-        if tl.program_id(0) * BLOCK_T >= (seq_len + ALIGN - 1) // ALIGN * ALIGN:
+        if tl.program_id(0) * BLOCK_T >= (seq_len + 127) // 128 * 128:
             return
         pos = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         b = b_seq + pos * 0
@@ -811,10 +804,10 @@ def gather_new_rows(call: AttentionCall, fp8_codes: bool, inline_asm: bool = Tru
 
 def context_stride(call: AttentionCall) -> int:
     """Rows per sequence in :func:`gather_context`'s tensors: the block table's capacity rounded
-    up to :data:`CONTEXT_ALIGN`, so each sequence's rows start 16-byte aligned in the transposed
-    FP8 values and its last key tile stays inside its own rows."""
+    up to 128 (the longest key tile), so each sequence's rows start 16-byte aligned in the
+    transposed FP8 values and its last key tile stays inside its own rows."""
     capacity = call.block_table.shape[1] * call.kv_cache.shape[2]
-    return -(-capacity // CONTEXT_ALIGN) * CONTEXT_ALIGN
+    return -(-capacity // 128) * 128
 
 
 def context_bytes(call: AttentionCall, fp8_codes: bool) -> int:
@@ -836,9 +829,9 @@ def gather_context(call: AttentionCall, fp8_codes: bool, inline_asm: bool = True
     j`` of ``key [num_seqs * stride, kv_heads, head_size]`` and of ``value`` (same shape, decoded
     into the query's dtype), or at that column of ``value [kv_heads * head_size, num_seqs *
     stride]`` (e4m3 codes, transposed) when ``fp8_codes``. Rows from a sequence's length to the
-    next multiple of :data:`CONTEXT_ALIGN` are zeros; rows past them are not written.
-    ``prefix_only``: the positions before each sequence's new tokens only (a bf16 / fp16 cache's
-    prefix, :func:`new_token_prefill`). ``permute_values`` (``fp8_codes``): value columns in :func:`permuted_value_column`'s order."""
+    next multiple of 128 are zeros; rows past them are not written. ``prefix_only``: the positions
+    before each sequence's new tokens only (a bf16 / fp16 cache's prefix, :func:`new_token_prefill`).
+    ``permute_values`` (``fp8_codes``): value columns in :func:`permuted_value_column`'s order."""
     if permute_values and not fp8_codes:
         raise ValueError("permute_values applies to e4m3 codes (fp8_codes=True) only")
     stride = context_stride(call)
