@@ -1,4 +1,10 @@
-"""benchmarks.sass_count: the SASS parser behind the instructions-per-element figures."""
+"""benchmarks.sass_count: the SASS parser behind the instructions-per-element figures;
+benchmarks.ptxas_native: the ptxas log parser behind its register / spill / serialisation report."""
+
+import json
+import shutil
+
+import pytest
 
 from benchmarks.sass_count import classify, sass_opcodes
 
@@ -80,12 +86,9 @@ def test_word_scales_take_the_nvfp4_scale_loads_off_the_synchronous_path(tmp_pat
     cannot be an asynchronous copy); with words, the loop's global traffic is asynchronous copies
     (plus the block-table read every tile has). Compiled in a subprocess: this session's kernels
     are interpreted."""
-    import json
     import os
     import subprocess
     import sys
-
-    import pytest
 
     pytest.importorskip("triton")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,3 +100,54 @@ def test_word_scales_take_the_nvfp4_scale_loads_off_the_synchronous_path(tmp_pat
     assert default.get("LDG.E.U8", 0) > 0
     assert not any(op.startswith("LDG.E.U8") for op in words)
     assert words.get("LDGSTS.E", 0) > 0
+
+
+# ptxas -v as nvcc prints it for two kernels (names shortened): the warning line names its kernel
+# and comes before that kernel's own lines, as in the log of the serialised build at 05ba852.
+PTXAS_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to \
+insufficient register resources for the wgmma pipeline in the function '_Z8fp8_tilev'
+ptxas info    : Compiling entry function '_Z9bf16_tilev' for 'sm_90a'
+ptxas info    : Function properties for _Z9bf16_tilev
+    8 bytes stack frame, 8 bytes spill stores, 24 bytes spill loads
+ptxas info    : Used 168 registers, used 16 barriers, 8 bytes cumulative stack size
+ptxas info    : Compiling entry function '_Z8fp8_tilev' for 'sm_90a'
+ptxas info    : Function properties for _Z8fp8_tilev
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 236 registers, used 16 barriers
+"""
+
+
+def test_ptxas_log_parser_finds_spills_and_serialised_wgmma():
+    from benchmarks.ptxas_native import parse_ptxas_log
+
+    kernels = {k.name: k for k in parse_ptxas_log(PTXAS_LOG)}
+    assert set(kernels) == {"_Z9bf16_tilev", "_Z8fp8_tilev"}
+    bf16, fp8 = kernels["_Z9bf16_tilev"], kernels["_Z8fp8_tilev"]
+    assert (bf16.arch, bf16.registers, bf16.stack_bytes) == ("sm_90a", 168, 8)
+    assert (bf16.spill_stores, bf16.spill_loads) == (8, 24)
+    assert bf16.warnings == [] and not bf16.serialised
+    assert (fp8.arch, fp8.registers, fp8.stack_bytes, fp8.spill_stores, fp8.spill_loads) == ("sm_90a", 236, 0, 0, 0)
+    assert fp8.serialised and len(fp8.warnings) == 1
+    assert fp8.warnings[0].startswith("C7511: Potential Performance Loss: wgmma.mma_async instructions are serialized")
+
+
+def test_ptxas_report_strict_fails_on_serialised_kernels(monkeypatch, tmp_path, capsys):
+    from benchmarks import ptxas_native
+
+    monkeypatch.setattr(ptxas_native, "compile_report", lambda *a: ptxas_native.parse_ptxas_log(PTXAS_LOG))
+    assert ptxas_native.main(["--out", str(tmp_path)]) == 0  # reported, not enforced
+    assert ptxas_native.main(["--strict"]) == 1
+    rows = json.loads((tmp_path / "ptxas_native.json").read_text())["rows"]
+    assert [(r["source"], r["registers"], r["serialised"]) for r in rows] == [
+        ("prefill_attention.cu", 168, False), ("prefill_attention.cu", 236, True)]
+    if shutil.which("c++filt"):
+        assert [r["kernel"] for r in rows] == ["bf16_tile", "fp8_tile"]
+    assert "YES" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ptxas_native.main(["--sources", "no_such_file.cu"])
+
+    tail = PTXAS_LOG.replace("(C7511)", "(C7000)")  # another ptxas remark is not a serialisation
+    monkeypatch.setattr(ptxas_native, "compile_report", lambda *a: ptxas_native.parse_ptxas_log(tail))
+    assert ptxas_native.main(["--strict"]) == 0
