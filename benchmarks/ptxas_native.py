@@ -107,17 +107,6 @@ def demangle(names: list[str]) -> list[str]:
     return readable
 
 
-def _nvcc() -> str:
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    candidates = [str(Path(CUDA_HOME) / "bin" / "nvcc")] if CUDA_HOME else []
-    candidates.append(shutil.which("nvcc") or "")
-    for path in candidates:
-        if path and Path(path).is_file():
-            return path
-    raise SystemExit("ptxas_native: no nvcc found (set CUDA_HOME or put nvcc on PATH)")
-
-
 def nvcc_command(source: Path, arch: str, defines: list[str], include_dirs: list[str], obj: Path) -> list[str]:
     """The native build's compile line for ``source``, with ptxas's report turned on."""
     import torch
@@ -125,9 +114,12 @@ def nvcc_command(source: Path, arch: str, defines: list[str], include_dirs: list
 
     from kvfuse.ops import native
 
+    nvcc = native.nvcc_path()
+    if nvcc is None:
+        raise SystemExit("ptxas_native: no nvcc found (set CUDA_HOME or put nvcc on PATH)")
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     number = arch.removeprefix("sm_")
-    return [_nvcc(), "-std=c++17", "-c", str(source), "-o", str(obj),
+    return [nvcc, "-std=c++17", "-c", str(source), "-o", str(obj),
             f"-gencode=arch=compute_{number},code=sm_{number}", "-DKVFUSE_WITH_CUDA",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *native._NVCC_FLAGS, *cpp_extension.COMMON_NVCC_FLAGS,
             *native._extra_cuda_flags(), *(f"-D{d}" for d in defines), "-Xptxas", "-v",

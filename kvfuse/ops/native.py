@@ -122,16 +122,21 @@ def _build_root() -> Path:
     return envs.settings().native_build_dir
 
 
+def nvcc_path() -> Optional[str]:
+    """The nvcc the native build compiles with (``CUDA_HOME``'s, else the one on ``PATH``), or None."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else shutil.which("nvcc")
+    return nvcc if nvcc and os.path.exists(nvcc) else None
+
+
 def _cuda_target() -> tuple[Optional[str], Optional[str]]:
     """(the -gencode flag for the current device, None), or (None, why CUDA kernels are not built)."""
     if torch.version.cuda is None:
         return None, f"torch {torch.__version__} is a CPU-only build"
     if not torch.cuda.is_available():
         return None, "no CUDA device is visible"
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else shutil.which("nvcc")
-    if not nvcc or not os.path.exists(nvcc):
+    if nvcc_path() is None:
         return None, "nvcc was not found (install the CUDA toolkit or set CUDA_HOME)"
     major, minor = torch.cuda.get_device_capability()
     # Hopper gets its arch-specific target; plain sm_XY elsewhere.
