@@ -43,7 +43,6 @@
 #include "../cache_write.h"
 #include "../encode_math.h"
 #include "../nvfp4_page.h"
-#include "async_copy.h"
 #include "grid_dependency.h"
 
 // Tuning knobs (benchmarks/native_sweep.py rebuilds the library with other values): threads per
@@ -113,13 +112,13 @@
 #ifndef KVFUSE_BF16_WORD_WIDEN
 #define KVFUSE_BF16_WORD_WIDEN 1
 #endif
-// 1: NeoX units take their partner chunk by warp shuffle where a head's units share a warp
-// (Rotation's kShuffle); 0: every unit loads it (the build measured in the fourteenth session).
-// 1: the rotation rounds its results to the key's dtype two at a time into one word (round_pair);
-// 0: one element at a time, as measured up to the twenty-second session.
+// 1: the rotation rounds its results to the key's dtype two at a time into one word (round_pair;
+// BENCHMARKS.md, twenty-third session); 0: one element at a time.
 #ifndef KVFUSE_ROPE_PACK_PAIRS
 #define KVFUSE_ROPE_PACK_PAIRS 1
 #endif
+// 1: NeoX units take their partner chunk by warp shuffle where a head's units share a warp
+// (Rotation's kShuffle); 0: every unit loads it (the build measured in the fourteenth session).
 #ifndef KVFUSE_ROPE_PARTNER_SHUFFLE
 #define KVFUSE_ROPE_PARTNER_SHUFFLE 1
 #endif
@@ -133,23 +132,6 @@
 #endif
 #ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
-#endif
-// The pipelined rotary write (rope_rows_pipelined, sm_90+): launches of at least this many
-// 16-element (token, head, chunk) units take it where the rows allow (pipelined_layout); 0: every
-// such launch; a value past 2^31: none. Stages per block, the units one stage targets (a stage
-// holds max(1, this / units per token) tokens) and the resident blocks per SM its registers are
-// budgeted for.
-#ifndef KVFUSE_ROPE_PIPELINED_FROM
-#define KVFUSE_ROPE_PIPELINED_FROM 65536
-#endif
-#ifndef KVFUSE_ROPE_PIPE_STAGES
-#define KVFUSE_ROPE_PIPE_STAGES 4
-#endif
-#ifndef KVFUSE_ROPE_PIPE_UNITS
-#define KVFUSE_ROPE_PIPE_UNITS 256
-#endif
-#ifndef KVFUSE_ROPE_PIPE_BLOCKS
-#define KVFUSE_ROPE_PIPE_BLOCKS 2
 #endif
 // The NVFP4 encode's instruction diet (BENCHMARKS.md, eighteenth session: 16384 tokens went from
 // 77% to 85% of copy, each step an A/B build; 0 restores the form before it):
@@ -281,13 +263,6 @@ __device__ __forceinline__ float divide(float x, const Divider v) {
   return isnan(q.q1) ? q.q0 : copysignf(q.q1, q.q0);
 }
 
-// The cache slot of token `tok` (encode_kv's output, without a slot mapping: row tok).
-__device__ __forceinline__ int64_t load_slot(const RowParams& p, int64_t tok) {
-  return p.slots == nullptr ? tok
-         : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
-                            : __ldg(static_cast<const int32_t*>(p.slots) + tok);
-}
-
 // One unit's registers: the chunk as loaded from the key row and, in a paired unit, the value row.
 template <class Op>
 struct Pair {
@@ -375,7 +350,9 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
     if (u < p.units) {
       const auto tr = p.items.divmod(u);
       const int64_t tok = p.first_token + tr.div;
-      slot[m] = load_slot(p, tok);
+      slot[m] = p.slots == nullptr ? tok
+                : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
+                                   : __ldg(static_cast<const int32_t*>(p.slots) + tok);
       if constexpr (kPaired) {
         const auto hc = p.chunks.divmod(tr.mod);
         head[m] = static_cast<int>(hc.div);
@@ -485,15 +462,6 @@ struct Elements {
 #pragma unroll
       for (int k = 0; k < N; ++k) out.e[k] = p[k];
     }
-    return out;
-  }
-  // The same words from a row in shared memory (rope_rows_pipelined's stages).
-  __device__ __forceinline__ static Elements load_shared(const char* s, int c) {
-    static_assert(kVector, "shared-memory rows are read as whole 16-byte words");
-    Elements out;
-    const uint4* w = reinterpret_cast<const uint4*>(reinterpret_cast<const In*>(s) + static_cast<int64_t>(c) * N);
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) out.words[i] = w[i];
     return out;
   }
   __device__ __forceinline__ float operator[](int k) const { return static_cast<float>(e[k]); }
@@ -782,8 +750,9 @@ int partner_lanes(int64_t head_size, int rotary_dim) {
 
 // lo and hi rounded to T (bfloat16 or half) and packed as one 32-bit word, lo in the low half: one
 // cvt.rn.{bf16x2,f16x2}.f32. Each half is what c10's float -> T conversion gives on the device
-// (cvt.rn to T, one value at a time), so the packing changes no bit; it saves the per-element
-// shifts and byte permutes that placing two separate conversions in one word costs.
+// (cvt.rn to T, one value at a time), so the packing changes no bit; it saves the shifts, masks
+// and byte permutes that placing two separate conversions into one word costs: 165 -> 147
+// instructions from the partner exchange to the encode in the e4m3 / bf16 / NeoX kernel's SASS.
 template <typename T>
 __device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
   static_assert(std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>, "16-bit keys only");
@@ -809,23 +778,20 @@ struct TableRun {
   __device__ __forceinline__ TableRun() {}
   // half: only the first K / 2 values (a half-width GPT-J table holds one column per pair); a
   // one-word run loads them as one 8-byte word (col0 is then a multiple of 8 / sizeof(T)).
-  // kShared: `row` is a copy of the table row in shared memory.
-  template <bool kShared = false>
   __device__ __forceinline__ static TableRun load(const char* row, int col0, bool half) {
     TableRun out;
     const uint4* w = reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(row) + col0);
     if constexpr (kWords == 1) {
       if (half) {
-        const uint2* low_word = reinterpret_cast<const uint2*>(w);
-        const uint2 low = kShared ? *low_word : __ldg(low_word);
+        const uint2 low = __ldg(reinterpret_cast<const uint2*>(w));
         out.words[0] = make_uint4(low.x, low.y, 0u, 0u);
       } else {
-        out.words[0] = kShared ? *w : __ldg(w);
+        out.words[0] = __ldg(w);
       }
     } else {
 #pragma unroll
       for (int i = 0; i < kWords; ++i) {
-        if (!half || i < kWords / 2) out.words[i] = kShared ? w[i] : __ldg(w + i);
+        if (!half || i < kWords / 2) out.words[i] = __ldg(w + i);
       }
     }
     return out;
@@ -863,27 +829,13 @@ struct Rotation {
     return blocks >= 2 ? blocks : 2;
   }
 
-  // The table row of token `tok`.
-  __device__ __forceinline__ static int64_t table_row(int64_t tok, const RopeParams& r) {
-    return r.positions == nullptr ? tok
-           : r.positions64        ? __ldg(static_cast<const int64_t*>(r.positions) + tok)
-                                  : __ldg(static_cast<const int32_t*>(r.positions) + tok);
-  }
-
   __device__ __forceinline__ static Loaded load(const char* row, int64_t tok, int chunk, const RopeParams& r) {
-    if (chunk < 0 || chunk * N >= r.rotary_dim) return Loaded{};
-    const int64_t t = table_row(tok, r);
-    return load_from<false>(row, r.cos + t * r.cos_row, r.sin + t * r.sin_row, chunk, r);
-  }
-
-  // The loads of a unit from its key row and its token's cos / sin rows: in global memory, or
-  // (kShared) their copies in shared memory, where the NeoX partner is read from the row too.
-  template <bool kShared>
-  __device__ __forceinline__ static Loaded load_from(const char* row, const char* cos_row, const char* sin_row,
-                                                     int chunk, const RopeParams& r) {
     Loaded l;
     l.first = chunk < 0 || chunk * N >= r.rotary_dim ? -1 : chunk * N;
     if (l.first < 0) return l;
+    const int64_t table_row = r.positions == nullptr ? tok
+                              : r.positions64        ? __ldg(static_cast<const int64_t*>(r.positions) + tok)
+                                                     : __ldg(static_cast<const int32_t*>(r.positions) + tok);
     const int half = r.rotary_dim / 2;
     int col0;
     bool half_run = false;
@@ -893,7 +845,7 @@ struct Rotation {
         const int partner_chunk = l.lower ? chunk + half / N : chunk - half / N;
         const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const In*>(row) + partner_chunk * N);
 #pragma unroll
-        for (int w = 0; w < Run::kWords; ++w) l.partner.words[w] = kShared ? src[w] : __ldg(src + w);
+        for (int w = 0; w < Run::kWords; ++w) l.partner.words[w] = __ldg(src + w);
       }
       col0 = r.half_table && !l.lower ? l.first - half : l.first;
     } else {
@@ -901,8 +853,8 @@ struct Rotation {
       col0 = r.half_table ? l.first / 2 : l.first;
       half_run = r.half_table;
     }
-    l.cos = Cols::template load<kShared>(cos_row, col0, half_run);
-    l.sin = Cols::template load<kShared>(sin_row, col0, half_run);
+    l.cos = Cols::load(r.cos + table_row * r.cos_row, col0, half_run);
+    l.sin = Cols::load(r.sin + table_row * r.sin_row, col0, half_run);
     return l;
   }
 
@@ -1007,120 +959,6 @@ __global__ void __launch_bounds__(256) rope_query_kernel(const QueryParams q, co
   uint4* out = reinterpret_cast<uint4*>(q.dst + static_cast<int64_t>(u) * static_cast<int64_t>(sizeof(typename Rot::Run)));
 #pragma unroll
   for (int w = 0; w < Rot::Run::kWords; ++w) __stcs(out + w, x.words[w]);
-}
-
-// ----------------------------------------------------------------------------- pipelined rotary write
-// rope_encode_and_cache_write's key/value units at prefill sizes, on sm_90+. rows_kernel's blocks
-// load, rotate and store in step: at a few waves of blocks per launch, the rotation's
-// instructions add to every wave's time instead of hiding under other blocks' loads (BENCHMARKS.md,
-// fifteenth session), and holding more loads in flight per thread costs the registers that keep
-// blocks resident. Here a block is a producer warp and kPipeConsumerWarps consumer warps over a ring
-// of kStages shared-memory stages. A stage holds the whole rows of `tile_tokens` consecutive tokens
-// (key, value, cos, sin); the producer fills it with bulk asynchronous copies (cp.async.bulk, one per
-// row, no registers held while in flight) that complete the stage's `full` barrier; the consumers
-// rotate, encode and store it unit by unit (as rows_kernel does, the same ops, bit for bit) and
-// release it on its `empty` barrier. Blocks take tiles blockIdx.x, blockIdx.x + gridDim.x, ...; the
-// grid is at most what is resident, so a block's first kStages tiles are all requested at once.
-constexpr int kPipeConsumerWarps = 8;
-constexpr int kPipeConsumers = 32 * kPipeConsumerWarps;
-constexpr int kPipeThreads = kPipeConsumers + 32;
-constexpr int kPipeHeader = 128;  // the barriers, before the 128-byte aligned stages
-constexpr int kPipeStages = KVFUSE_ROPE_PIPE_STAGES;
-static_assert(2 * kPipeStages * 8 <= kPipeHeader, "the barriers fit the header");
-
-// A stage: [K rows | V rows | cos rows | sin rows] of tile_tokens tokens each.
-struct PipeLayout {
-  int tile_tokens;
-  int tiles;
-  uint32_t row_bytes;    // a token's key (or value) row: num_heads x head_size elements, contiguous
-  uint32_t head_bytes;   // head_size elements
-  uint32_t table_bytes;  // a token's cos (or sin) row
-  uint32_t stage_bytes;
-};
-
-template <class Op, class Rot>
-__global__ void __launch_bounds__(kPipeThreads, KVFUSE_ROPE_PIPE_BLOCKS)
-    rope_rows_pipelined(const RowParams p, const PipeLayout g) {
-#if KVFUSE_ASYNC_COPY
-  using namespace hopper;
-  extern __shared__ __align__(128) unsigned char shared[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(shared);
-  uint64_t* empty = full + kPipeStages;
-  unsigned char* stages = shared + kPipeHeader;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < kPipeStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kPipeConsumerWarps);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  start_after_prior_grids<KVFUSE_WRITE_PDL>();
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const uint32_t kv_bytes = g.tile_tokens * g.row_bytes, table_base = 2 * kv_bytes;
-  if (threadIdx.x >= kPipeConsumers) {
-    // The producer: lane j copies token j's rows (and j + 32's, ...) of each tile.
-    int round = 0;
-    for (int tile = blockIdx.x, s = 0; tile < g.tiles; tile += gridDim.x) {
-      mbar_wait(&empty[s], (round & 1) ^ 1);
-      const int64_t tok0 = int64_t{tile} * g.tile_tokens;
-      const int n = static_cast<int>(min(int64_t{g.tile_tokens}, p.num_tokens - tok0));
-      if (lane == 0) mbar_arrive_expect_tx(&full[s], 2u * n * (g.row_bytes + g.table_bytes));
-      __syncwarp();
-      unsigned char* stage = stages + s * g.stage_bytes;
-      for (int j = lane; j < n; j += 32) {
-        const int64_t tok = tok0 + j;
-        const int64_t t = Rot::table_row(tok, p.rope);
-        bulk_copy_to_shared(stage + j * g.row_bytes, p.src[0] + tok * p.src_tok[0], g.row_bytes, &full[s]);
-        bulk_copy_to_shared(stage + kv_bytes + j * g.row_bytes, p.src[1] + tok * p.src_tok[1], g.row_bytes, &full[s]);
-        unsigned char* tables = stage + table_base + j * g.table_bytes;
-        bulk_copy_to_shared(tables, p.rope.cos + t * p.rope.cos_row, g.table_bytes, &full[s]);
-        bulk_copy_to_shared(tables + g.tile_tokens * g.table_bytes, p.rope.sin + t * p.rope.sin_row, g.table_bytes,
-                            &full[s]);
-      }
-      if (++s == kPipeStages) s = 0, ++round;
-    }
-    return;
-  }
-  Divider div_k = make_divider(__ldg(p.scale[0])), div_v = make_divider(__ldg(p.scale[1]));
-  const bool fast = div_k.fast && div_v.fast;
-  const uint32_t ct = threadIdx.x;
-  int round = 0;
-  for (int tile = blockIdx.x, s = 0; tile < g.tiles; tile += gridDim.x) {
-    const int64_t tok0 = int64_t{tile} * g.tile_tokens;
-    const uint32_t units = static_cast<uint32_t>(min(int64_t{g.tile_tokens}, p.num_tokens - tok0)) * p.per_half;
-    // The first unit's slot is loaded before the wait, so its latency overlaps the copies'.
-    const int64_t first_slot = ct < units ? load_slot(p, tok0 + p.items.divmod(ct).div) : -1;
-    mbar_wait(&full[s], round & 1);
-    const char* stage = reinterpret_cast<const char*>(stages + s * g.stage_bytes);
-    for (uint32_t u = ct; u < units; u += kPipeConsumers) {
-      const auto tr = p.items.divmod(u);
-      const auto hc = p.chunks.divmod(tr.mod);
-      int head[1] = {static_cast<int>(hc.div)}, chunk[1] = {static_cast<int>(hc.mod)};
-      int64_t slot[1] = {u == ct ? first_slot : load_slot(p, tok0 + tr.div)};
-      const int64_t dst_row[1] = {head[0] * p.dst_head};
-      const bool is_value[1] = {false};
-      const char* key_row = stage + tr.div * g.row_bytes + head[0] * g.head_bytes;
-      const char* tables = stage + table_base + tr.div * g.table_bytes;
-      Pair<Op> raw[1];
-      raw[0].half[0] = Op::Raw::load_shared(key_row, chunk[0]);
-      raw[0].half[1] = Op::Raw::load_shared(key_row + kv_bytes, chunk[0]);
-      const auto l = Rot::template load_from<true>(key_row, tables, tables + g.tile_tokens * g.table_bytes, chunk[0],
-                                                   p.rope);
-      Rot::apply(raw[0].half[0], l, p.rope);
-      if (fast) {
-        store_units<Op, 1, true, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
-      } else {
-        store_units<Op, 1, true, false>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
-      }
-    }
-    // Every lane's reads of the stage are done (their values are in registers): release it.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
-    if (++s == kPipeStages) s = 0, ++round;
-  }
-#endif
 }
 
 // ----------------------------------------------------------------------------- launch
@@ -1333,67 +1171,6 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
   });
 }
 
-// rope_rows_pipelined's stage layout for this launch, or tiles == 0 where rows_kernel takes it:
-// before sm_90 (no bulk copies), below KVFUSE_ROPE_PIPELINED_FROM units, key or value heads not
-// contiguous within a token's row (a row is one copy), or stages beyond a block's shared memory.
-// rope_encode_and_cache_write_cuda has checked the 16-byte alignment of rows and table rows.
-template <typename In, typename Table>
-PipeLayout pipelined_layout(const RowParams& p) {
-  PipeLayout g{};
-  const int64_t units_per_token = int64_t{p.num_heads} * (p.head_size / kRopeUnit);
-  const int64_t head_bytes = int64_t{p.head_size} * static_cast<int64_t>(sizeof(In));
-  if (int64_t{p.num_tokens} * units_per_token < int64_t{KVFUSE_ROPE_PIPELINED_FROM} || !dependent_launch_supported() ||
-      p.src_head[0] != head_bytes || p.src_head[1] != head_bytes) {
-    return g;
-  }
-  const int64_t row_bytes = p.num_heads * head_bytes;
-  const int64_t table_bytes = int64_t{p.rope.half_table ? p.rope.rotary_dim / 2 : p.rope.rotary_dim} *
-                              static_cast<int64_t>(sizeof(Table));
-  const int64_t tile_tokens = std::max<int64_t>(1, KVFUSE_ROPE_PIPE_UNITS / units_per_token);
-  const int64_t stage_bytes = tile_tokens * 2 * (row_bytes + table_bytes);
-  if (kPipeHeader + kPipeStages * stage_bytes > cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>()) {
-    return g;
-  }
-  g.tile_tokens = static_cast<int>(tile_tokens);
-  g.tiles = static_cast<int>((p.num_tokens + tile_tokens - 1) / tile_tokens);
-  g.row_bytes = static_cast<uint32_t>(row_bytes);
-  g.head_bytes = static_cast<uint32_t>(head_bytes);
-  g.table_bytes = static_cast<uint32_t>(table_bytes);
-  g.stage_bytes = static_cast<uint32_t>(stage_bytes);
-  return g;
-}
-
-// rope_rows_pipelined over the launch that pipelined_layout gave `g` for: as many blocks as are
-// resident (by shared memory, at most KVFUSE_ROPE_PIPE_BLOCKS per SM), up to one per tile.
-template <class Op, typename In, typename Table, bool kNeox>
-void launch_rope_pipelined(RowParams p, const PipeLayout& g, cudaStream_t stream) {
-  const int chunks = p.head_size / kRopeUnit;
-  p.per_half = static_cast<uint32_t>(int64_t{p.num_heads} * chunks);
-  p.items = IntDivider<uint32_t>(p.per_half);
-  p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(chunks));
-  p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
-  p.first_token = 0;
-  const auto kernel = rope_rows_pipelined<Op, Rotation<In, Table, kNeox, false, kRopeUnit>>;
-  const int64_t smem = kPipeHeader + int64_t{kPipeStages} * g.stage_bytes;
-  // Raised once per device to the opt-in limit; each launch asks for what its stages need.
-  static std::atomic<uint64_t> raised{0};
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit == 0 || !(raised.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>()));
-    raised.fetch_or(bit, std::memory_order_relaxed);
-  }
-  // The driver reserves 1 KiB of shared memory per resident block.
-  const int64_t per_sm = cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>() / (smem + 1024);
-  const int64_t resident = std::max<int64_t>(1, std::min<int64_t>(per_sm, KVFUSE_ROPE_PIPE_BLOCKS)) *
-                           cached_device_attribute<cudaDevAttrMultiProcessorCount>();
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(g.tiles, resident)));
-  launch_maybe_dependent(kernel, grid, dim3(kPipeThreads), static_cast<size_t>(smem), stream,
-                         KVFUSE_WRITE_PDL && dependent_launch_supported(), p, g);
-}
-
 // The rotary write: the query's units (when there is a query) in their own small kernel, then
 // the key/value units.
 template <typename In, typename Table, bool kNeox>
@@ -1407,20 +1184,14 @@ void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream
   }
   constexpr int W = kRopeUnit, F = kRopeNarrowUnit;
   const bool narrow = int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit) < KVFUSE_ROPE_FP8_NARROW_BELOW;
-  const PipeLayout g = pipelined_layout<In, Table>(p);
-  const bool pipelined = g.tiles > 0;
   switch (mode) {
     case KVQuantMode::FP8_E4M3:
-      if (pipelined) return launch_rope_pipelined<EncodeOp<In, E4M3, W>, In, Table, kNeox>(p, g, stream);
       if (narrow) return launch_rope_rows<EncodeOp<In, E4M3, F>, In, Table, kNeox, F>(p, stream);
       return launch_rope_rows<EncodeOp<In, E4M3, W>, In, Table, kNeox, W>(p, stream);
     case KVQuantMode::FP8_E5M2:
-      if (pipelined) return launch_rope_pipelined<EncodeOp<In, E5M2, W>, In, Table, kNeox>(p, g, stream);
       if (narrow) return launch_rope_rows<EncodeOp<In, E5M2, F>, In, Table, kNeox, F>(p, stream);
       return launch_rope_rows<EncodeOp<In, E5M2, W>, In, Table, kNeox, W>(p, stream);
-    case KVQuantMode::NVFP4:
-      if (pipelined) return launch_rope_pipelined<Nvfp4Op<In, true>, In, Table, kNeox>(p, g, stream);
-      return launch_rope_rows<Nvfp4Op<In, true>, In, Table, kNeox, kRopeUnit>(p, stream);
+    case KVQuantMode::NVFP4: return launch_rope_rows<Nvfp4Op<In, true>, In, Table, kNeox, kRopeUnit>(p, stream);
     default: TORCH_CHECK_VALUE(false, "the native rotary write takes FP8 and NVFP4 caches, not ", mode_name(mode));
   }
 }

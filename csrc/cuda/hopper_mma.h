@@ -1,5 +1,5 @@
-// Hopper (sm_90a) building blocks of csrc/cuda/prefill_attention.cu (the shared-memory barriers are
-// in async_copy.h): tensor-memory-accelerator tile loads (cp.async.bulk.tensor) and warpgroup MMA
+// Hopper (sm_90a) building blocks of csrc/cuda/prefill_attention.cu: shared-memory barriers
+// (mbarrier), tensor-memory-accelerator tile loads (cp.async.bulk.tensor) and warpgroup MMA
 // (wgmma.mma_async) with shared-memory matrix descriptors. Each wraps one PTX instruction (PTX ISA
 // 8.0+, "Asynchronous warpgroup level matrix multiply-accumulate" and "Tensor copy"); the
 // layouts they assume are stated where they are used. Device code only, and only compiled into
@@ -7,8 +7,6 @@
 #pragma once
 
 #include <cstdint>
-
-#include "async_copy.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KVFUSE_HOPPER_MMA 1
@@ -20,6 +18,48 @@ namespace kvfuse {
 namespace hopper {
 
 #if KVFUSE_HOPPER_MMA
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarrier: arrival counts plus expected transaction bytes, waited on by phase parity.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+// Makes the initialised barriers visible to the async proxy (the tensor copies that complete them).
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// One arrival that also announces `bytes` more to come from tensor copies.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+// Returns once the phase of parity `parity` has completed. A fresh barrier is in phase 0, so
+// waiting for parity 1 returns at once (the "previous" phase counts as complete).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_addr(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
 
 // ---- tensor memory accelerator: a 2D box of a tensor map into shared memory, completing `bar`.
 // c0 is the innermost coordinate (elements), c1 the row; rows past the tensor read as zeros.

@@ -517,19 +517,18 @@ def test_gpu_native_neox_partners(d, rotary_dim, T, mode, cache_dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,h,d,rotary_dim,is_neox,table,heads_apart", [
-    (16411, 8, 128, 128, True, False, False),  # 4103 four-token stages: every stage reused, the last holds 3
-    (2053, 3, 80, 64, False, True, False),     # 15 units a token: 17-token stages of 255 units; GPT-J partial
-    (1031, 40, 128, 128, True, True, False),   # 320 units a token: one-token stages, threads take two units
-    (1200, 8, 256, 128, True, False, False),   # NeoX partial over D = 256, partners 4 chunks apart
-    (1100, 8, 128, 128, True, False, True),    # heads apart within a token's row: rows_kernel instead
-], ids=["16411-stage-reuse", "2053-d80-gptj", "1031-40heads", "1200-d256-partial", "1100-heads-apart"])
+    (16411, 8, 128, 128, True, False, False),  # ~4100 blocks, the last one partly empty
+    (2053, 3, 80, 64, False, True, False),     # 15 units a token: blocks end inside tokens; GPT-J partial
+    (1031, 40, 128, 128, True, True, False),   # 320 units a token: a token spans two blocks
+    (1200, 8, 256, 128, True, False, False),   # NeoX partial over D = 256, partners 4 lanes apart
+    (1100, 8, 128, 128, True, False, True),    # K / V heads apart within a token's row
+], ids=["16411", "2053-d80-gptj", "1031-40heads", "1200-d256-partial", "1100-heads-apart"])
 @pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
-def test_gpu_native_pipelined_shapes(T, h, d, rotary_dim, is_neox, table, heads_apart, mode, cache_dtype):
-    """Prefill-sized rotary writes, where the kernel stages whole token rows in shared memory
-    (rope_rows_pipelined, from KVFUSE_ROPE_PIPELINED_FROM units in csrc/cuda/cache_write.cu), at the
-    shapes that move its stage arithmetic: stage counts that are not a multiple of the grid, stage
-    sizes that do not divide the block's units, tokens wider than a block, and the fallback where
-    a row is not one copy. Sentinel cache, slot -1, float32 tables at positions where ``table``."""
+def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_apart, mode, cache_dtype):
+    """Prefill-sized rotary writes (16-element units, key and value paired in one thread) away
+    from the benchmark's 8 x 128: grids of thousands of blocks, blocks that start and end inside a
+    token, partial rotary over a wide head, and K / V heads that are not adjacent in their rows.
+    Sentinel cache, a slot of -1, float32 tables read at positions where ``table``."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, table=table, seed=T + h,
               device="cuda", num_blocks=T // BLOCK + 8)
     if table:
