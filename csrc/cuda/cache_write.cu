@@ -117,6 +117,11 @@
 #ifndef KVFUSE_ROPE_PACK_PAIRS
 #define KVFUSE_ROPE_PACK_PAIRS 1
 #endif
+// Measurement only, never on by default: 1 contracts x * cos + rot * sin into fma(x, cos, rn(rot *
+// sin)), which differs from the reference's rounding where x * cos is not exact in float32.
+#ifndef KVFUSE_ROPE_CONTRACT_EXPERIMENT
+#define KVFUSE_ROPE_CONTRACT_EXPERIMENT 0
+#endif
 // 1: NeoX units take their partner chunk by warp shuffle where a head's units share a warp
 // (Rotation's kShuffle); 0: every unit loads it (the build measured in the fourteenth session).
 #ifndef KVFUSE_ROPE_PARTNER_SHUFFLE
@@ -911,8 +916,13 @@ struct Rotation {
       }
       const float c0 = widen(l.cos.e, kPairColumns ? k / 2 : k), c1 = widen(l.cos.e, kPairColumns ? k / 2 : k + 1);
       const float s0 = widen(l.sin.e, kPairColumns ? k / 2 : k), s1 = widen(l.sin.e, kPairColumns ? k / 2 : k + 1);
+#if KVFUSE_ROPE_CONTRACT_EXPERIMENT
+      const float y0 = __fmaf_rn(x0, c0, __fmul_rn(rot0, s0));
+      const float y1 = __fmaf_rn(x1, c1, __fmul_rn(rot1, s1));
+#else
       const float y0 = __fadd_rn(__fmul_rn(x0, c0), __fmul_rn(rot0, s0));
       const float y1 = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(rot1, s1));
+#endif
       if constexpr (KVFUSE_ROPE_PACK_PAIRS) {
         reinterpret_cast<uint32_t*>(y.words)[k / 2] = round_pair<In>(y0, y1);
       } else {
