@@ -122,6 +122,9 @@
 #ifndef KVFUSE_ROPE_CONTRACT_EXPERIMENT
 #define KVFUSE_ROPE_CONTRACT_EXPERIMENT 0
 #endif
+#ifndef KVFUSE_ROPE_TABLE_EVICT_LAST
+#define KVFUSE_ROPE_TABLE_EVICT_LAST 0
+#endif
 // 1: NeoX units take their partner chunk by warp shuffle where a head's units share a warp
 // (Rotation's kShuffle); 0: every unit loads it (the build measured in the fourteenth session).
 #ifndef KVFUSE_ROPE_PARTNER_SHUFFLE
@@ -770,6 +773,21 @@ __device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
   return word;
 }
 
+// One 16-byte word of a rotary table: through the read-only cache, and with
+// KVFUSE_ROPE_TABLE_EVICT_LAST (measurement) marked to stay in L2 while the rows stream past.
+__device__ __forceinline__ uint4 load_table_word(const uint4* w) {
+#if KVFUSE_ROPE_TABLE_EVICT_LAST
+  uint4 v;
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(w), "l"(policy));
+  return v;
+#else
+  return __ldg(w);
+#endif
+}
+
 // K values of a table row from column col0 on: whole 16-byte words, read through the read-only
 // cache (every head of a token reads the same row).
 template <typename T, int K>
@@ -791,12 +809,12 @@ struct TableRun {
         const uint2 low = __ldg(reinterpret_cast<const uint2*>(w));
         out.words[0] = make_uint4(low.x, low.y, 0u, 0u);
       } else {
-        out.words[0] = __ldg(w);
+        out.words[0] = load_table_word(w);
       }
     } else {
 #pragma unroll
       for (int i = 0; i < kWords; ++i) {
-        if (!half || i < kWords / 2) out.words[i] = __ldg(w + i);
+        if (!half || i < kWords / 2) out.words[i] = load_table_word(w + i);
       }
     }
     return out;
