@@ -117,13 +117,10 @@
 #ifndef KVFUSE_ROPE_PACK_PAIRS
 #define KVFUSE_ROPE_PACK_PAIRS 1
 #endif
-// Measurement only, never on by default: 1 contracts x * cos + rot * sin into fma(x, cos, rn(rot *
-// sin)), which differs from the reference's rounding where x * cos is not exact in float32.
-#ifndef KVFUSE_ROPE_CONTRACT_EXPERIMENT
-#define KVFUSE_ROPE_CONTRACT_EXPERIMENT 0
-#endif
-#ifndef KVFUSE_ROPE_TABLE_EVICT_LAST
-#define KVFUSE_ROPE_TABLE_EVICT_LAST 0
+// 1: rotary writes of paired units load, encode and store the value chunk first, the key chunk after
+// its rotation; 0: key and value together after the rotation.
+#ifndef KVFUSE_ROPE_VALUES_FIRST
+#define KVFUSE_ROPE_VALUES_FIRST 1
 #endif
 // 1: NeoX units take their partner chunk by warp shuffle where a head's units share a warp
 // (Rotation's kShuffle); 0: every unit loads it (the build measured in the fourteenth session).
@@ -279,7 +276,8 @@ struct Pair {
 
 // Ops with kSplitRows (NVFP4) place a row's bytes themselves (Op::store_split, from the base of
 // the row's side); the others get the address of their row.
-template <class Op, int kUnits, bool kPaired, bool kFast>
+// kHalves (paired units): 1 stores the key chunk, 2 the value chunk, 3 both.
+template <class Op, int kUnits, bool kPaired, bool kFast, int kHalves = 3>
 __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
                                             const int64_t (&slot)[kUnits], const int64_t (&dst_row)[kUnits],
                                             const int (&head)[kUnits], const int (&chunk)[kUnits],
@@ -300,8 +298,10 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
     if constexpr (Op::kSplitRows) {
       char* side = p.dst + block * p.dst_block;
       if constexpr (kPaired) {
-        Op::template store_split<kFast>(raw[m].half[0], side, off, head[m], chunk[m], false, div_k, p);
-        if (p.halves == 2) {
+        if constexpr (kHalves & 1) {
+          Op::template store_split<kFast>(raw[m].half[0], side, off, head[m], chunk[m], false, div_k, p);
+        }
+        if (kHalves & 2 && p.halves == 2) {
           Op::template store_split<kFast>(raw[m].half[1], side + p.dst_kv, off, head[m], chunk[m], true, div_v, p);
         }
       } else {
@@ -311,8 +311,8 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
     } else {
       char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_row[m];
       if constexpr (kPaired) {
-        Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
-        if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
+        if constexpr (kHalves & 1) Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
+        if (kHalves & 2 && p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
       } else {
         // Selected by value: a reference to either would put both dividers in local memory.
         Op::template store<kFast>(raw[m].half[0], dst, chunk[m], is_value[m] ? div_v : div_k, p);
@@ -366,11 +366,13 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
         head[m] = static_cast<int>(hc.div);
         chunk[m] = static_cast<int>(hc.mod);
         const char* key_row = p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
+        const char* value_row = p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1];
+        if constexpr (Rot::kActive && KVFUSE_ROPE_VALUES_FIRST) {
+          if (p.halves == 2) raw[m].half[1] = Op::load(value_row, chunk[m], p);
+        }
         raw[m].half[0] = Op::load(key_row, chunk[m], p);
         if constexpr (Rot::kActive) rot[m] = Rot::load(key_row, tok, chunk[m], p.rope);
-        if (p.halves == 2) {
-          raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1], chunk[m], p);
-        }
+        if (!(Rot::kActive && KVFUSE_ROPE_VALUES_FIRST) && p.halves == 2) raw[m].half[1] = Op::load(value_row, chunk[m], p);
         dst_row[m] = head[m] * p.dst_head;
       } else {
         is_value[m] = tr.mod >= p.per_half;
@@ -390,6 +392,18 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
       for (int w = 0; w < Rot::Run::kWords; ++w) raw[m].half[0].words[w] = make_uint4(0, 0, 0, 0);
     }
   }
+  // One branch per block instead of one per value: the division's fast path is a template.
+  const bool fast = !Op::kUsesScale || (div_k.fast && div_v.fast);
+  // Rotary launches of paired units encode and store the value chunk before the key's rotation, so
+  // that half of the stores leave while the keys rotate (KVFUSE_ROPE_VALUES_FIRST).
+  constexpr bool kValuesFirst = Rot::kActive && kPaired && KVFUSE_ROPE_VALUES_FIRST;
+  if constexpr (kValuesFirst) {
+    if (fast) {
+      store_units<Op, kUnits, kPaired, true, 2>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
+    } else {
+      store_units<Op, kUnits, kPaired, false, 2>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
+    }
+  }
   if constexpr (Rot::kActive) {
 #pragma unroll
     for (int m = 0; m < kUnits; ++m) {
@@ -397,11 +411,11 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
       if (slot[m] >= 0) Rot::apply(raw[m].half[0], rot[m], p.rope);
     }
   }
-  // One branch per block instead of one per value: the division's fast path is a template.
-  if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
-    store_units<Op, kUnits, kPaired, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
+  constexpr int kRest = kValuesFirst ? 1 : 3;
+  if (fast) {
+    store_units<Op, kUnits, kPaired, true, kRest>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
   } else {
-    store_units<Op, kUnits, kPaired, false>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
+    store_units<Op, kUnits, kPaired, false, kRest>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
   }
 }
 
@@ -773,21 +787,6 @@ __device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
   return word;
 }
 
-// One 16-byte word of a rotary table: through the read-only cache, and with
-// KVFUSE_ROPE_TABLE_EVICT_LAST (measurement) marked to stay in L2 while the rows stream past.
-__device__ __forceinline__ uint4 load_table_word(const uint4* w) {
-#if KVFUSE_ROPE_TABLE_EVICT_LAST
-  uint4 v;
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(w), "l"(policy));
-  return v;
-#else
-  return __ldg(w);
-#endif
-}
-
 // K values of a table row from column col0 on: whole 16-byte words, read through the read-only
 // cache (every head of a token reads the same row).
 template <typename T, int K>
@@ -809,12 +808,12 @@ struct TableRun {
         const uint2 low = __ldg(reinterpret_cast<const uint2*>(w));
         out.words[0] = make_uint4(low.x, low.y, 0u, 0u);
       } else {
-        out.words[0] = load_table_word(w);
+        out.words[0] = __ldg(w);
       }
     } else {
 #pragma unroll
       for (int i = 0; i < kWords; ++i) {
-        if (!half || i < kWords / 2) out.words[i] = load_table_word(w + i);
+        if (!half || i < kWords / 2) out.words[i] = __ldg(w + i);
       }
     }
     return out;
@@ -934,13 +933,8 @@ struct Rotation {
       }
       const float c0 = widen(l.cos.e, kPairColumns ? k / 2 : k), c1 = widen(l.cos.e, kPairColumns ? k / 2 : k + 1);
       const float s0 = widen(l.sin.e, kPairColumns ? k / 2 : k), s1 = widen(l.sin.e, kPairColumns ? k / 2 : k + 1);
-#if KVFUSE_ROPE_CONTRACT_EXPERIMENT
-      const float y0 = __fmaf_rn(x0, c0, __fmul_rn(rot0, s0));
-      const float y1 = __fmaf_rn(x1, c1, __fmul_rn(rot1, s1));
-#else
       const float y0 = __fadd_rn(__fmul_rn(x0, c0), __fmul_rn(rot0, s0));
       const float y1 = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(rot1, s1));
-#endif
       if constexpr (KVFUSE_ROPE_PACK_PAIRS) {
         reinterpret_cast<uint32_t*>(y.words)[k / 2] = round_pair<In>(y0, y1);
       } else {
