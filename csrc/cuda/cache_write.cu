@@ -117,11 +117,6 @@
 #ifndef KVFUSE_ROPE_PACK_PAIRS
 #define KVFUSE_ROPE_PACK_PAIRS 1
 #endif
-// 1: rotary writes of paired units load, encode and store the value chunk first, the key chunk after
-// its rotation; 0: key and value together after the rotation.
-#ifndef KVFUSE_ROPE_VALUES_FIRST
-#define KVFUSE_ROPE_VALUES_FIRST 1
-#endif
 // 1: NeoX units take their partner chunk by warp shuffle where a head's units share a warp
 // (Rotation's kShuffle); 0: every unit loads it (the build measured in the fourteenth session).
 #ifndef KVFUSE_ROPE_PARTNER_SHUFFLE
@@ -276,8 +271,7 @@ struct Pair {
 
 // Ops with kSplitRows (NVFP4) place a row's bytes themselves (Op::store_split, from the base of
 // the row's side); the others get the address of their row.
-// kHalves (paired units): 1 stores the key chunk, 2 the value chunk, 3 both.
-template <class Op, int kUnits, bool kPaired, bool kFast, int kHalves = 3>
+template <class Op, int kUnits, bool kPaired, bool kFast>
 __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
                                             const int64_t (&slot)[kUnits], const int64_t (&dst_row)[kUnits],
                                             const int (&head)[kUnits], const int (&chunk)[kUnits],
@@ -298,10 +292,8 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
     if constexpr (Op::kSplitRows) {
       char* side = p.dst + block * p.dst_block;
       if constexpr (kPaired) {
-        if constexpr (kHalves & 1) {
-          Op::template store_split<kFast>(raw[m].half[0], side, off, head[m], chunk[m], false, div_k, p);
-        }
-        if (kHalves & 2 && p.halves == 2) {
+        Op::template store_split<kFast>(raw[m].half[0], side, off, head[m], chunk[m], false, div_k, p);
+        if (p.halves == 2) {
           Op::template store_split<kFast>(raw[m].half[1], side + p.dst_kv, off, head[m], chunk[m], true, div_v, p);
         }
       } else {
@@ -311,8 +303,8 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
     } else {
       char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_row[m];
       if constexpr (kPaired) {
-        if constexpr (kHalves & 1) Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
-        if (kHalves & 2 && p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
+        Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
+        if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
       } else {
         // Selected by value: a reference to either would put both dividers in local memory.
         Op::template store<kFast>(raw[m].half[0], dst, chunk[m], is_value[m] ? div_v : div_k, p);
@@ -366,13 +358,11 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
         head[m] = static_cast<int>(hc.div);
         chunk[m] = static_cast<int>(hc.mod);
         const char* key_row = p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
-        const char* value_row = p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1];
-        if constexpr (Rot::kActive && KVFUSE_ROPE_VALUES_FIRST) {
-          if (p.halves == 2) raw[m].half[1] = Op::load(value_row, chunk[m], p);
-        }
         raw[m].half[0] = Op::load(key_row, chunk[m], p);
         if constexpr (Rot::kActive) rot[m] = Rot::load(key_row, tok, chunk[m], p.rope);
-        if (!(Rot::kActive && KVFUSE_ROPE_VALUES_FIRST) && p.halves == 2) raw[m].half[1] = Op::load(value_row, chunk[m], p);
+        if (p.halves == 2) {
+          raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1], chunk[m], p);
+        }
         dst_row[m] = head[m] * p.dst_head;
       } else {
         is_value[m] = tr.mod >= p.per_half;
@@ -392,18 +382,6 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
       for (int w = 0; w < Rot::Run::kWords; ++w) raw[m].half[0].words[w] = make_uint4(0, 0, 0, 0);
     }
   }
-  // One branch per block instead of one per value: the division's fast path is a template.
-  const bool fast = !Op::kUsesScale || (div_k.fast && div_v.fast);
-  // Rotary launches of paired units encode and store the value chunk before the key's rotation, so
-  // that half of the stores leave while the keys rotate (KVFUSE_ROPE_VALUES_FIRST).
-  constexpr bool kValuesFirst = Rot::kActive && kPaired && KVFUSE_ROPE_VALUES_FIRST;
-  if constexpr (kValuesFirst) {
-    if (fast) {
-      store_units<Op, kUnits, kPaired, true, 2>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
-    } else {
-      store_units<Op, kUnits, kPaired, false, 2>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
-    }
-  }
   if constexpr (Rot::kActive) {
 #pragma unroll
     for (int m = 0; m < kUnits; ++m) {
@@ -411,11 +389,11 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
       if (slot[m] >= 0) Rot::apply(raw[m].half[0], rot[m], p.rope);
     }
   }
-  constexpr int kRest = kValuesFirst ? 1 : 3;
-  if (fast) {
-    store_units<Op, kUnits, kPaired, true, kRest>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
+  // One branch per block instead of one per value: the division's fast path is a template.
+  if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
+    store_units<Op, kUnits, kPaired, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
   } else {
-    store_units<Op, kUnits, kPaired, false, kRest>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
+    store_units<Op, kUnits, kPaired, false>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
   }
 }
 
