@@ -136,8 +136,6 @@ def _fused_as(case: Case, with_query: bool, rotation: str):
 def _native(case: Case, with_query: bool):
     from kvfuse.ops import native
 
-    if case.fmt == "bfloat16":
-        raise _Skip("the native rotary write takes FP8 and NVFP4 caches only")
     return _kernel_calls(case, with_query, native.rope_encode_and_cache_write, force=True)
 
 
@@ -231,12 +229,11 @@ def _check(case: Case, with_compiled: bool = True) -> None:
                           not torch.equal(fused_q.view(torch.int16), compiled_q.view(torch.int16))):
         logger.warning("fused and compiled-unfused differ for %s T=%d", case.fmt, case.num_tokens)
     others = [("split", got_split, split_q), ("gather", got_gather, gather_q)]
-    if case.fmt != "bfloat16":
-        got_native = case.new_cache()
-        case.cache = got_native
-        native_q = _native(case, True)[0]()
-        case.cache = saved
-        others.append(("native", got_native, native_q))
+    got_native = case.new_cache()
+    case.cache = got_native
+    native_q = _native(case, True)[0]()
+    case.cache = saved
+    others.append(("native", got_native, native_q))
     for other, cache, rq in others:
         if not torch.equal(got_fused.view(torch.uint8), cache.view(torch.uint8)) or \
                 not torch.equal(fused_q.view(torch.int16), rq.view(torch.int16)):

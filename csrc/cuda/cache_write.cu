@@ -122,7 +122,7 @@
 #ifndef KVFUSE_ROPE_PARTNER_SHUFFLE
 #define KVFUSE_ROPE_PARTNER_SHUFFLE 1
 #endif
-// FP8 rotary writes of fewer 16-element (token, head, chunk) units than this run in 8-element
+// FP8 (and 16-bit cache) rotary writes of fewer 16-element (token, head, chunk) units than this run in 8-element
 // units, at KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS resident blocks per SM (twice the threads, each with
 // half the rotation). Measured on cold inputs of 8 x 128 (BENCHMARKS.md, fifteenth session):
 // faster up to 512 tokens, slower at 1024, level from 2048 on. NVFP4 units are its 16-element
@@ -546,6 +546,17 @@ struct EncodeOp {
         } else {
 #pragma unroll
           for (int w = 0; w < N / 8; ++w) reinterpret_cast<uint2*>(out)[w] = make_uint2(words[2 * w], words[2 * w + 1]);
+        }
+      }
+    } else if constexpr (std::is_same_v<In, Out> && kVector) {
+      // A cache of the input's dtype (the rotary write's 16-bit caches): the words as they are.
+      uint4* out = reinterpret_cast<uint4*>(reinterpret_cast<Out*>(d) + static_cast<int64_t>(c) * N);
+#pragma unroll
+      for (int w = 0; w < Raw::kWords; ++w) {
+        if constexpr (KVFUSE_STORE_HINT) {
+          __stcs(out + w, f.words[w]);
+        } else {
+          out[w] = f.words[w];
         }
       }
     } else {
@@ -1163,11 +1174,12 @@ void with_rotation(int64_t head_size, RopeParams& r, F&& f) {
 }
 
 // The rotary write's key/value units through the op of the cache's mode, with the rotation
-// folded in, in units of N elements.
+// folded in, in units of N elements, one unit per thread at every size (two spill in the
+// rotation's registers: 16-bit caches' cast op would otherwise take two at 16384 tokens and up).
 template <class Op, typename In, typename Table, bool kNeox, int N>
 void launch_rope_rows(RowParams p, cudaStream_t stream) {
   with_rotation<In, Table, kNeox, N>(p.head_size, p.rope, [&](auto rot) {
-    launch<Op, true, decltype(rot)>(p, p.head_size / N, stream);
+    launch<Op, false, decltype(rot)>(p, p.head_size / N, stream);
   });
 }
 
@@ -1192,7 +1204,11 @@ void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream
       if (narrow) return launch_rope_rows<EncodeOp<In, E5M2, F>, In, Table, kNeox, F>(p, stream);
       return launch_rope_rows<EncodeOp<In, E5M2, W>, In, Table, kNeox, W>(p, stream);
     case KVQuantMode::NVFP4: return launch_rope_rows<Nvfp4Op<In, true>, In, Table, kNeox, kRopeUnit>(p, stream);
-    default: TORCH_CHECK_VALUE(false, "the native rotary write takes FP8 and NVFP4 caches, not ", mode_name(mode));
+    case KVQuantMode::NONE:  // a cache of the key's dtype (checked by the caller)
+      if (narrow) return launch_rope_rows<EncodeOp<In, In, F>, In, Table, kNeox, F>(p, stream);
+      return launch_rope_rows<EncodeOp<In, In, W>, In, Table, kNeox, W>(p, stream);
+    default:
+      TORCH_CHECK_VALUE(false, "the native rotary write takes FP8, NVFP4 and 16-bit caches, not ", mode_name(mode));
   }
 }
 
@@ -1292,11 +1308,14 @@ at::Tensor rope_encode_and_cache_write_cuda(const std::optional<at::Tensor>& que
   check_tensor_scale(k_scale, "k_scale");
   check_tensor_scale(v_scale, "v_scale");
   check_int32_sizes(key);
-  TORCH_CHECK_VALUE(mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2 || mode == KVQuantMode::NVFP4,
-                    "the native rotary write takes FP8 and NVFP4 caches, not ", mode_name(mode));
+  TORCH_CHECK_VALUE(mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2 || mode == KVQuantMode::NVFP4 ||
+                        mode == KVQuantMode::NONE,
+                    "the native rotary write takes FP8, NVFP4 and 16-bit caches, not ", mode_name(mode));
   const at::ScalarType in = key.scalar_type();
   TORCH_CHECK_VALUE(in == at::ScalarType::BFloat16 || in == at::ScalarType::Half,
                     "the native rotary write takes bfloat16 or float16 keys, not ", in);
+  TORCH_CHECK_VALUE(mode != KVQuantMode::NONE || kv_cache.scalar_type() == in, "kv_cache dtype ",
+                    kv_cache.scalar_type(), ": the native rotary write of an unquantized cache takes the key's dtype ", in);
   const int64_t num_tokens = key.size(0), head_size = key.size(2);
   TORCH_CHECK_VALUE(head_size % kRopeUnit == 0, "head_size=", head_size, ": the native rotary write needs a multiple of 16");
   TORCH_CHECK_VALUE(rotary_dim >= 2 && rotary_dim <= head_size && rotary_dim % (is_neox ? 2 * kRopeUnit : kRopeUnit) == 0,
@@ -1345,7 +1364,7 @@ at::Tensor rope_encode_and_cache_write_cuda(const std::optional<at::Tensor>& que
   set_sources(p, key, value);
   set_cache_dest(p, kv_cache, slot_mapping);
   TORCH_CHECK_VALUE(mode == KVQuantMode::NVFP4 || dst_aligned(p, 16), "kv_cache ", kv_cache.sizes(),
-                    ": FP8 rows must start 16-byte aligned for the native rotary write");
+                    ": FP8 and 16-bit rows must start 16-byte aligned for the native rotary write");
   p.scale[0] = k_scale.const_data_ptr<float>();
   p.scale[1] = v_scale.const_data_ptr<float>();
   p.rope.cos = static_cast<const char*>(cos.const_data_ptr());

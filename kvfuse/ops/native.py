@@ -36,8 +36,8 @@ one producer and two consumer warpgroups), on prefill-shaped calls with head siz
 bf16 / fp16, FP8 e4m3 / e5m2 and NVFP4 caches (:func:`prefill_refusal` says which):
 :func:`paged_attention` sends it every call it accepts, before the decode kernel's turn.
 
-:func:`rope_encode_and_cache_write` (CUDA; FP8 and NVFP4 caches) rotates each key unit (16
-elements; 8 in small FP8 launches) inside the fused write kernel of ``csrc/cuda/cache_write.cu``
+:func:`rope_encode_and_cache_write` (CUDA; FP8, NVFP4 and bf16 / fp16 caches of the key's dtype)
+rotates each key unit (16 elements; 8 in small FP8 and 16-bit launches) inside the fused write kernel of ``csrc/cuda/cache_write.cu``
 (one more launch rotates the query, when there is one), bit for bit the reference's arithmetic;
 NeoX units take their rotation partner from the partner's lane by warp shuffle where a head's
 units share a warp. It runs the calls that :mod:`kvfuse.ops.tuning` measured faster on it than
@@ -336,7 +336,8 @@ def encode_and_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
 
 #: The cache modes of the native rotary write (bf16 caches keep Triton's kernel, within 1.1x of
 #: the write alone in BENCHMARKS.md).
-_ROPE_MODES = frozenset({KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4})
+#: The caches the native rotary write takes; NONE: a cache of the key's own dtype (bf16 / fp16).
+_ROPE_MODES = frozenset({KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.FP8_E5M2, KVQuantMode.NVFP4})
 #: Elements per unit of the native rotary write (``kRopeUnit`` in csrc/cuda/cache_write.cu; the
 #: 8-element units of its small FP8 launches divide it, so its preconditions are the 16's).
 _ROPE_UNIT = 16
@@ -354,9 +355,11 @@ def rope_refusal(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
     Restates the checks of ``rope_encode_and_cache_write_cuda`` (csrc/cuda/cache_write.cu)."""
     mode = KVFormat.of(kv_quant_mode).narrowed
     if mode not in _ROPE_MODES:
-        return f"kv_quant_mode={getattr(mode, 'name', mode)}: it writes FP8 and NVFP4 caches"
+        return f"kv_quant_mode={getattr(mode, 'name', mode)}: it writes FP8, NVFP4 and unquantized 16-bit caches"
     if key.dtype not in (torch.bfloat16, torch.float16):
         return f"key dtype {key.dtype}: it takes bfloat16 or float16 keys"
+    if mode is KVQuantMode.NONE and kv_cache.dtype != key.dtype:
+        return f"kv_cache dtype {kv_cache.dtype}: an unquantized cache must hold the key's dtype {key.dtype}"
     num_tokens, num_heads, head_size = key.shape
     if head_size % _ROPE_UNIT:
         return f"head_size={head_size}: it rotates units of {_ROPE_UNIT} elements"
@@ -380,8 +383,9 @@ def rope_refusal(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
             return f"query strides {tuple(query.stride())} / address: rows must start 16-byte aligned"
         if query.shape[0] * query.shape[1] * (head_size // _ROPE_UNIT) >= 2 ** 31:
             return f"query {tuple(query.shape)}: too many units for 32-bit indices"
-    if mode is not KVQuantMode.NVFP4 and (kv_cache.data_ptr() % 16 or any(st % 16 for st in kv_cache.stride()[:4])):
-        return f"kv_cache strides {tuple(kv_cache.stride())}: FP8 rows must start 16-byte aligned"
+    if mode is not KVQuantMode.NVFP4 and (kv_cache.data_ptr() % 16 or
+                                           any(st * kv_cache.element_size() % 16 for st in kv_cache.stride()[:4])):
+        return f"kv_cache strides {tuple(kv_cache.stride())}: FP8 and 16-bit rows must start 16-byte aligned"
     # Last, so that every other condition can be tested without a GPU.
     if key.device.type != "cuda":
         return f"key is on {key.device.type}: it runs on CUDA"

@@ -234,15 +234,16 @@ def test_op_through_forced_triton(monkeypatch):
         registry.clear_cache()
 
 
-def test_native_claims_the_rotary_write_on_cuda_for_fp8_and_nvfp4():
+def test_native_claims_the_rotary_write_on_cuda_for_fp8_nvfp4_and_16bit():
     from kvfuse.ops import native
 
     assert "rope_encode_and_cache_write" in native.IMPLEMENTATION.ops
-    for mode in (KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4):
+    for mode in (KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4):
         reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cpu", mode)
         assert reason == "its rotary write kernel runs on CUDA, not on cpu"
-    reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cuda", KVQuantMode.NONE)
-    assert reason == "its rotary write takes FP8_E4M3, FP8_E5M2, NVFP4 caches, not NONE"
+    reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cuda", KVQuantMode.FP8_PER_TOKEN_HEAD)
+    assert reason == ("it implements FP8_PER_TOKEN_HEAD for encode_and_cache_write, paged_attention only, "
+                      "not for rope_encode_and_cache_write")
     # On CPU the registry passes over it (Triton is interpreted there: only when forced).
     assert native.IMPLEMENTATION.rank(registry.Situation("rope_encode_and_cache_write", "cpu", KVQuantMode.NVFP4,
                                                          "any", False)) is None
@@ -262,7 +263,10 @@ def _aligned_view(x, offset_elems):
 
 
 @pytest.mark.parametrize("change,reason", [
-    (lambda c: dict(kv_quant_mode=int(KVQuantMode.NONE)), "kv_quant_mode=NONE: it writes FP8 and NVFP4 caches"),
+    (lambda c: dict(kv_quant_mode=int(KVQuantMode.FP8_PER_TOKEN_HEAD)),
+     "kv_quant_mode=FP8_PER_TOKEN_HEAD: it writes FP8, NVFP4 and unquantized 16-bit caches"),
+    (lambda c: dict(kv_quant_mode=int(KVQuantMode.NONE), kv_cache=torch.zeros(4, 2, 4, 2, 64, dtype=torch.float16)),
+     "kv_cache dtype torch.float16: an unquantized cache must hold the key's dtype torch.bfloat16"),
     (lambda c: dict(key=c["key"].float(), value=c["value"].float()), "key dtype torch.float32: it takes bfloat16"),
     (lambda c: dict(rotary_dim=16, is_neox=True), "rotary_dim=16 with NeoX pairs: it takes multiples of 32"),
     (lambda c: dict(rotary_dim=24, is_neox=False), "rotary_dim=24 with GPT-J pairs: it takes multiples of 16"),
@@ -271,10 +275,13 @@ def _aligned_view(x, offset_elems):
     (lambda c: dict(sin=_aligned_view(c["sin"], 2)), r"sin strides \(64, 1\) / address: table rows must start"),
     (lambda c: dict(query=_aligned_view(c["query"], 4)), "query strides .* rows must start 16-byte aligned"),
     (lambda c: dict(kv_cache=_aligned_view(c["kv_cache"].view(torch.uint8), 8).view(torch.float8_e4m3fn)),
-     "kv_cache strides .* FP8 rows must start 16-byte aligned"),
+     "kv_cache strides .* FP8 and 16-bit rows must start 16-byte aligned"),
+    (lambda c: dict(kv_quant_mode=int(KVQuantMode.NONE),
+                    kv_cache=_aligned_view(torch.zeros(4, 2, 4, 2, 64, dtype=torch.bfloat16), 4)),
+     "kv_cache strides .* FP8 and 16-bit rows must start 16-byte aligned"),
     (lambda c: {}, "key is on cpu: it runs on CUDA"),
-], ids=["bf16-cache", "fp32-key", "neox-16", "gptj-24", "key-unaligned", "fp16-table", "sin-unaligned",
-        "query-unaligned", "cache-unaligned", "cpu"])
+], ids=["per-token-head", "fp16-cache-bf16-key", "fp32-key", "neox-16", "gptj-24", "key-unaligned", "fp16-table", "sin-unaligned",
+        "query-unaligned", "cache-unaligned", "bf16-cache-unaligned", "cpu"])
 def test_native_rotary_refusals_name_the_condition(change, reason):
     from kvfuse.ops import native
 
@@ -488,6 +495,29 @@ def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_di
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("is_neox,half,table,rotary_dim,table_dtype", [
+    (True, False, False, 128, None),          # transformers' per-token tables in the key's dtype
+    (True, True, True, 128, torch.float32),   # float32 cos/sin cache read at positions
+    (False, True, True, 64, None),            # GPT-J, half-width table, partial rotary
+    (True, False, True, 64, None),            # NeoX partial rotary
+], ids=["neox", "neox-f32-table-pos", "gptj-half-partial", "neox-partial"])
+@pytest.mark.parametrize("T", [1, 7, 64, 533, 1100])
+def test_gpu_native_16bit_caches(dtype, is_neox, half, table, rotary_dim, table_dtype, T):
+    """Unquantized caches of the key's dtype: the rotated key rounded to it and stored as it is,
+    the value copied; 8-element units up to 533 tokens, 16-element ones at 1100
+    (KVFUSE_ROPE_FP8_NARROW_BELOW), with and without the query."""
+    for with_query in (True, False):
+        c = _case(T, 32, 8, 128, KVQuantMode.NONE, dtype, in_dtype=dtype, rotary_dim=rotary_dim, half=half,
+                  table=table, seed=T + rotary_dim + with_query, device="cuda", num_blocks=T // BLOCK + 8)
+        if table_dtype is not None:
+            c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
+        if not with_query:
+            c["query"] = None
+        _native_vs_reference(c, is_neox, KVQuantMode.NONE)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d,hq,h,in_dtype", [(64, 4, 2, torch.float16), (256, 8, 1, torch.bfloat16),
                                              (128, 12, 3, torch.float16)], ids=["d64-fp16", "d256", "d128-3heads"])
 @pytest.mark.parametrize("block", [16, 5, 32], ids=lambda b: f"page{b}")
@@ -565,7 +595,8 @@ def test_gpu_native_routing_and_fallback(monkeypatch):
     registry.clear_cache()
     assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.FP8_E4M3).name == "native"
     assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.NVFP4).name == "native"
-    assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.NONE).name == "triton"
+    assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.NONE).name == "native"
+    assert registry.select("rope_encode_and_cache_write", "cuda", KVQuantMode.FP8_PER_TOKEN_HEAD).name == "triton"
     triton_calls = []
     triton_write = rope_kv_write.rope_encode_and_cache_write
     monkeypatch.setattr(rope_kv_write, "rope_encode_and_cache_write",
