@@ -9,7 +9,7 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 - ``rope_k+write``: ``kvfuse::rope_encode_and_cache_write`` without a query (the issue's goal:
   <= 1.1x ``write``);
 - ``rope_k+write (triton)`` / ``(native)``: Triton's fused kernel and the native one
-  (``csrc/cuda/cache_write.cu``, FP8 and NVFP4 caches), each forced; the op picks one by the
+  (``csrc/cuda/cache_write.cu``), each forced; the op picks one by the
   measured policy of :mod:`kvfuse.ops.tuning`;
 - ``rope_k+write (split)`` / ``(gather)``: Triton's kernel with each rotation forced
   (``rotation=`` of the Triton launcher: partners taken from the loaded rows, or by a second

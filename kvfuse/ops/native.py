@@ -41,8 +41,8 @@ rotates each key unit (16 elements; 8 in small FP8 and 16-bit launches) inside t
 (one more launch rotates the query, when there is one), bit for bit the reference's arithmetic;
 NeoX units take their rotation partner from the partner's lane by warp shuffle where a head's
 units share a warp. It runs the calls that :mod:`kvfuse.ops.tuning` measured faster on it than
-on Triton's kernel (on sm90: FP8 e4m3 writes of 16 tokens and more without a query, FP8 e4m3 and
-NVFP4 writes of 16384 tokens and more with one) and :func:`rope_refusal` accepts (bf16/fp16 inputs,
+on Triton's kernel (on sm90: without a query, bf16 / fp16 and NVFP4 caches at every size and FP8
+e4m3 from 16 tokens on; with one, FP8 e4m3 and NVFP4 writes of 16384 tokens and more) and :func:`rope_refusal` accepts (bf16/fp16 inputs,
 16-byte aligned rows, head sizes and rotary widths that keep a unit and its rotation partners
 together); the other calls run Triton's kernel. With the native cache backend forced it runs
 every call it accepts and raises for the rest.

@@ -159,9 +159,13 @@ class RopeWritePolicy:
 # both (4096 lost; sizes in between were not measured). e5m2 was not measured. Since the NVFP4
 # encode's instruction cuts (eighteenth session, `python -m benchmarks.rope_write` at 1c6e791)
 # the native NVFP4 kernel without a query takes 13.27 us at 4096 tokens against Triton's 13.96
-# (2.31 / 2.35 at 64, within noise; sizes in between not measured).
+# (2.31 / 2.35 at 64, within noise; sizes in between not measured). Since the rotation's packed
+# rounding (twenty-third session, `rope_write --quick` at be42259, us native / Triton without a
+# query) the native kernel is faster at every size measured for NVFP4 (1.84 / 2.16 at 1 token,
+# 2.21 / 2.36 at 64, 4.81 / 5.77 at 1024, 12.65 / 13.92 at 4096) and for bf16 caches, new there
+# (1.44 / 1.67 at 1, 1.65 / 1.85 at 64, 3.77 / 4.52 at 1024, 11.03 / 11.46 at 4096).
 _SM90_ROPE = RopeWritePolicy(gather_below={KVQuantMode.FP8_E4M3: 256, KVQuantMode.NVFP4: 256},
-                             native_from={KVQuantMode.FP8_E4M3: 16, KVQuantMode.NVFP4: 4096},
+                             native_from={KVQuantMode.NONE: 1, KVQuantMode.FP8_E4M3: 16, KVQuantMode.NVFP4: 1},
                              native_with_query_from={KVQuantMode.FP8_E4M3: 16384, KVQuantMode.NVFP4: 16384})
 
 #: Rotary-write policies by GPU architecture; others (and the CPU interpreter) use sm90's.

@@ -424,7 +424,7 @@ def test_rope_write_policy_native_choice():
             with pytest.raises(ValueError, match=f"{name}=.* must map KVQuantMode formats to positive token counts"):
                 tuning.RopeWritePolicy(gather_below={}, **{name: bad})
     sm90 = tuning.ROPE_WRITE_POLICIES["sm90"]
-    assert dict(sm90.native_from) == {KVQuantMode.FP8_E4M3: 16, KVQuantMode.NVFP4: 4096}
+    assert dict(sm90.native_from) == {KVQuantMode.NONE: 1, KVQuantMode.FP8_E4M3: 16, KVQuantMode.NVFP4: 1}
     assert dict(sm90.native_with_query_from) == {KVQuantMode.FP8_E4M3: 16384, KVQuantMode.NVFP4: 16384}
 
 
