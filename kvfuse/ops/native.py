@@ -37,15 +37,16 @@ bf16 / fp16, FP8 e4m3 / e5m2 and NVFP4 caches (:func:`prefill_refusal` says whic
 :func:`paged_attention` sends it every call it accepts, before the decode kernel's turn.
 
 :func:`rope_encode_and_cache_write` (CUDA; FP8, NVFP4 and bf16 / fp16 caches of the key's dtype)
-rotates each key unit (16 elements; 8 in small FP8 and 16-bit launches) inside the fused write kernel of ``csrc/cuda/cache_write.cu``
-(one more launch rotates the query, when there is one), bit for bit the reference's arithmetic;
-NeoX units take their rotation partner from the partner's lane by warp shuffle where a head's
-units share a warp. It runs the calls that :mod:`kvfuse.ops.tuning` measured faster on it than
-on Triton's kernel (on sm90: without a query, bf16 / fp16 and NVFP4 caches at every size and FP8
-e4m3 from 16 tokens on; with one, FP8 e4m3 and NVFP4 writes of 16384 tokens and more) and :func:`rope_refusal` accepts (bf16/fp16 inputs,
-16-byte aligned rows, head sizes and rotary widths that keep a unit and its rotation partners
-together); the other calls run Triton's kernel. With the native cache backend forced it runs
-every call it accepts and raises for the rest.
+rotates each key unit (16 elements; 8 in small FP8 and 16-bit launches) inside the fused write
+kernel of ``csrc/cuda/cache_write.cu`` (one more launch rotates the query, when there is one), bit
+for bit the reference's arithmetic; NeoX units take their rotation partner from the partner's lane
+by warp shuffle where a head's units share a warp. It runs the calls that :mod:`kvfuse.ops.tuning`
+measured faster on it than on Triton's kernel (on sm90: without a query, bf16 / fp16 and NVFP4
+caches at every size and FP8 e4m3 from 16 tokens on; with one, FP8 e4m3 and NVFP4 writes of 16384
+tokens and more) and :func:`rope_refusal` accepts (bf16/fp16 inputs, 16-byte aligned rows, head
+sizes and rotary widths that keep a unit and its rotation partners together); the other calls run
+Triton's kernel. With the native cache backend forced it runs every call it accepts and raises
+for the rest.
 
 FP8_PER_TOKEN_HEAD caches are written by ``csrc/cuda/per_token_head_write.cu`` (CUDA, fused write
 only; layouts it does not take go to Triton's kernel, see :func:`per_token_head_write_refusal`).

@@ -241,7 +241,8 @@ def test_native_claims_the_rotary_write_on_cuda_for_fp8_nvfp4_and_16bit():
     for mode in (KVQuantMode.NONE, KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4):
         reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cpu", mode)
         assert reason == "its rotary write kernel runs on CUDA, not on cpu"
-    reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cuda", KVQuantMode.FP8_PER_TOKEN_HEAD)
+    reason = registry.unavailable_reason("native", "rope_encode_and_cache_write", "cuda",
+                                         KVQuantMode.FP8_PER_TOKEN_HEAD)
     assert reason == ("it implements FP8_PER_TOKEN_HEAD for encode_and_cache_write, paged_attention only, "
                       "not for rope_encode_and_cache_write")
     # On CPU the registry passes over it (Triton is interpreted there: only when forced).
@@ -280,8 +281,8 @@ def _aligned_view(x, offset_elems):
                     kv_cache=_aligned_view(torch.zeros(4, 2, 4, 2, 64, dtype=torch.bfloat16), 4)),
      "kv_cache strides .* FP8 and 16-bit rows must start 16-byte aligned"),
     (lambda c: {}, "key is on cpu: it runs on CUDA"),
-], ids=["per-token-head", "fp16-cache-bf16-key", "fp32-key", "neox-16", "gptj-24", "key-unaligned", "fp16-table", "sin-unaligned",
-        "query-unaligned", "cache-unaligned", "bf16-cache-unaligned", "cpu"])
+], ids=["per-token-head", "fp16-cache-bf16-key", "fp32-key", "neox-16", "gptj-24", "key-unaligned", "fp16-table",
+        "sin-unaligned", "query-unaligned", "cache-unaligned", "bf16-cache-unaligned", "cpu"])
 def test_native_rotary_refusals_name_the_condition(change, reason):
     from kvfuse.ops import native
 
