@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
         chunk[m] = static_cast<int>(hc.mod);
         const char* key_row = p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
         raw[m].half[0] = Op::load(key_row, chunk[m], p);
-        if constexpr (Rot::kActive) rot[m] = Rot::load(key_row, tok, chunk[m], p.rope);
+        if constexpr (Rot::kActive) rot[m] = Rot::template load<Op::kRopeCheckFirst>(key_row, tok, chunk[m], p.rope);
         if (p.halves == 2) {
           raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1], chunk[m], p);
         }
@@ -373,7 +373,9 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThre
         const char* src = is_value[m] ? p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1]
                                       : p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
         raw[m].half[0] = Op::load(src, chunk[m], p);
-        if constexpr (Rot::kActive) rot[m] = Rot::load(src, tok, is_value[m] ? -1 : chunk[m], p.rope);
+        if constexpr (Rot::kActive) {
+          rot[m] = Rot::template load<Op::kRopeCheckFirst>(src, tok, is_value[m] ? -1 : chunk[m], p.rope);
+        }
         dst_row[m] = head[m] * p.dst_head + (is_value[m] ? p.dst_kv : 0);
       }
     } else if constexpr (Rot::kActive) {
@@ -508,6 +510,7 @@ template <typename In, typename Out, int N>
 struct EncodeOp {
   static constexpr bool kUsesScale = kIsFp8<Out>;
   static constexpr bool kSplitRows = false;
+  static constexpr bool kRopeCheckFirst = kIsFp8<Out>;  // Rotation::load
   // float32 input holds twice the registers per unit: one block fewer, or the compiler spills.
   static constexpr int kMinBlocks = !kIsFp8<Out>     ? KVFUSE_COPY_MIN_BLOCKS
                                     : sizeof(In) > 2 ? (KVFUSE_FP8_MIN_BLOCKS > 2 ? KVFUSE_FP8_MIN_BLOCKS - 1 : 2)
@@ -644,6 +647,7 @@ template <typename In, bool kVector>
 struct Nvfp4Op {
   static constexpr bool kUsesScale = true;
   static constexpr bool kSplitRows = true;
+  static constexpr bool kRopeCheckFirst = false;  // Rotation::load
   // One unit per thread, and as many resident threads as the registers allow without spilling
   // (48 for 16-bit inputs, one block fewer for float32's wider units): 3 blocks per SM took 72%
   // of copy at 16384 tokens where 5 take 77%, and 2 units per thread lost (BENCHMARKS.md).
@@ -840,13 +844,48 @@ struct Rotation {
     return blocks >= 2 ? blocks : 2;
   }
 
+  // A unit's loads, in two source forms that load the same values. kCheckFirst returns a
+  // value-initialised Loaded for a unit that is not rotated before anything else, and hands its
+  // table rows to load_from (which checks again). nvcc schedules the kernels of the two forms
+  // differently, and on the H100 the FP8 rotary writes run faster in this form while NVFP4 and
+  // 16-bit caches run slower (BENCHMARKS.md, twenty-fourth session). So the rows kernel picks the
+  // form by op (Op::kRopeCheckFirst); the query kernel keeps the other. Any edit here can change
+  // the measured SASS: compare the kernels' disassembly before and after.
+  template <bool kCheckFirst = false>
   __device__ __forceinline__ static Loaded load(const char* row, int64_t tok, int chunk, const RopeParams& r) {
+    if constexpr (kCheckFirst) {
+      if (chunk < 0 || chunk * N >= r.rotary_dim) return Loaded{};
+      const int64_t t = table_row(tok, r);
+      return load_from(row, r.cos + t * r.cos_row, r.sin + t * r.sin_row, chunk, r);
+    } else {
+      Loaded l;
+      l.first = chunk < 0 || chunk * N >= r.rotary_dim ? -1 : chunk * N;
+      if (l.first < 0) return l;
+      const int64_t t = table_row(tok, r);
+      load_columns(l, row, r.cos, r.sin, t, chunk, r);
+      return l;
+    }
+  }
+
+  __device__ __forceinline__ static int64_t table_row(int64_t tok, const RopeParams& r) {
+    return r.positions == nullptr ? tok
+           : r.positions64        ? __ldg(static_cast<const int64_t*>(r.positions) + tok)
+                                  : __ldg(static_cast<const int32_t*>(r.positions) + tok);
+  }
+
+  __device__ __forceinline__ static Loaded load_from(const char* row, const char* cos_row, const char* sin_row,
+                                                     int chunk, const RopeParams& r) {
     Loaded l;
     l.first = chunk < 0 || chunk * N >= r.rotary_dim ? -1 : chunk * N;
     if (l.first < 0) return l;
-    const int64_t table_row = r.positions == nullptr ? tok
-                              : r.positions64        ? __ldg(static_cast<const int64_t*>(r.positions) + tok)
-                                                     : __ldg(static_cast<const int32_t*>(r.positions) + tok);
+    load_columns(l, row, cos_row, sin_row, 0, chunk, r);
+    return l;
+  }
+
+  // A rotated unit's (l.first >= 0) partner chunk and cos / sin columns, from table row t of the
+  // tables at cos / sin.
+  __device__ __forceinline__ static void load_columns(Loaded& l, const char* row, const char* cos, const char* sin,
+                                                      int64_t t, int chunk, const RopeParams& r) {
     const int half = r.rotary_dim / 2;
     int col0;
     bool half_run = false;
@@ -864,9 +903,8 @@ struct Rotation {
       col0 = r.half_table ? l.first / 2 : l.first;
       half_run = r.half_table;
     }
-    l.cos = Cols::load(r.cos + table_row * r.cos_row, col0, half_run);
-    l.sin = Cols::load(r.sin + table_row * r.sin_row, col0, half_run);
-    return l;
+    l.cos = Cols::load(cos + t * r.cos_row, col0, half_run);
+    l.sin = Cols::load(sin + t * r.sin_row, col0, half_run);
   }
 
   // kShuffle: every lane of the warp, with a unit or not, hands its unrotated chunk to the unit
