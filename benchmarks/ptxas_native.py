@@ -107,8 +107,10 @@ def demangle(names: list[str]) -> list[str]:
     return readable
 
 
-def nvcc_command(source: Path, arch: str, defines: list[str], include_dirs: list[str], obj: Path) -> list[str]:
-    """The native build's compile line for ``source``, with ptxas's report turned on."""
+def nvcc_command(source: Path, arch: str, defines: list[str], include_dirs: list[str], obj: Path,
+                 cubin: bool = False) -> list[str]:
+    """The native build's compile line for ``source``: an object file with ptxas's report turned on,
+    or (``cubin``) the device code alone, for disassembly."""
     import torch
     from torch.utils import cpp_extension
 
@@ -119,29 +121,36 @@ def nvcc_command(source: Path, arch: str, defines: list[str], include_dirs: list
         raise SystemExit("ptxas_native: no nvcc found (set CUDA_HOME or put nvcc on PATH)")
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     number = arch.removeprefix("sm_")
-    return [nvcc, "-std=c++17", "-c", str(source), "-o", str(obj),
+    return [nvcc, "-std=c++17", "-cubin" if cubin else "-c", str(source), "-o", str(obj),
             f"-gencode=arch=compute_{number},code=sm_{number}", "-DKVFUSE_WITH_CUDA",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *native._NVCC_FLAGS, *cpp_extension.COMMON_NVCC_FLAGS,
-            *native._extra_cuda_flags(), *(f"-D{d}" for d in defines), "-Xptxas", "-v",
+            *native._extra_cuda_flags(), *(f"-D{d}" for d in defines), *([] if cubin else ["-Xptxas", "-v"]),
             *(f"-I{d}" for d in include_dirs)]
 
 
-def compile_report(source: Path, arch: str, defines: list[str]) -> list[KernelReport]:
-    """Compile ``source`` and parse what ptxas printed (raises with nvcc's output on failure)."""
+def run_nvcc(source: Path, arch: str, defines: list[str], out: Path, cubin: bool = False) -> str:
+    """Compile ``source`` (a ``csrc/cuda`` file of this or another tree: its own ``csrc`` comes
+    first on the include path) into ``out``; nvcc's output, or RuntimeError with it on failure."""
     from torch.utils import cpp_extension
 
     with tempfile.TemporaryDirectory() as tmp:
-        include_dirs = [str(REPO_ROOT / "csrc"), *cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+        include_dirs = [str(source.parent.parent), *cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
         if not any((Path(d) / "c10/cuda/impl/cuda_cmake_macros.h").is_file() for d in include_dirs):
             stub = Path(tmp) / "stub" / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
             stub.parent.mkdir(parents=True)
             stub.write_text("#pragma once\n")
             include_dirs.append(str(Path(tmp) / "stub"))
-        command = nvcc_command(source, arch, defines, include_dirs, Path(tmp) / "out.o")
+        command = nvcc_command(source, arch, defines, include_dirs, out, cubin=cubin)
         done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"nvcc failed on {source.name}:\n{done.stderr[-4000:]}")
-    return parse_ptxas_log(done.stdout + done.stderr)
+    return done.stdout + done.stderr
+
+
+def compile_report(source: Path, arch: str, defines: list[str]) -> list[KernelReport]:
+    """Compile ``source`` and parse what ptxas printed (raises with nvcc's output on failure)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return parse_ptxas_log(run_nvcc(source, arch, defines, Path(tmp) / "out.o"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,3 +151,97 @@ def test_ptxas_report_strict_fails_on_serialised_kernels(monkeypatch, tmp_path, 
     tail = PTXAS_LOG.replace("(C7511)", "(C7000)")  # another ptxas remark is not a serialisation
     monkeypatch.setattr(ptxas_native, "compile_report", lambda *a: ptxas_native.parse_ptxas_log(tail))
     assert ptxas_native.main(["--strict"]) == 0
+
+
+# Two builds of one kernel as nvdisasm lists them: the anonymous namespace's hash, the labels and
+# the internal subroutines' numbers differ, the code does not (until `changed` edits it).
+_KERNEL = "_ZN6kvfuse47_GLOBAL__N__{hash}_14_cache_write_cu_6916d0bb11rows_kernelINS0_10NoRotationEEEvNS0_9RowParamsE"
+_LISTING = """\
+.text.{name}:
+        .type           {name},@function
+{name}:
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                  /* 0x00000a00ff017b82 */
+        /*0010*/              @!P1 BRA `(.L_x_{label}) ;
+        /*0020*/                   CALL.REL.NOINC `($__internal_{sub}_$__cuda_sm20_rcp_rn_f32_slowpath) ;
+.L_x_{label}:
+        /*0030*/                   {op} R2, R2, R3 ;
+        /*0040*/                   EXIT ;
+.text._Z5otherv:
+_Z5otherv:
+        /*0000*/                   EXIT ;
+"""
+
+
+def _listing(hash_="81b74cba", label=7, sub=442, op="FMUL", other=True):
+    text = _LISTING.format(name=_KERNEL.format(hash=hash_), label=label, sub=sub, op=op)
+    return text if other else text.split(".text._Z5otherv")[0]
+
+
+def test_sass_native_sets_aside_what_a_rebuild_renames():
+    from benchmarks.sass_native import compare, kernels
+
+    base = kernels(_listing())
+    assert len(base) == 2
+    rows = next(v for k, v in base.items() if "rows_kernel" in k)
+    assert rows[0] == "LDC R1, c[0x0][0x28]"  # address and encoding dropped
+    assert rows[1] == "@!P1 BRA `(.L_x)"
+    assert [r.status for r in compare(base, kernels(_listing("b3e61e07", 9, 490)))] == ["same", "same"]
+
+    changed = compare(base, kernels(_listing(op="FADD")))
+    status = {r.kernel: (r.status, r.changed) for r in changed}
+    assert sorted(status.values()) == [("differs", 2), ("same", 0)]  # one FMUL out, one FADD in
+
+
+def test_sass_native_reports_order_kernels_of_one_build_and_filters():
+    from benchmarks.sass_native import compare, kernels
+
+    reordered = _listing().replace("LDC R1, c[0x0][0x28] ;", "EXIT ;", 1).replace(
+        "/*0040*/                   EXIT ;", "/*0040*/                   LDC R1, c[0x0][0x28] ;")
+    rows = {r.kernel: r for r in compare(kernels(_listing()), kernels(reordered))}
+    kernel = next(k for k in rows if "rows_kernel" in k)
+    assert (rows[kernel].status, rows[kernel].changed) == ("differs", 0)  # same instructions, other order
+
+    one_sided = compare(kernels(_listing()), kernels(_listing(other=False)))
+    assert sorted((r.status, r.base_instructions, r.tree_instructions) for r in one_sided) == [
+        ("only in base", 1, 0), ("same", 5, 5)]
+    assert [r.kernel for r in compare(kernels(_listing()), kernels(_listing()), "other")] == [
+        k for k in kernels(_listing()) if "other" in k]
+
+
+def test_sass_native_cli_strict_and_json(monkeypatch, tmp_path, capsys):
+    from benchmarks import sass_native
+    from benchmarks.sass_native import kernels
+
+    builds = {}
+
+    def disassemble(source, arch, defines):
+        builds.setdefault("calls", []).append((source.name, tuple(defines)))
+        return kernels(_listing(op="FADD" if "CHANGE=1" in defines else "FMUL"))
+
+    monkeypatch.setattr(sass_native, "disassemble", disassemble)
+    assert sass_native.main(["--base-define", "CHANGE=0", "--define", "CHANGE=0", "--strict"]) == 0
+    assert sass_native.main(["--base-define", "CHANGE=0", "--define", "CHANGE=1", "--out", str(tmp_path)]) == 0
+    assert sass_native.main(["--base-define", "CHANGE=0", "--define", "CHANGE=1", "--strict"]) == 1
+    assert builds["calls"][-2:] == [("cache_write.cu", ("CHANGE=0",)), ("cache_write.cu", ("CHANGE=1",))]
+    saved = json.loads((tmp_path / "sass_native.json").read_text())
+    assert saved["base_defines"] == ["CHANGE=0"] and saved["defines"] == ["CHANGE=1"]
+    assert sorted(r["status"] for r in saved["rows"]) == ["differs", "same"]
+    assert "1 same, 1 differs" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # two identical builds: nothing to compare
+        sass_native.main([])
+    with pytest.raises(SystemExit):
+        sass_native.main(["--base-define", "X=1", "--sources", "no_such_file.cu"])
+
+
+def test_sass_native_base_revision_brings_its_whole_csrc(tmp_path):
+    import subprocess
+
+    from benchmarks.sass_native import REPO_ROOT, base_source
+
+    if subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    source = base_source(REPO_ROOT / "csrc" / "cuda" / "cache_write.cu", "HEAD", tmp_path)
+    assert source == tmp_path / "csrc" / "cuda" / "cache_write.cu" and source.is_file()
+    assert (tmp_path / "csrc" / "cache_write.h").is_file()  # what its includes need
+    with pytest.raises(SystemExit):
+        base_source(REPO_ROOT / "csrc" / "cuda" / "cache_write.cu", "no-such-revision", tmp_path / "x")
