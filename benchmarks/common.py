@@ -39,15 +39,20 @@ class Timing:
 
 
 def current_commit() -> str:
-    """The commit being measured: env BENCH_COMMIT (the device machine has no git history), else git."""
+    """The commit being measured: env BENCH_COMMIT, else git's HEAD, with ``+dirty`` when tracked
+    files differ from it. The device machine's copy of a working tree can carry a stale ``.git``
+    (BENCHMARKS.md, twenty-fourth session), and uncommitted edits are not that commit either: the
+    suffix says so."""
     commit = os.environ.get("BENCH_COMMIT", "").strip()
     if commit:
         return commit
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
+        clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], capture_output=True, timeout=30).returncode
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    return head if clean == 0 else f"{head}+dirty"
 
 
 def device_info(command: str = "") -> dict:

@@ -89,3 +89,27 @@ def test_tile_fields_from_the_command_line():
     with pytest.raises(ValueError, match=r"--tile 'MAXNREG=lots': VALUE must be an integer"):
         tile_fields(["MAXNREG=lots"])
     assert tile_fields(["GRID_ORDER=heads"]) == dict(GRID_ORDER="heads")
+
+
+def test_current_commit_marks_a_tree_that_is_not_its_head(tmp_path, monkeypatch):
+    import subprocess
+
+    from benchmarks.common import current_commit
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    (tmp_path / "kernel.cu").write_text("// one\n")
+    git("add", "kernel.cu")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    head = git("rev-parse", "--short", "HEAD").strip()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BENCH_COMMIT", raising=False)
+    assert current_commit() == head
+    (tmp_path / "notes.txt").write_text("untracked files are not measured code\n")
+    assert current_commit() == head
+    (tmp_path / "kernel.cu").write_text("// two\n")
+    assert current_commit() == f"{head}+dirty"
+    monkeypatch.setenv("BENCH_COMMIT", "abc1234")
+    assert current_commit() == "abc1234"
