@@ -91,16 +91,17 @@ def compare(base: dict[str, list[str]], tree: dict[str, list[str]], pattern: str
     return rows
 
 
-def base_source(source: Path, revision: str, into: Path) -> Path:
-    """``source`` (a file of this tree's ``csrc/cuda``) as it was at ``revision``, with that
-    revision's whole ``csrc`` beside it for its includes."""
+def base_tree(revision: str, into: Path) -> Path:
+    """``revision``'s whole ``csrc``, extracted under ``into`` (the root that stands for
+    ``REPO_ROOT``: a source's path below it is the working tree's)."""
     archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", revision, "csrc"], capture_output=True,
                              check=False)
     if archive.returncode != 0:
         raise SystemExit(f"sass_native: --base {revision}: {archive.stderr.decode(errors='replace').strip()}")
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
-    return into / source.relative_to(REPO_ROOT)
+        # Python 3.10 before 3.10.12 has no extraction filters; git's own archive needs none.
+        tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return into
 
 
 def disassemble(source: Path, arch: str, defines: list[str]) -> dict[str, list[str]]:
@@ -131,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        base_root = base_tree(args.base, Path(tmp)) if args.base else REPO_ROOT
         for name in args.sources.split(","):
             source = REPO_ROOT / "csrc" / "cuda" / name.strip()
             if not source.is_file():
                 parser.error(f"--sources: {source} does not exist")
-            base = base_source(source, args.base, Path(tmp) / "base") if args.base else source
+            base = base_root / source.relative_to(REPO_ROOT)
             diffs = compare(disassemble(base, args.arch, base_defines), disassemble(source, args.arch, args.define),
                             args.kernels)
             rows += [{"source": source.name, **asdict(d)} for d in diffs]

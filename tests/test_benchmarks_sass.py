@@ -236,12 +236,27 @@ def test_sass_native_cli_strict_and_json(monkeypatch, tmp_path, capsys):
 def test_sass_native_base_revision_brings_its_whole_csrc(tmp_path):
     import subprocess
 
-    from benchmarks.sass_native import REPO_ROOT, base_source
+    from benchmarks.sass_native import REPO_ROOT, base_tree
 
     if subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.skip("not a git checkout")
-    source = base_source(REPO_ROOT / "csrc" / "cuda" / "cache_write.cu", "HEAD", tmp_path)
-    assert source == tmp_path / "csrc" / "cuda" / "cache_write.cu" and source.is_file()
-    assert (tmp_path / "csrc" / "cache_write.h").is_file()  # what its includes need
+    root = base_tree("HEAD", tmp_path)
+    committed = subprocess.run(["git", "-C", str(REPO_ROOT), "show", "HEAD:csrc/cuda/cache_write.cu"],
+                               capture_output=True, text=True, check=True).stdout
+    assert (root / "csrc" / "cuda" / "cache_write.cu").read_text() == committed
+    assert (root / "csrc" / "cache_write.h").is_file()  # what its includes need
     with pytest.raises(SystemExit):
-        base_source(REPO_ROOT / "csrc" / "cuda" / "cache_write.cu", "no-such-revision", tmp_path / "x")
+        base_tree("no-such-revision", tmp_path / "x")
+
+
+def test_sass_native_compiles_the_base_revision_from_its_own_tree(monkeypatch, tmp_path):
+    from benchmarks import sass_native
+
+    compiled = []
+    monkeypatch.setattr(sass_native, "base_tree", lambda revision, into: tmp_path / revision)
+    monkeypatch.setattr(sass_native, "disassemble", lambda source, arch, defines: compiled.append(source) or {})
+    assert sass_native.main(["--base", "abc123", "--sources", "cache_write.cu,decode_attention.cu"]) == 0
+    assert compiled == [tmp_path / "abc123" / "csrc" / "cuda" / "cache_write.cu",
+                        sass_native.REPO_ROOT / "csrc" / "cuda" / "cache_write.cu",
+                        tmp_path / "abc123" / "csrc" / "cuda" / "decode_attention.cu",
+                        sass_native.REPO_ROOT / "csrc" / "cuda" / "decode_attention.cu"]

@@ -850,7 +850,7 @@ struct Rotation {
   // differently, and on the H100 the FP8 rotary writes run faster in this form while NVFP4 and
   // 16-bit caches run slower (BENCHMARKS.md, twenty-fourth session). So the rows kernel picks the
   // form by op (Op::kRopeCheckFirst); the query kernel keeps the other. Any edit here can change
-  // the measured SASS: compare the kernels' disassembly before and after.
+  // the measured SASS: `python -m benchmarks.sass_native --base HEAD` says which kernels it moved.
   template <bool kCheckFirst = false>
   __device__ __forceinline__ static Loaded load(const char* row, int64_t tok, int chunk, const RopeParams& r) {
     if constexpr (kCheckFirst) {
