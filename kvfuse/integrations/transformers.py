@@ -49,7 +49,8 @@ What :func:`enable` does, through transformers' own extension points:
   ``DynamicCache`` that ``generate`` creates, the hook puts a :class:`KVFuseCache` in its place,
   so ``generate`` and plain forwards run on kvfuse without other changes. The pool grows
   geometrically when a batch outgrows it (one recompile under ``torch.compile``); pass
-  ``past_key_values=KVFuseCache(model, max_seq_len=...)`` to size it up front.
+  ``KVFuseCache(model, max_seq_len=...)`` to size it up front, as ``cache=`` (transformers 5.24
+  on) or ``past_key_values=`` (any version: on 5.24 the hook hands it over as ``cache``).
 
 Padding: left padding (``generate``'s convention) matches transformers exactly, sliding
 windows included, since pads sit before every real token. With right padding followed by more
@@ -658,8 +659,15 @@ def _forward_params(model: nn.Module) -> list:
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def _cache_kwarg(model: nn.Module) -> str:
+    """The model's forward keyword for its cache: ``cache`` from transformers 5.24 on (which maps
+    the deprecated ``past_key_values`` onto it), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _make_pre_hook(model: nn.Module, block_size: int):
     names = _forward_params(model)
+    key = _cache_kwarg(model)
 
     @torch.compiler.disable
     def pre_forward(module, args, kwargs):
@@ -674,14 +682,21 @@ def _make_pre_hook(model: nn.Module, block_size: int):
         if tokens is None:
             raise ValueError("kvfuse: the forward call has neither input_ids nor inputs_embeds")
         batch, num_new = tokens.shape[0], tokens.shape[1]
-        cache = kwargs.get("past_key_values")
+        given, cache = key, kwargs.get(key)
+        if key != "past_key_values" and kwargs.get("past_key_values") is not None:
+            # The deprecated name, from a caller written for transformers before 5.24.
+            if cache is not None:
+                raise ValueError(f"both cache={type(cache).__name__} and past_key_values="
+                                 f"{type(kwargs['past_key_values']).__name__} were given; pass the cache once, as cache")
+            given, cache = "past_key_values", kwargs["past_key_values"]
+        kwargs.pop("past_key_values", None)
         if cache is None or (type(cache) is DynamicCache and cache.get_seq_length() == 0):
             # No cache, or the empty one generate() made: the sequences start here, on kvfuse pages.
             cache = KVFuseCache(module, block_size=block_size, device=tokens.device)
         elif not isinstance(cache, KVFuseCache):
-            raise ValueError(f"past_key_values is a {type(cache).__name__} holding {cache.get_seq_length()} "
+            raise ValueError(f"{given} is a {type(cache).__name__} holding {cache.get_seq_length()} "
                              f"positions; a kvfuse-enabled model needs a KVFuseCache (or None)")
-        kwargs["past_key_values"] = cache
+        kwargs[key] = cache
         kwargs[STEP_KWARG] = cache.prepare_step(kwargs.get("attention_mask"), batch, num_new)
         return (), kwargs
 
@@ -690,9 +705,10 @@ def _make_pre_hook(model: nn.Module, block_size: int):
 
 @torch.compiler.disable
 def _post_forward(module, args, kwargs, output):
-    cache = kwargs.get("past_key_values")
-    if isinstance(cache, KVFuseCache):
-        cache.end_step()
+    for key in ("cache", "past_key_values"):  # the pre-hook put it under the model's own name
+        if isinstance(kwargs.get(key), KVFuseCache):
+            kwargs[key].end_step()
+            return
 
 
 def enable(model: nn.Module, config: Optional[KVCacheConfig] = None, *, block_size: int = _DEFAULT_BLOCK_SIZE,

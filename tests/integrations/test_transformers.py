@@ -300,6 +300,29 @@ def test_checkpoint_scheme_and_scales(tmp_path):
             "kv_cache_scheme": {"type": "int", "num_bits": 16}}})())
 
 
+def test_the_cache_under_either_keyword():
+    """transformers 5.24 renamed the forward keyword ``past_key_values`` to ``cache`` (the old name
+    still maps onto it): the hook takes the caller's KVFuseCache under either name and hands it
+    to the model under the model's own, and refuses two different caches at once."""
+    import inspect
+
+    model = kvt.enable(build("llama"), kvfuse.KVCacheConfig())
+    ids, mask = left_padded_batch()
+    own = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    for keyword in {own, "past_key_values"}:
+        cache = kvt.KVFuseCache(model)
+        out = model(input_ids=ids, attention_mask=mask, **{keyword: cache})
+        assert out.past_key_values is cache and cache.get_seq_length() == 9
+        nxt = out.logits[:, -1:].argmax(-1)
+        step = model(input_ids=nxt, attention_mask=torch.cat([mask, torch.ones_like(nxt)], 1),
+                     position_ids=mask.sum(1, keepdim=True), **{keyword: cache})
+        assert step.past_key_values is cache and cache.get_seq_length() == 10
+    if own == "cache":
+        with pytest.raises(ValueError, match="both cache=KVFuseCache and past_key_values=KVFuseCache"):
+            model(input_ids=ids, attention_mask=mask, cache=kvt.KVFuseCache(model),
+                  past_key_values=kvt.KVFuseCache(model))
+
+
 def test_clear_errors():
     ref = build("llama")
     model = kvt.enable(copy.deepcopy(ref), kvfuse.KVCacheConfig())
