@@ -683,13 +683,14 @@ def _make_pre_hook(model: nn.Module, block_size: int):
             raise ValueError("kvfuse: the forward call has neither input_ids nor inputs_embeds")
         batch, num_new = tokens.shape[0], tokens.shape[1]
         given, cache = key, kwargs.get(key)
-        if key != "past_key_values" and kwargs.get("past_key_values") is not None:
-            # The deprecated name, from a caller written for transformers before 5.24.
+        # The deprecated name, from a caller written for transformers before 5.24: taken off, so
+        # that the model sees the cache once, under its own name.
+        legacy = kwargs.pop("past_key_values", None) if key != "past_key_values" else None
+        if legacy is not None:
             if cache is not None:
-                raise ValueError(f"both cache={type(cache).__name__} and past_key_values="
-                                 f"{type(kwargs['past_key_values']).__name__} were given; pass the cache once, as cache")
-            given, cache = "past_key_values", kwargs["past_key_values"]
-        kwargs.pop("past_key_values", None)
+                raise ValueError(f"both cache={type(cache).__name__} and past_key_values={type(legacy).__name__} "
+                                 f"were given; pass the cache once, as cache")
+            given, cache = "past_key_values", legacy
         if cache is None or (type(cache) is DynamicCache and cache.get_seq_length() == 0):
             # No cache, or the empty one generate() made: the sequences start here, on kvfuse pages.
             cache = KVFuseCache(module, block_size=block_size, device=tokens.device)
