@@ -84,6 +84,12 @@ class Case:
         self.cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # FlashInfer's table, [n, D]
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos().bfloat16(), emb.sin().bfloat16()  # transformers' tables, per token
+        # What the compile pass hands the op for transformers' models: the float32 values before
+        # their .to(bf16), one column per pair (the graph's tables repeat each half).
+        self.tables = {"bf16": (self.cos, self.sin),
+                       "bf16 half": (freqs.cos().bfloat16(), freqs.sin().bfloat16()),
+                       "f32": (emb.cos(), emb.sin()),
+                       "f32 half": (freqs.cos(), freqs.sin())}
         self.k_scale = torch.tensor(0.5, device="cuda")
         self.v_scale = torch.tensor(0.25, device="cuda")
         self.cache = self.new_cache()
@@ -119,12 +125,21 @@ def _fused(case: Case, with_query: bool):
                            "l") for i in range(len(case.sets))]
 
 
-def _kernel_calls(case: Case, with_query: bool, kernel, **kwargs):
-    """Calls of one rotary-write kernel function (the op's argument list, no layer name)."""
+def _kernel_calls(case: Case, with_query: bool, kernel, tables: str = "bf16", **kwargs):
+    """Calls of one rotary-write kernel function (the op's argument list, no layer name), with
+    ``case.tables[tables]`` as cos / sin."""
+    cos, sin = case.tables[tables]
     return [lambda i=i: kernel(
         case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache, case.slots[i],
-        case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode, **kwargs)
+        case.k_scale, case.v_scale, cos, sin, None, D, True, case.mode, **kwargs)
         for i in range(len(case.sets))]
+
+
+def _op_with(case: Case, tables: str):
+    def op(*args):
+        return torch.ops.kvfuse.rope_encode_and_cache_write(*args, "l")
+
+    return _kernel_calls(case, False, op, tables)
 
 
 def _fused_as(case: Case, with_query: bool, rotation: str):
@@ -133,10 +148,10 @@ def _fused_as(case: Case, with_query: bool, rotation: str):
     return _kernel_calls(case, with_query, rope_kv_write.rope_encode_and_cache_write, rotation=rotation)
 
 
-def _native(case: Case, with_query: bool):
+def _native(case: Case, with_query: bool, tables: str = "bf16"):
     from kvfuse.ops import native
 
-    return _kernel_calls(case, with_query, native.rope_encode_and_cache_write, force=True)
+    return _kernel_calls(case, with_query, native.rope_encode_and_cache_write, tables, force=True)
 
 
 def _compiled(case: Case, with_query: bool):
@@ -234,6 +249,22 @@ def _check(case: Case, with_compiled: bool = True) -> None:
     native_q = _native(case, True)[0]()
     case.cache = saved
     others.append(("native", got_native, native_q))
+    for tables in case.tables:
+        if tables == "bf16":
+            continue
+        cos, sin = case.tables[tables]
+        want_t = case.new_cache()
+        want_tq = reference.rope_encode_and_cache_write(q, k, v, want_t, case.slots[0], case.k_scale, case.v_scale,
+                                                        cos, sin, None, D, True, case.mode)
+        for label, make in (("op", lambda: _op_with(case, tables)), ("native", lambda: _native(case, True, tables))):
+            got = case.new_cache()
+            case.cache = got
+            got_q = make()[0]()
+            case.cache = saved
+            same_q = got_q is None or torch.equal(got_q.view(torch.int16), want_tq.view(torch.int16))
+            if not torch.equal(got.view(torch.uint8), want_t.view(torch.uint8)) or not same_q:
+                logger.warning("%s with %s tables differs from the reference for %s T=%d", label, tables, case.fmt,
+                               case.num_tokens)
     for other, cache, rq in others:
         if not torch.equal(got_fused.view(torch.uint8), cache.view(torch.uint8)) or \
                 not torch.equal(fused_q.view(torch.int16), rq.view(torch.int16)):
@@ -245,6 +276,11 @@ VARIANTS = {
     "rope_k+write": lambda c: _fused(c, False),
     "rope_k+write (triton)": lambda c: _fused_as(c, False, None),
     "rope_k+write (native)": lambda c: _native(c, False),
+    # the tables compiled transformers models hand the op (float32, one column per pair), and the others
+    "rope_k+write, f32 half tables": lambda c: _op_with(c, "f32 half"),
+    "rope_k+write (native), f32 half tables": lambda c: _native(c, False, "f32 half"),
+    "rope_k+write (native), f32 tables": lambda c: _native(c, False, "f32"),
+    "rope_k+write (native), bf16 half tables": lambda c: _native(c, False, "bf16 half"),
     "rope_k+write (split)": lambda c: _fused_as(c, False, "split"),
     "rope_k+write (gather)": lambda c: _fused_as(c, False, "gather"),
     "rotate_k, write": lambda c: _compiled(c, False),
@@ -259,6 +295,9 @@ VARIANTS = {
 RATIOS = {"rope_k+write / write": ("rope_k+write", "write"),
           "triton rope_k+write / write": ("rope_k+write (triton)", "write"),
           "native rope_k+write / write": ("rope_k+write (native)", "write"),
+          "f32 half tables / write": ("rope_k+write, f32 half tables", "write"),
+          "native f32 half tables / write": ("rope_k+write (native), f32 half tables", "write"),
+          "native bf16 half tables / write": ("rope_k+write (native), bf16 half tables", "write"),
           "rope_qk+write / unfused": ("rope_qk+write", "rotate_qk, write")}
 
 

@@ -83,8 +83,11 @@ class Rotation:
     half_table: bool  # cos/sin hold one column per pair
     cos_first: bool  # the sum is written x*cos + rot*sin (what Triton's contraction reproduces)
     low_precision: bool  # products computed in bf16/fp16 ops (not explicitly upcast)
-    labels: list  # per dim of target: the rotation-layout dim it comes from (None: a size-1 dim)
+    # per dim of target: the rotation-layout dims it flattens, in row-major order (() for a size-1
+    # dim); the token dim may merge several (transformers' batch and sequence)
+    labels: list
     style: str
+    gather: Optional[fx.Node] = None  # rows of those tokens picked by index (the integration's packing)
 
 
 # ----------------------------------------------------------------------------- small matchers
@@ -255,10 +258,11 @@ def _match_core(y: fx.Node) -> Optional[Union[tuple, Rejection]]:
 
 
 def _layout_labels(base: fx.Node, chain: list) -> Optional[list]:
-    """Per dim of the chain's output, the dim of ``base`` it is (None for size-1 dims), if the
-    chain only permutes dims and moves or drops size-1 ones; else None."""
+    """Per dim of the chain's output, the dims of ``base`` it flattens in row-major order (() for
+    size-1 dims), if the chain only permutes dims, moves or drops size-1 ones and merges adjacent
+    dims (a reshape of [B, T, ...] to [B * T, ...]); else None (a split, or a merge across a permute)."""
     shape = _shape(base)
-    labels = [None if _is_one(s) else i for i, s in enumerate(shape)]
+    labels = [() if _is_one(s) else (i,) for i, s in enumerate(shape)]
     sizes = list(shape)
     for node in reversed(chain):  # innermost first
         out_shape = _shape(node)
@@ -268,15 +272,41 @@ def _layout_labels(base: fx.Node, chain: list) -> Optional[list]:
             dims = [d % len(labels) for d in node.args[1]]
             labels = [labels[d] for d in dims]
         else:
-            kept = [(lab, s) for lab, s in zip(labels, sizes) if lab is not None]
+            kept = [(lab, s) for lab, s in zip(labels, sizes) if lab]
             out_kept = [i for i, s in enumerate(out_shape) if not _is_one(s)]
-            if len(kept) != len(out_kept) or not all(_same_size(s, out_shape[i]) for (_, s), i in zip(kept, out_kept)):
+            labels = [()] * len(out_shape)
+            j = 0
+            for i in out_kept:  # each kept output dim takes the next input dims whose sizes multiply to its size
+                if j == len(kept):
+                    return None
+                merged, size = kept[j][0], kept[j][1]
+                j += 1
+                while not _same_size(size, out_shape[i]):
+                    if j == len(kept) or _is_one(kept[j][1]):
+                        return None
+                    merged, size = merged + kept[j][0], size * kept[j][1]
+                    j += 1
+                labels[i] = merged
+            if j != len(kept):
                 return None
-            labels = [None] * len(out_shape)
-            for (lab, _), i in zip(kept, out_kept):
-                labels[i] = lab
         sizes = list(out_shape)
     return labels
+
+
+def _row_gather(node: Any) -> Optional[tuple[fx.Node, fx.Node]]:
+    """``(base, index)`` if ``node`` picks rows of ``base`` by a 1-D index along dim 0
+    (``index_select(base, 0, i)``, ``base[i]``), else None."""
+    if _call(node, aten.index_select.default) and len(node.args) == 3 and node.args[1] == 0:
+        base, index = node.args[0], node.args[2]
+    elif _call(node, aten.index.Tensor) and len(node.args) == 2 and len(node.args[1]) == 1:
+        base, index = node.args[0], node.args[1][0]
+    else:
+        return None
+    shape = _shape(index)
+    if not isinstance(base, fx.Node) or not isinstance(index, fx.Node) or shape is None or len(shape) != 1 \
+            or getattr(val(index), "dtype", None) not in (torch.int32, torch.int64):
+        return None
+    return base, index
 
 
 def match_rotation(target: Any) -> Union[Rotation, Rejection]:
@@ -287,6 +317,20 @@ def match_rotation(target: Any) -> Union[Rotation, Rejection]:
     while _call(node, *_LAYOUT_OPS):
         chain.append(node)
         node = node.args[0]
+    gather, picked, after_gather = None, _row_gather(node), []
+    if picked is not None:
+        # Rows picked after the rotation: the rotation works row by row, so the op may pick the
+        # unrotated rows and their table rows by the same index instead.
+        labels = _layout_labels(node, chain)
+        ndim = len(_shape(node) or ())
+        if ndim != 3 or labels is None or any(lab not in ((i,), ()) for i, lab in enumerate(labels)):
+            return Rejection(f"the layout operations after the row gather {describe(node)} do more than drop "
+                             f"size-1 dims")
+        gathered, (node, gather) = node, picked
+        after_gather, chain = chain, [gathered]
+        while _call(node, *_LAYOUT_OPS):
+            chain.append(node)
+            node = node.args[0]
     out_dtype = getattr(val(target), "dtype", None)
     y, steps = node, [node]
     if _call(y, prims.convert_element_type.default) and isinstance(y.args[0], fx.Node):
@@ -319,18 +363,20 @@ def match_rotation(target: Any) -> Union[Rotation, Rejection]:
                          f"the rotated values to the input's dtype")
     # Everything from the rotation's result to the input must feed only the next step: otherwise
     # the rotated values are needed anyway and fusing would rotate twice.
-    for step in chain + steps:
+    for step in after_gather + chain + steps:
         users = [u for u in step.users if not (step is target and _reads_as_step_kv(u, step))]
         if len(users) > 1:
             return Rejection(f"the rotated values {describe(step)} have other users "
                              f"({', '.join(describe(u) for u in users)})")
-    labels = _layout_labels(x, chain)
-    if labels is None or len(labels) != 3 or labels[2] != len(_shape(x)) - 1:
+    layout_chain = chain[1:] if gather is not None else chain
+    labels = _layout_labels(x, layout_chain)
+    if labels is None or len(labels) != 3 or labels[2] != (len(_shape(x)) - 1,) or len(labels[1]) > 1:
         return Rejection(f"the layout operations between the rotation and the [T, H, D] input "
-                         f"({', '.join(describe(n) for n in chain)}) do more than move dims")
+                         f"({', '.join(describe(n) for n in layout_chain)}) do more than move dims and merge "
+                         f"the token dims")
     low_precision = not upcast and x_dtype != torch.float32 and all(
         getattr(val(t), "dtype", None) != torch.float32 for t in (cos, sin))
-    return Rotation(x, cos, sin, rotary_dim, is_neox, half_table, cos_first, low_precision, labels, style)
+    return Rotation(x, cos, sin, rotary_dim, is_neox, half_table, cos_first, low_precision, labels, style, gather)
 
 
 # ----------------------------------------------------------------------------- cos/sin and layouts
@@ -339,7 +385,7 @@ def match_rotation(target: Any) -> Union[Rotation, Rejection]:
 def _table_problem(rot: Rotation) -> Optional[str]:
     """None if cos/sin broadcast as per-token rows over the rotation's layout."""
     n = len(_shape(rot.x))
-    token_dim = rot.labels[0]
+    token_dims = set(rot.labels[0])
     want_width = rot.rotary_dim // 2 if rot.half_table else rot.rotary_dim
     for name, table in (("cos", rot.cos), ("sin", rot.sin)):
         shape = _shape(table)
@@ -349,9 +395,9 @@ def _table_problem(rot: Rotation) -> Optional[str]:
         varying = [j + offset for j, s in enumerate(shape) if not _is_one(s)]
         if not isinstance(shape[-1], int) or shape[-1] != want_width or varying[-1:] != [n - 1]:
             return f"{name} has shape {shape}; expected width {want_width} in its last dim"
-        if set(varying) - {token_dim, n - 1}:
+        if set(varying) - token_dims - {n - 1}:
             return f"{name} {shape} varies along dims other than the tokens and the features"
-        if token_dim is not None and token_dim not in varying:
+        if token_dims and not token_dims & set(varying):
             return f"{name} {shape} is the same for every token"
     if val(rot.cos).dtype != val(rot.sin).dtype:
         return f"cos is {val(rot.cos).dtype} but sin is {val(rot.sin).dtype}"
@@ -377,27 +423,67 @@ def _same_value(a: Any, b: Any, depth: int = 12) -> bool:
     return same(list(a.args), list(b.args)) and all(same(a.kwargs[k], b.kwargs[k]) for k in a.kwargs)
 
 
+def _size(graph: fx.Graph, node: fx.Node, dim: int) -> Any:
+    """``node``'s size along ``dim``: the int, or a ``sym_size`` node where it is symbolic."""
+    size = _shape(node)[dim]
+    return size if isinstance(size, int) else make_call(graph, aten.sym_size.int, (node, dim))
+
+
 def _as_rows(graph: fx.Graph, rot: Rotation, target: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node]:
-    """(x as [T, H, D], cos as [T, W], sin as [T, W]) views for the fused op (insert point set)."""
+    """(x as [T, H, D], cos as [T, W], sin as [T, W]) for the fused op (insert point set): tokens
+    in the order the graph flattens them, picked by the rotation's gather where it has one."""
     x = rot.x
     n = len(_shape(x))
-    labelled = [d for d in rot.labels if d is not None]
+    labelled = [d for lab in rot.labels for d in lab]
     perm = [d for d in range(n) if d not in labelled] + labelled
     if perm != list(range(n)):
         x = make_call(graph, aten.permute.default, (x, perm))
     heads, head_size = _shape(target)[1:]
-    if _shape(x) != _shape(target):
-        x = make_call(graph, aten.reshape.default, (x, [-1, heads, head_size]))
+    x = make_call(graph, aten.reshape.default, (x, [-1, heads, head_size]))
+    if rot.gather is not None:
+        x = make_call(graph, aten.index.Tensor, (x, [rot.gather]))
     width = _shape(rot.cos)[-1]
     sources = [_unrounded_source(rot.cos), _unrounded_source(rot.sin)]
+    halve = _repeats_columns(rot)
     tables = []
     for table, source in zip((rot.cos, rot.sin), sources):
-        if all(s is not None for s in sources):
-            table = source
-        if len(_shape(table)) != 2 or rot.labels[0] is None:
-            table = make_call(graph, aten.reshape.default, (table, [-1, width]))
-        tables.append(table)
+        rows = _table_rows(graph, rot, table, source if all(s is not None for s in sources) else None)
+        if halve:
+            rows = (make_call(graph, aten.slice.Tensor, (rows, 1, 0, width // 2)) if rot.is_neox
+                    else make_call(graph, aten.slice.Tensor, (rows, 1, 0, width, 2)))
+        if rot.gather is not None:
+            rows = make_call(graph, aten.index.Tensor, (rows, [rot.gather]))
+        elif halve:
+            # One column per pair, in a buffer of its own: Inductor then computes only these columns
+            # (a slice alone would be a view of the whole table, computed and stored in full).
+            rows = make_call(graph, aten.clone.default, (rows,), {"memory_format": torch.contiguous_format})
+        tables.append(rows)
     return x, tables[0], tables[1]
+
+
+def _table_rows(graph: fx.Graph, rot: Rotation, table: fx.Node, source: Optional[fx.Node]) -> fx.Node:
+    """``table`` (as the graph broadcasts it against the rotation's layout; or ``source``, its
+    unrounded values, with the same sizes apart from size-1 dims) as ``[tokens, W]`` rows in the
+    order of the op's key rows: broadcast token dims expanded, token dims first in the order
+    the key flattens them."""
+    n = len(_shape(rot.x))
+    shape = list(_shape(table))
+    aligned = [1] * (n - len(shape)) + shape
+    node = source if source is not None else table
+    if len(_shape(node)) != n or source is not None:
+        # Size-1 dims placed as in the broadcast table (the source's other sizes are the same).
+        sizes, source_dims = [], [d for d, s in enumerate(_shape(node)) if not _is_one(s)]
+        for s in aligned:
+            sizes.append(1 if _is_one(s) else _size(graph, node, source_dims.pop(0)))
+        node = make_call(graph, aten.reshape.default, (node, sizes))
+    tokens = list(rot.labels[0])
+    expand = [_size(graph, rot.x, d) if d in tokens and _is_one(aligned[d]) else -1 for d in range(n)]
+    if any(e != -1 for e in expand):
+        node = make_call(graph, aten.expand.default, (node, expand))
+    order = tokens + [d for d in range(n - 1) if d not in tokens] + [n - 1]
+    if order != list(range(n)):
+        node = make_call(graph, aten.permute.default, (node, order))
+    return make_call(graph, aten.reshape.default, (node, [-1, _shape(table)[-1]]))
 
 
 _TABLE_VIEWS = {aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.unsqueeze.default,
@@ -427,6 +513,104 @@ def _unrounded_source(table: fx.Node) -> Optional[fx.Node]:
     if len(kept) != len(want) or not all(_same_size(a, b) for a, b in zip(kept, want)):
         return None
     return source
+
+
+# Ops whose output column j (last dim) is computed from input column j alone, for every j.
+_COLUMNWISE_UNARY = {aten.cos.default, aten.sin.default, aten.neg.default, aten.clone.default, aten.alias.default,
+                     prims.convert_element_type.default, aten._to_copy.default}
+_COLUMNWISE_BINARY = {aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, aten.sub.Tensor}
+_RESHAPES = {aten.reshape.default, aten.view.default, aten._unsafe_view.default}
+
+
+def _width(node: Any) -> Optional[int]:
+    shape = _shape(node)
+    return shape[-1] if shape and isinstance(shape[-1], int) else None
+
+
+def _column_input(node: fx.Node) -> Optional[fx.Node]:
+    """The tensor whose column j alone gives ``node``'s column j (same width), if ``node`` is such
+    an op: elementwise math with scalars or last-dim broadcasts, casts, and layout ops that keep
+    the last dim (row-major reshapes with the same width, unsqueeze / expand / slice / select /
+    permute of other dims)."""
+    if node.op != "call_function" or not node.args or _width(node) is None:
+        return None
+    width, target, first = _width(node), node.target, node.args[0]
+    if target in _COLUMNWISE_BINARY:
+        tensors = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+        full = [a for a in tensors if _width(a) == width and width != 1]
+        rest = [a for a in tensors if a not in full]
+        if len(full) == 1 and all(_shape(a) is not None and (len(_shape(a)) == 0 or _is_one(_shape(a)[-1]))
+                                  for a in rest):
+            return full[0]
+        return None
+    if not isinstance(first, fx.Node) or _width(first) != width:
+        return None
+    ndim = len(_shape(node))
+    if target in _COLUMNWISE_UNARY or target in _RESHAPES or target is aten.expand.default:
+        return first
+    if target is aten.unsqueeze.default:
+        return first if node.args[1] % ndim != ndim - 1 else None
+    if target in (aten.slice.Tensor, aten.select.int):
+        dim = node.args[1] if len(node.args) > 1 else 0
+        return first if dim % len(_shape(first)) != len(_shape(first)) - 1 else None
+    if target is aten.permute.default:
+        return first if node.args[1][-1] % ndim == ndim - 1 else None
+    return None
+
+
+def _repeat_kind(node: fx.Node) -> Optional[str]:
+    """``"halves"`` if every row of ``node`` is ``[a, a]`` by construction (``cat((f, f), -1)``, the
+    table of transformers' NeoX rotary embeddings), ``"pairs"`` if it is ``[a0, a0, a1, a1, ...]``
+    (``repeat_interleave(f, 2, -1)``, its GPT-J form), as the graph computes them: the cat itself,
+    or the reshape of an expanded unsqueeze that Inductor's decompositions make of both."""
+    if _call(node, aten.cat.default) and len(node.args[0]) == 2 and _last_dim(node, node.args[1] if len(node.args) > 1
+                                                                                else 0):
+        a, b = node.args[0]
+        return "halves" if _same_value(a, b) else None
+    if _call(node, aten.repeat_interleave.self_int):
+        repeats, dim = node.args[1], node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+        return "pairs" if repeats == 2 and dim is not None and _last_dim(node, dim) else None
+    if not _call(node, *_RESHAPES):
+        return None
+    inner = node.args[0]
+    while _call(inner, aten.clone.default):
+        inner = inner.args[0]
+    if not (_call(inner, aten.expand.default) and _call(inner.args[0], aten.unsqueeze.default)):
+        return None
+    out, expanded, unsqueezed = _shape(node), _shape(inner), _shape(inner.args[0])
+    if out is None or expanded is None or unsqueezed is None or len(expanded) < 2:
+        return None
+    if not all(isinstance(s, int) for s in (out[-1], *expanded[-2:], *unsqueezed[-2:])) \
+            or out[-1] != expanded[-2] * expanded[-1]:
+        return None
+    if unsqueezed[-2:] == (1, expanded[-1]) and expanded[-2] == 2:
+        return "halves"
+    if unsqueezed[-2:] == (expanded[-2], 1) and expanded[-1] == 2:
+        return "pairs"
+    return None
+
+
+def _table_repeats(table: fx.Node, depth: int = 24) -> Optional[str]:
+    """:func:`_repeat_kind` of the node behind ``table`` through ops that keep columns apart."""
+    node = table
+    for _ in range(depth):
+        if not isinstance(node, fx.Node):
+            return None
+        kind = _repeat_kind(node)
+        if kind is not None:
+            return kind
+        node = _column_input(node)
+    return None
+
+
+def _repeats_columns(rot: Rotation) -> bool:
+    """Whether the fused op can read half-width tables: cos and sin full-width, each computed
+    with every column repeated for its rotation partner (NeoX ``[a, a]``, GPT-J ``[a0, a0, ...]``).
+    The half holds every value, and the op reads half the table bytes."""
+    if rot.half_table or (_width(rot.cos) or 1) % 2:
+        return False
+    want = "halves" if rot.is_neox else "pairs"
+    return all(_table_repeats(t) == want for t in (rot.cos, rot.sin))
 
 
 def _find_attention(graph: fx.Graph, layer_name: str) -> Optional[fx.Node]:
@@ -469,7 +653,46 @@ def _refusal(rot: Rotation, device_type: Optional[str]) -> Optional[str]:
     if device_type == "cuda" and not rot.cos_first and not inductor_config.emulate_precision_casts:
         return ("the sum is written rot * sin + x * cos; on CUDA Inductor's kernel contracts it to "
                 "fma(rot, sin, x * cos), which the fused op (fma(x, cos, rot * sin)) does not reproduce")
+    computed = _computed_in_kernel(rot.x)
+    if computed is not None and not inductor_config.emulate_precision_casts:
+        return (f"the input is computed by {describe(computed)} (e.g. a QK-norm); Inductor computes it inside its "
+                f"rotation kernel without rounding it to {val(rot.x).dtype}, while the fused op reads the rounded "
+                f"values (eager PyTorch's), so the two would differ in the last bits")
     return _table_problem(rot)
+
+
+# Producers whose output Inductor always stores as a buffer of its dtype (rounded), before any
+# rotation kernel reads it.
+_STORED = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten._scaled_mm.default,
+           aten.convolution.default, aten._int_mm.default}
+_VIEWS_OF_STORED = _LAYOUT_OPS | {aten.slice.Tensor, aten.select.int, aten.expand.default, aten.split.Tensor,
+                                  aten.split_with_sizes.default, aten.unbind.int, aten.t.default,
+                                  aten.transpose.int}
+
+
+def _computed_in_kernel(x: fx.Node) -> Optional[fx.Node]:
+    """The elementwise or reduction node behind ``x`` (through views) that Inductor would fuse into
+    the unfused graph's rotation kernel, or None where ``x`` is a graph input, a matmul's output
+    or another op's (a custom op), which Inductor stores rounded to their dtype first."""
+    node = x
+    while isinstance(node, fx.Node):
+        if node.op in ("placeholder", "get_attr"):
+            return None
+        if node.op != "call_function":
+            return node
+        if node.target is operator.getitem:
+            node = node.args[0]
+            continue
+        if node.target in _VIEWS_OF_STORED:
+            node = node.args[0]
+            continue
+        if node.target in _STORED:
+            return None
+        namespace = getattr(node.target, "namespace", None)
+        if namespace not in ("aten", "prims"):
+            return None  # a custom op or a higher-order op: its outputs are buffers
+        return node
+    return None
 
 
 def _kernel_problem(site: Site, device_type: str) -> Optional[str]:
@@ -508,7 +731,9 @@ def _backend_problem() -> Optional[str]:
 
 
 def _describe(rot: Rotation, with_query: bool) -> str:
-    table = "half-width" if rot.half_table else "full-width"
+    table = ("half-width" if rot.half_table else
+             "half-width (the graph's tables repeat each column for its partner; the op reads one of each)"
+             if _repeats_columns(rot) else "full-width")
     if _unrounded_source(rot.cos) is not None and _unrounded_source(rot.sin) is not None:
         table += " (read in float32, before their .to(low precision), as Inductor's kernel reads them)"
     return (f"{rot.style}, rotary_dim={rot.rotary_dim}, {table} per-token cos/sin"
@@ -640,6 +865,8 @@ def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None) -> l
             elif (q.is_neox, q.rotary_dim, q.half_table) != (key_rot.is_neox, key_rot.rotary_dim, key_rot.half_table) \
                     or not (_same_value(q.cos, key_rot.cos) and _same_value(q.sin, key_rot.sin)):
                 q_note = "; query not fused: it is rotated with other tables or another style than the key"
+            elif not _same_value(q.gather, key_rot.gather):
+                q_note = "; query not fused: its rows are picked by another index than the key's"
             elif val(q.x).dtype != val(key_rot.x).dtype:
                 q_note = f"; query not fused: it is {val(q.x).dtype}, the key {val(key_rot.x).dtype}"
             elif (_refusal(q, device_type)) is not None:

@@ -16,7 +16,7 @@ from kvfuse import PagedAttention
 from kvfuse.models.llama import apply_rotary
 
 HQ, HKV = 4, 2
-STYLES = ("hf_neox", "hf_gptj", "hf_partial", "demo", "hf_neox_f32", "none")
+STYLES = ("hf_neox", "hf_gptj", "hf_partial", "demo", "hf_neox_f32", "hf_neox_cached", "none")
 
 
 def rotate_half(x):
@@ -82,6 +82,12 @@ class RopeModel(nn.Module):
         inv = lambda dim: 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))  # noqa: E731
         self.register_buffer("inv_freq", inv(head_size), persistent=False)
         self.register_buffer("inv_freq_partial", inv(self.rotary_dim), persistent=False)
+        # hf_neox_cached: an engine's precomputed tables, rows gathered by position. Their halves
+        # are equal too, but nothing in the graph shows it, so the pass must read them whole.
+        freqs = torch.arange(4096, dtype=torch.float32)[:, None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos_cached", emb.cos().bfloat16(), persistent=False)
+        self.register_buffer("sin_cached", emb.sin().bfloat16(), persistent=False)
 
     def _hf_cos_sin(self, positions, inv_freq, dtype, interleaved=False):
         freqs = positions[None, :, None].float() * inv_freq  # [1, T, D/2]
@@ -106,6 +112,9 @@ class RopeModel(nn.Module):
                 kh = k.view(1, T, HKV, hs).transpose(1, 2)
                 if style == "hf_neox":
                     cos, sin = self._hf_cos_sin(positions, self.inv_freq, x.dtype)
+                    qh, kh = apply_rotary_pos_emb(qh, kh, cos, sin)
+                elif style == "hf_neox_cached":
+                    cos, sin = self.cos_cached[positions][None], self.sin_cached[positions][None]
                     qh, kh = apply_rotary_pos_emb(qh, kh, cos, sin)
                 elif style == "hf_neox_f32":  # float32 tables: the products are promoted to float32
                     cos, sin = self._hf_cos_sin(positions, self.inv_freq, torch.float32)

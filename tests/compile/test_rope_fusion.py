@@ -68,15 +68,15 @@ def _assert_same_as_unfused(model, be, x, md, positions):
 
 
 def test_each_rotary_style_fuses_bit_exact():
-    styles = ("hf_neox", "hf_gptj", "hf_partial", "demo", "hf_neox_f32", "none")
+    styles = ("hf_neox", "hf_gptj", "hf_partial", "demo", "hf_neox_f32", "hf_neox_cached", "none")
     model = RopeModel(styles, [KVCacheConfig(kv_cache_dtype="fp8")] * len(styles), seed=3)
     x, md, positions = _inputs(7, model.head_size, seed=5)
     be = snapshot_backend()
     _assert_same_as_unfused(model, be, x, md, positions)
 
     snap = be.pass_manager
-    assert snap.before == [{"encode_kv": 12, "cache_write": 6, "paged_attention": 6}]
-    assert snap.after == [{"rope_encode_and_cache_write": 5, "encode_and_cache_write": 1, "paged_attention": 6}]
+    assert snap.before == [{"encode_kv": 14, "cache_write": 7, "paged_attention": 7}]
+    assert snap.after == [{"rope_encode_and_cache_write": 6, "encode_and_cache_write": 1, "paged_attention": 7}]
     after = snap.graphs_after[0]
     # every rotation is gone (the "none" layer never had one); cos/sin are still computed
     assert _graph_count(after, torch.ops.aten.neg.default) == 0
@@ -84,10 +84,15 @@ def test_each_rotary_style_fuses_bit_exact():
     assert _graph_count(after, torch.ops.aten.cos.default) >= 1
 
     fused = nodes_of(after, ROPE_WRITE)
-    assert [n.target.__name__ for n, _ in fused] == ["auto_functionalized_v2"] * 5
+    assert [n.target.__name__ for n, _ in fused] == ["auto_functionalized_v2"] * 6
     assert [(a["rotary_dim"], a["is_neox"]) for _, a in fused] == [(32, True), (32, False), (16, True), (32, True),
-                                                                   (32, True)]
-    assert [tuple(a["cos"].meta["val"].shape) for _, a in fused] == [(7, 32), (7, 32), (7, 16), (7, 16), (7, 32)]
+                                                                   (32, True), (32, True)]
+    # Tables the graph computes with each column repeated (cat((f, f)), repeat_interleave(f, 2))
+    # reach the op half-width; the demo's are half-width already; gathered rows stay whole.
+    assert [tuple(a["cos"].meta["val"].shape) for _, a in fused] == [(7, 16), (7, 16), (7, 8), (7, 16), (7, 16),
+                                                                     (7, 32)]
+    assert [tuple(a["sin"].meta["val"].shape) for _, a in fused] == [(7, 16), (7, 16), (7, 8), (7, 16), (7, 16),
+                                                                     (7, 32)]
     # attention reads the fused op's rotated query
     for node, args in fused:
         q_out = [u for u in node.users if u.target is operator.getitem and u.args[1] == 0]
@@ -96,12 +101,48 @@ def test_each_rotary_style_fuses_bit_exact():
 
     reasons = [r.reason for r in be.report]
     assert all(r.fused and r.kv_quant_mode is KVQuantMode.FP8_E4M3 for r in be.report)
-    assert "rotary: fused into rope_encode_and_cache_write (NeoX rotate-half, rotary_dim=32, full-width" in reasons[0]
-    assert "(GPT-J interleaved, rotary_dim=32" in reasons[1]
-    assert "(NeoX rotate-half, rotary_dim=16" in reasons[2]
-    assert "(NeoX (demo chunk form), rotary_dim=32, half-width" in reasons[3]
-    assert all("with the query" in r for r in reasons[:5])
-    assert "rotary: not fused: key: it comes from" in reasons[5]
+    repeated = "half-width (the graph's tables repeat each column for its partner"
+    assert "rotary: fused into rope_encode_and_cache_write (NeoX rotate-half, rotary_dim=32, " + repeated in reasons[0]
+    assert "(GPT-J interleaved, rotary_dim=32, " + repeated in reasons[1]
+    assert "(NeoX rotate-half, rotary_dim=16, " + repeated in reasons[2]
+    assert "(NeoX (demo chunk form), rotary_dim=32, half-width per-token" in reasons[3]
+    assert repeated in reasons[4]
+    assert "(NeoX rotate-half, rotary_dim=32, full-width per-token" in reasons[5]
+    assert all("with the query" in r for r in reasons[:6])
+    assert "rotary: not fused: key: it comes from" in reasons[6]
+
+
+def _repeats_of(fn, *shapes):
+    """What the pass finds repeated in the table ``fn`` computes from random inputs of ``shapes``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kvfuse.passes.fuse_rope_cache_write import _table_repeats
+
+    gm = make_fx(fn, tracing_mode="fake")(*[torch.randn(s) for s in shapes])
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return _table_repeats(out[0] if isinstance(out, (list, tuple)) else out)
+
+
+@pytest.mark.parametrize("fn, shapes, want", [
+    (lambda f: torch.cat((f, f), dim=-1).cos() * 0.5, [(1, 7, 16)], "halves"),
+    (lambda f: torch.cat((f, f), dim=2).sin().to(torch.bfloat16)[:, None], [(1, 7, 16)], "halves"),
+    (lambda f: torch.repeat_interleave(f, 2, dim=-1).cos(), [(7, 16)], "pairs"),
+    # the forms Inductor's decompositions make of both
+    (lambda f: f.unsqueeze(-2).expand(7, 2, 16).clone().reshape(7, 32).cos(), [(7, 16)], "halves"),
+    (lambda f: f.unsqueeze(-1).expand(7, 16, 2).clone().reshape(7, 32).cos(), [(7, 16)], "pairs"),
+    # a per-row factor keeps the repetition; a per-column one, another half or another axis do not
+    (lambda f, s: torch.cat((f, f), dim=-1).cos() * s, [(7, 16), (7, 1)], "halves"),
+    (lambda f, s: torch.cat((f, f), dim=-1).cos() * s, [(7, 16), (7, 32)], None),
+    (lambda f, g: torch.cat((f, g), dim=-1).cos(), [(7, 16), (7, 16)], None),
+    (lambda f: torch.cat((f, f), dim=0).cos(), [(7, 32)], None),
+    (lambda f: torch.cat((f, f), dim=-1).flip(-1).cos(), [(7, 16)], None),
+    (lambda f: torch.cat((f, f), dim=-1).permute(1, 0).cos(), [(32, 16)], None),
+    (lambda f: torch.repeat_interleave(f, 3, dim=-1).cos(), [(7, 16)], None),
+    (lambda t: t.cos(), [(7, 32)], None),
+], ids=["cat", "cat-cast-unsqueeze", "repeat-interleave", "expand-halves", "expand-pairs", "row-factor",
+        "column-factor", "two-halves", "cat-rows", "flipped", "transposed", "three-repeats", "input"])
+def test_repeated_table_columns_are_recognised_only_where_the_graph_shows_them(fn, shapes, want):
+    assert _repeats_of(fn, *shapes) == want
 
 
 @pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
@@ -211,7 +252,7 @@ def test_a_forced_cache_backend_without_the_op_keeps_the_rotation(forced, refuse
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("styles", [("hf_neox", "hf_gptj", "hf_partial", "demo", "hf_neox_f32")])
+@pytest.mark.parametrize("styles", [("hf_neox", "hf_gptj", "hf_partial", "demo", "hf_neox_f32", "hf_neox_cached")])
 @pytest.mark.parametrize("dtype_name", ["auto", "fp8", "nvfp4"])
 @pytest.mark.parametrize("T", [1, 64, 517])
 def test_gpu_fused_equals_unfused_graph(styles, dtype_name, T):
