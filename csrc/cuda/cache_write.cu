@@ -107,6 +107,11 @@
 #ifndef KVFUSE_ROPE_NVFP4_FEWER_BLOCKS
 #define KVFUSE_ROPE_NVFP4_FEWER_BLOCKS 1
 #endif
+// Resident blocks per SM the rotary write gives up, in addition, for float32 tables (their columns
+// take twice the registers).
+#ifndef KVFUSE_ROPE_F32_TABLE_FEWER_BLOCKS
+#define KVFUSE_ROPE_F32_TABLE_FEWER_BLOCKS 1
+#endif
 // 1: the rotation widens bfloat16 elements to float from their 32-bit word (widen); 0: by c10's
 // conversion of the extracted 16-bit value (the build measured up to the fourteenth session).
 #ifndef KVFUSE_BF16_WORD_WIDEN
@@ -837,7 +842,7 @@ struct Rotation {
   // nothing spills (ptxas -v, sm_90a).
   template <class Op>
   static constexpr int min_blocks() {
-    constexpr int table = sizeof(Table) > 2 ? 1 : 0;
+    constexpr int table = sizeof(Table) > 2 ? KVFUSE_ROPE_F32_TABLE_FEWER_BLOCKS : 0;
     constexpr int blocks = Op::kSplitRows ? Op::kMinBlocks - KVFUSE_ROPE_NVFP4_FEWER_BLOCKS - table
                            : kN == kRopeNarrowUnit ? KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS - table
                                                    : Op::kMinBlocks - KVFUSE_ROPE_FP8_FEWER_BLOCKS - table;
