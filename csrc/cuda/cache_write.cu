@@ -207,7 +207,7 @@ struct RowParams {
 struct NoRotation {
   static constexpr bool kActive = false;
   struct Loaded {};
-  template <class Op>
+  template <class Op, bool kPaired>
   static constexpr int min_blocks() { return Op::kMinBlocks; }
 };
 
@@ -332,7 +332,7 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
 // (Rot::load: the partner chunk and the table values) beside its other loads, and is rotated
 // (Rot::apply) once everything is loaded, before the op encodes it.
 template <class Op, int kUnits, int kBlock, bool kPaired, class Rot = NoRotation>
-__global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op>() * kThreads / kBlock)
+__global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>() * kThreads / kBlock)
     rows_kernel(const RowParams p) {
   start_after_prior_grids<KVFUSE_WRITE_PDL>();
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
@@ -838,11 +838,14 @@ struct Rotation {
   };
   // The rotation's loads add 24 registers per 16-element unit (bf16 tables; 40 for float32 ones)
   // to the op's own: KVFUSE_ROPE_*_FEWER_BLOCKS resident blocks per SM fewer than the op alone, or
-  // KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS for 8-element units (one fewer with float32 tables), so that
-  // nothing spills (ptxas -v, sm_90a).
-  template <class Op>
+  // KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS for 8-element units, and with float32 tables one fewer still,
+  // so that nothing spills (ptxas -v, sm_90a). Unpaired FP8 launches of 16-element units whose
+  // partner comes by shuffle (or GPT-J's, which need none) hold no value row and fit without that
+  // last block given up (BENCHMARKS.md, twenty-fifth session: 1024 FP8 tokens 5.5 -> 4.5 us).
+  template <class Op, bool kPaired>
   static constexpr int min_blocks() {
-    constexpr int table = sizeof(Table) > 2 ? KVFUSE_ROPE_F32_TABLE_FEWER_BLOCKS : 0;
+    constexpr bool fits = !kPaired && !Op::kSplitRows && kN == kRopeUnit && (kShuffle || !kNeox);
+    constexpr int table = sizeof(Table) > 2 && !fits ? KVFUSE_ROPE_F32_TABLE_FEWER_BLOCKS : 0;
     constexpr int blocks = Op::kSplitRows ? Op::kMinBlocks - KVFUSE_ROPE_NVFP4_FEWER_BLOCKS - table
                            : kN == kRopeNarrowUnit ? KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS - table
                                                    : Op::kMinBlocks - KVFUSE_ROPE_FP8_FEWER_BLOCKS - table;
