@@ -16,10 +16,16 @@ upcast with ``.float()`` and the result cast back)::
     cat(rotation of X[..., :R], X[..., R:])                                                (partial rotary)
 
 in any layout whose layout operations (view/reshape/permute/transpose/clone/(un)squeeze) between
-the rotation and the ``[T, H, D]`` key only move or drop size-1 dims, with cos/sin broadcast over
-the heads (transformers' ``[B, H, S, D]`` with ``cos.unsqueeze(1)``, the demo's ``[T, H, D]``
-with ``cos[:, None]``). cos/sin stay whatever the graph computes (Llama 3 / YaRN tables
-included): the fused op reads them as per-token rows ``[T, W]``.
+the rotation and the ``[T, H, D]`` key only move or drop size-1 dims and merge token dims
+(transformers' ``[B, H, S, D]`` -> ``[B * S, H, D]``), optionally followed by rows picked by a 1-D
+index (``index_select(0, i)``: the transformers integration packs the real tokens of a padded
+batch so), with cos/sin broadcast over the heads (``cos.unsqueeze(1)``, the demo's
+``cos[:, None]``). cos/sin stay whatever the graph computes (Llama 3 / YaRN tables included):
+the fused op reads them as per-token rows ``[T, W]``, expanded over the batch where the graph
+broadcasts them and picked by the same index as the key. Where the graph computes a full-width
+table with each column repeated for its rotation partner (transformers' ``cat((f, f), -1)``, or
+``repeat_interleave(f, 2, -1)`` for GPT-J), the op gets the half-width table (one column per pair,
+its own buffer, so Inductor computes only that half): the same values, half the bytes.
 
 Exactness: the fused op computes what Inductor computes for these expressions (see
 :func:`kvfuse.ops.reference.apply_rope`): the rotation in float32, rounded once to the key's
@@ -29,6 +35,8 @@ the unfused rotation kernel and drops the down/up-cast pair, so that kernel mult
 float32 values (see :func:`_unrounded_source`; if Inductor's heuristics realize the table as a
 buffer instead, the unfused graph reads it rounded and the two differ in the last bits).
 Refused, with the reason in the layer's record:
+a key computed by elementwise ops that Inductor fuses into its rotation kernel without rounding
+them to the key's dtype (QK-norm, as in Qwen3 and Gemma 3: the fused op reads the rounded key);
 ``emulate_precision_casts`` with bf16/fp16 arithmetic (Inductor then rounds after every op); the
 sum written sin-term first on CUDA (Triton contracts ``a*b + c*d`` into ``fma(a, b, c*d)``, so the
 operand order decides the bits); a rotated key the graph also uses elsewhere; a key whose dtype
