@@ -253,9 +253,10 @@ def _check(case: Case, with_compiled: bool = True) -> None:
         if tables == "bf16":
             continue
         cos, sin = case.tables[tables]
+        # the contracted form, fma(x, cos, rot * sin): what every CUDA kernel of the op computes
         want_t = case.new_cache()
         want_tq = reference.rope_encode_and_cache_write(q, k, v, want_t, case.slots[0], case.k_scale, case.v_scale,
-                                                        cos, sin, None, D, True, case.mode)
+                                                        cos, sin, None, D, True, case.mode, contract=True)
         # the op as timed (key only: its query output is empty), the native kernel with the query
         for label, make in (("op", lambda: _op_with(case, tables)), ("native", lambda: _native(case, True, tables))):
             got = case.new_cache()

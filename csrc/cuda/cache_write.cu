@@ -107,6 +107,11 @@
 #ifndef KVFUSE_ROPE_NVFP4_FEWER_BLOCKS
 #define KVFUSE_ROPE_NVFP4_FEWER_BLOCKS 1
 #endif
+// 1: the rotation's sum contracted as Triton / Inductor contract it, fma(x, cos, rn(rot * sin));
+// 0: two rounded products and a rounded sum (the CPU reference's form). See the rotary section.
+#ifndef KVFUSE_ROPE_CONTRACT
+#define KVFUSE_ROPE_CONTRACT 1
+#endif
 // Resident blocks per SM the rotary write gives up, in addition, for float32 tables (their columns
 // take twice the registers).
 #ifndef KVFUSE_ROPE_F32_TABLE_FEWER_BLOCKS
@@ -749,11 +754,15 @@ struct Nvfp4CopyOp {
 
 // ----------------------------------------------------------------------------- rotary embedding
 // rope_encode_and_cache_write rotates each key unit of 16 elements before its op encodes it, with
-// the reference's arithmetic (kvfuse/ops/reference.py, apply_rope): in float32,
-//     y_i = rn(rn(x_i * cos_i) + rn(rot_i * sin_i)),
+// the arithmetic CUDA's other kernels give x * cos + rot * sin (kvfuse/ops/reference.py,
+// apply_rope with contract=True): in float32,
+//     y_i = fma(x_i, cos_i, rn(rot_i * sin_i)),
 // rot = [-x2, x1] over the halves of [0, R) (NeoX) or [-x1, x0, -x3, x2, ...] (GPT-J), then
-// rounded once to the key's dtype. The _rn intrinsics keep nvcc from contracting the products
-// into an FMA, which would round once instead of twice.
+// rounded once to the key's dtype. Triton contracts the sum so (the op's Triton kernel, and
+// Inductor's rotation in the unfused graph that the compile pass must reproduce), so every CUDA
+// path of the op writes the same bytes. With bf16 / fp16 tables and keys x_i * cos_i is exact
+// in float32 (but below its normal range), and the uncontracted form (KVFUSE_ROPE_CONTRACT=0, the
+// CPU reference's) gives the same bits; with float32 tables they differ.
 // Host-side preconditions (rope_refusal): 16-element units (head_size % 16 == 0, 16-byte aligned
 // rows), R % 32 == 0 for NeoX (a unit and its partner, R/2 elements away, lie in one half) and
 // R % 16 == 0 for GPT-J (pairs never straddle a unit), tables 16-byte aligned by base and row.
@@ -968,8 +977,13 @@ struct Rotation {
       }
       const float c0 = widen(l.cos.e, kPairColumns ? k / 2 : k), c1 = widen(l.cos.e, kPairColumns ? k / 2 : k + 1);
       const float s0 = widen(l.sin.e, kPairColumns ? k / 2 : k), s1 = widen(l.sin.e, kPairColumns ? k / 2 : k + 1);
+#if KVFUSE_ROPE_CONTRACT
+      const float y0 = __fmaf_rn(x0, c0, __fmul_rn(rot0, s0));
+      const float y1 = __fmaf_rn(x1, c1, __fmul_rn(rot1, s1));
+#else
       const float y0 = __fadd_rn(__fmul_rn(x0, c0), __fmul_rn(rot0, s0));
       const float y1 = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(rot1, s1));
+#endif
       if constexpr (KVFUSE_ROPE_PACK_PAIRS) {
         reinterpret_cast<uint32_t*>(y.words)[k / 2] = round_pair<In>(y0, y1);
       } else {

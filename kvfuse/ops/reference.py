@@ -125,8 +125,25 @@ def encode_and_cache_write(
     )
 
 
+def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a * b + c`` of float32 tensors rounded once to float32 (what ``fma.rn.f32`` computes).
+
+    In float64 the product is exact (24 + 24 bits); the sum is rounded there, its error recovered
+    exactly (TwoSum), and the float64 result moved to the neighbour with an odd last bit where the
+    sum was inexact (rounding to odd). With 53 >= 24 + 2 bits, rounding that to float32 rounds the
+    exact value once. inf / NaN pass through as the float64 sum has them."""
+    p = a.double() * b.double()
+    c64 = c.double()
+    s = p + c64
+    t = s - p
+    err = (p - (s - t)) + (c64 - t)
+    to_odd = (err != 0) & ((s.view(torch.int64) & 1) == 0) & torch.isfinite(s)
+    toward = torch.where(err > 0, torch.full_like(s, float("inf")), torch.full_like(s, float("-inf")))
+    return torch.where(to_odd, torch.nextafter(s, toward), s).float()
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions, rotary_dim: int,
-               is_neox: bool) -> torch.Tensor:
+               is_neox: bool, contract: bool = False) -> torch.Tensor:
     """Rotate the first ``rotary_dim`` features of ``x [T, H, D]``; the result has ``x``'s dtype.
 
     ``cos``/``sin`` are ``[T, W]`` per token, or ``[P, W]`` tables read at ``positions [T]``, with
@@ -140,6 +157,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions,
     rounded once to ``x.dtype``; features from ``rotary_dim`` on are passed through. This is what
     Inductor computes for ``x * cos + rotate_half(x) * sin`` in any of bf16/fp16/fp32 (it keeps
     fused intermediates in float32 and rounds at the store), and what the demo model computes.
+
+    ``contract``: ``y_i = fma(x_i, cos_i, rot_i * sin_i)`` (:func:`fma_f32`), the form Triton's and
+    Inductor's CUDA kernels compile the sum to, and the native CUDA kernel's. Only products that
+    are not exact in float32 tell the two apart: float32 tables, or bf16 / fp16 ones below float32's
+    normal range.
     """
     r, half = rotary_dim, rotary_dim // 2
     if positions is not None:
@@ -156,7 +178,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions,
         rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
     else:
         rot = torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)
-    y = xr * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
+    if contract:
+        y = fma_f32(xr, cos.unsqueeze(1), rot * sin.unsqueeze(1))
+    else:
+        y = xr * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
     return torch.cat([y, xf[..., r:]], dim=-1).to(x.dtype)
 
 
@@ -174,14 +199,17 @@ def rope_encode_and_cache_write(
     rotary_dim: int,
     is_neox: bool,
     kv_quant_mode: int,
+    *,
+    contract: bool = False,
 ) -> torch.Tensor:
     """Exactly :func:`apply_rope` of the key, then :func:`encode_and_cache_write`; returns the rotated
-    query (:func:`apply_rope` of ``query``), or an empty tensor when ``query`` is None."""
-    encode_and_cache_write(apply_rope(key, cos, sin, positions, rotary_dim, is_neox), value, kv_cache,
+    query (:func:`apply_rope` of ``query``), or an empty tensor when ``query`` is None.
+    ``contract``: the rotation's sum as CUDA kernels contract it (see :func:`apply_rope`)."""
+    encode_and_cache_write(apply_rope(key, cos, sin, positions, rotary_dim, is_neox, contract), value, kv_cache,
                            slot_mapping, k_scale, v_scale, kv_quant_mode)
     if query is None:
         return key.new_empty((0,))
-    return apply_rope(query, cos, sin, positions, rotary_dim, is_neox)
+    return apply_rope(query, cos, sin, positions, rotary_dim, is_neox, contract)
 
 
 def paged_attention(call: AttentionCall) -> torch.Tensor:

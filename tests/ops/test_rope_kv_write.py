@@ -116,14 +116,48 @@ def test_reference_is_rotate_then_write(mode, cache_dtype):
     _bytes_equal(q, _rotate_by_definition(c["query"], c["cos"], c["sin"], None, 32, True), "query")
 
 
+def test_fma_f32_rounds_once():
+    """The contracted reference's fma: one rounding of the exact a * b + c, also where rounding the
+    float64 sum first would land on a float32 tie (1 + 2^-23 + 2^-24 - 2^-70 here), and against
+    exact rational arithmetic on random cancellation-heavy inputs."""
+    from fractions import Fraction
+
+    a = torch.tensor([2.0**-24 * (1 + 2.0**-23)])
+    b = torch.tensor([1 - 2.0**-23])
+    c = torch.tensor([1 + 2.0**-23])
+    assert reference.fma_f32(a, b, c).item() == 1 + 2.0**-23
+    assert (a.double() * b.double() + c.double()).float().item() == 1 + 2.0**-22  # rounded twice
+    assert reference.fma_f32(-a, b, -c).item() == -(1 + 2.0**-23)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(300, generator=g) * torch.exp2(torch.randint(-20, 20, (300,), generator=g).float())
+    b = torch.randn(300, generator=g)
+    c = -(a * b) * (1 + torch.randn(300, generator=g) * 2.0**-18)
+    got = reference.fma_f32(a, b, c)
+    for x, y, z, r in zip(a.tolist(), b.tolist(), c.tolist(), got.tolist()):
+        exact = Fraction(x) * Fraction(y) + Fraction(z)
+        lo, hi = sorted((r, torch.nextafter(torch.tensor(r), torch.tensor(exact > Fraction(r) and 1e30 or -1e30)).item()))
+        assert abs(Fraction(r) - exact) <= abs(Fraction(hi if r == lo else lo) - exact), (x, y, z, r)
+
+
+def test_contracted_rotation_differs_only_where_products_round():
+    """bf16 tables: x * cos is exact in float32, so both forms agree; float32 tables: they differ
+    (seen in a float32 result; a bf16 one rounds most of the last-bit differences away)."""
+    c = _case(64, 4, 2, 32, KVQuantMode.NONE, torch.bfloat16, seed=3)
+    args = (c["key"].float(), c["cos"], c["sin"], None, 32, True)
+    assert torch.equal(reference.apply_rope(*args), reference.apply_rope(*args, contract=True))
+    f32 = (c["key"].float(), c["cos"].float() * 1.0001, c["sin"].float() * 0.9999, None, 32, True)
+    differ = reference.apply_rope(*f32) != reference.apply_rope(*f32, contract=True)
+    assert 0 < differ.sum() < differ.numel() // 4
+
+
 # ----------------------------------------------------------------------------- Triton vs reference
 
 
-def _triton_vs_reference(c, is_neox, mode, device="cpu", **kw):
+def _triton_vs_reference(c, is_neox, mode, device="cpu", contract=False, **kw):
     from kvfuse.ops.triton import rope_kv_write
 
     ref = _clone(c)
-    want_q = _call(reference.rope_encode_and_cache_write, ref, is_neox, mode)
+    want_q = _call(reference.rope_encode_and_cache_write, ref, is_neox, mode, contract=contract)
     got_q = _call(rope_kv_write.rope_encode_and_cache_write, c, is_neox, mode, **kw)
     _bytes_equal(c["kv_cache"].cpu(), ref["kv_cache"].cpu(), "cache")
     if c["query"] is None:
@@ -374,6 +408,22 @@ def test_gpu_bit_exact_without_contraction(mode, cache_dtype, is_neox, half, tab
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode,cache_dtype", [FORMATS[0], FORMATS[3], FORMATS[5]], ids=["bf16", "e4m3", "nvfp4"])
+@pytest.mark.parametrize("is_neox,half,table,table_dtype", [
+    (True, False, False, torch.float32), (True, True, False, torch.float32), (False, True, True, torch.float32),
+    (True, False, False, torch.bfloat16)], ids=["neox-f32", "neox-f32-half", "gptj-f32-half-pos", "neox-bf16"])
+@pytest.mark.parametrize("T", [7, 533])
+def test_gpu_triton_contracts_as_the_native_kernel(mode, cache_dtype, is_neox, half, table, table_dtype, T):
+    """With fp fusion (Triton's default, and Inductor's) the Triton kernel computes the contracted
+    reference, fma(x, cos, rot * sin), bit for bit: the native kernel's form, so the op writes the
+    same bytes whichever CUDA kernel runs it (float32 tables are where the forms differ)."""
+    c = _case(T, 32, 8, 128, mode, cache_dtype, half=half, table=table, seed=T + int(mode), device="cuda",
+              num_blocks=T // BLOCK + 8)
+    c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
+    _triton_vs_reference(c, is_neox, mode, device="cuda", contract=True)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("block", [16, 5, 32])
 @pytest.mark.parametrize("d", [64, 80, 128, 256])
 def test_gpu_nvfp4_pages(block, d):
@@ -429,11 +479,12 @@ def test_rope_write_policy_native_choice():
     assert dict(sm90.native_with_query_from) == {KVQuantMode.FP8_E4M3: 16384, KVQuantMode.NVFP4: 16384}
 
 
-def _reference_result(c, is_neox, mode):
+def _reference_result(c, is_neox, mode, contract=False):
     """(cache, rotated query) the reference computes for ``c`` from ``c``'s current (poisoned)
-    cache, on the CPU; ``c`` itself is left as it is."""
+    cache, on the CPU; ``c`` itself is left as it is. ``contract``: the rotation's sum as CUDA
+    kernels contract it (``fma(x, cos, rot * sin)``, what the native kernel computes)."""
     cpu = {k: (v.cpu().clone() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
-    q = _call(reference.rope_encode_and_cache_write, cpu, is_neox, mode)
+    q = _call(reference.rope_encode_and_cache_write, cpu, is_neox, mode, contract=contract)
     return cpu["kv_cache"], q
 
 
@@ -452,7 +503,7 @@ def _native_vs_reference(c, is_neox, mode, nan_sign_free=False):
     from kvfuse.ops import native
 
     assert native.rope_refusal(*_native_args(c, is_neox, mode)) is None
-    want_cache, want_q = _reference_result(c, is_neox, mode)
+    want_cache, want_q = _reference_result(c, is_neox, mode, contract=True)
     got_q = _call(native.rope_encode_and_cache_write, c, is_neox, mode, force=True)
     # every byte, so padding slots and slots nobody wrote must have kept the sentinel
     if nan_sign_free:
