@@ -661,7 +661,8 @@ def _refusal(rot: Rotation, device_type: Optional[str]) -> Optional[str]:
     if device_type == "cuda" and not rot.cos_first and not inductor_config.emulate_precision_casts:
         return ("the sum is written rot * sin + x * cos; on CUDA Inductor's kernel contracts it to "
                 "fma(rot, sin, x * cos), which the fused op (fma(x, cos, rot * sin)) does not reproduce")
-    computed = _computed_in_kernel(rot.x)
+    # (A float32 key is rounded to float32 either way.)
+    computed = _computed_in_kernel(rot.x) if val(rot.x).dtype in (torch.bfloat16, torch.float16) else None
     if computed is not None and not inductor_config.emulate_precision_casts:
         return (f"the input is computed by {describe(computed)} (e.g. a QK-norm); Inductor computes it inside its "
                 f"rotation kernel without rounding it to {val(rot.x).dtype}, while the fused op reads the rounded "

@@ -235,19 +235,22 @@ def test_compiled_generate_same_tokens_and_report(name):
     assert all(r.fused for r in be.report)
 
 
-@pytest.mark.parametrize("name,want", [
-    ("llama", "fused into rope_encode_and_cache_write (NeoX rotate-half, rotary_dim=16, half-width (the graph's "
-              "tables repeat each column"),
-    ("gpt_oss", "fused into rope_encode_and_cache_write (NeoX (demo chunk form), rotary_dim=16, half-width"),
-    ("qwen3", "not fused: the input is computed by"),
+@pytest.mark.parametrize("name,dtype,want", [
+    ("llama", torch.bfloat16, "fused into rope_encode_and_cache_write (NeoX rotate-half, rotary_dim=16, half-width "
+                              "(the graph's tables repeat each column"),
+    ("gpt_oss", torch.bfloat16, "fused into rope_encode_and_cache_write (NeoX (demo chunk form), rotary_dim=16, "
+                                "half-width"),
+    ("qwen3", torch.bfloat16, "not fused: the input is computed by"),
+    ("qwen3", torch.float32, "fused into rope_encode_and_cache_write (NeoX rotate-half"),
 ])
-def test_compiled_rotary_fusion_equals_the_unfused_graph(name, want):
+def test_compiled_rotary_fusion_equals_the_unfused_graph(name, dtype, want):
     """Each layer's rotation fused into its write, under left padding (rows the integration packs
     by index) and in the decode steps (batch 3, one token each): the same tokens, scores and cache
     bytes as the graph compiled without fusion. gpt_oss: the chunk form, with sinks and windows.
     qwen3's QK-norm runs inside Inductor's rotation kernel unrounded, which the fused op cannot
-    reproduce bit for bit, so the pass leaves it (and says why)."""
-    ref = build(name, torch.bfloat16)
+    reproduce bit for bit in bf16, so the pass leaves it (and says why); in float32 nothing is
+    rounded apart, and it fuses."""
+    ref = build(name, dtype)
     ids, mask = left_padded_batch()
     runs = []
     for fuse in (True, False):
