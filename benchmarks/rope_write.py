@@ -118,13 +118,6 @@ def _write(case: Case):
         for i in range(len(case.sets))]
 
 
-def _fused(case: Case, with_query: bool):
-    op = torch.ops.kvfuse.rope_encode_and_cache_write
-    return [lambda i=i: op(case.sets[i][0] if with_query else None, case.sets[i][1], case.sets[i][2], case.cache,
-                           case.slots[i], case.k_scale, case.v_scale, case.cos, case.sin, None, D, True, case.mode,
-                           "l") for i in range(len(case.sets))]
-
-
 def _kernel_calls(case: Case, with_query: bool, kernel, tables: str = "bf16", **kwargs):
     """Calls of one rotary-write kernel function (the op's argument list, no layer name), with
     ``case.tables[tables]`` as cos / sin."""
@@ -135,11 +128,13 @@ def _kernel_calls(case: Case, with_query: bool, kernel, tables: str = "bf16", **
         for i in range(len(case.sets))]
 
 
-def _op_with(case: Case, tables: str):
-    def op(*args):
-        return torch.ops.kvfuse.rope_encode_and_cache_write(*args, "l")
+def _layer_op(*args):
+    """The op as a layer calls it (the kernel functions' argument list, and a layer name)."""
+    return torch.ops.kvfuse.rope_encode_and_cache_write(*args, "l")
 
-    return _kernel_calls(case, False, op, tables)
+
+def _fused(case: Case, with_query: bool, tables: str = "bf16"):
+    return _kernel_calls(case, with_query, _layer_op, tables)
 
 
 def _fused_as(case: Case, with_query: bool, rotation: str):
@@ -258,7 +253,7 @@ def _check(case: Case, with_compiled: bool = True) -> None:
         want_tq = reference.rope_encode_and_cache_write(q, k, v, want_t, case.slots[0], case.k_scale, case.v_scale,
                                                         cos, sin, None, D, True, case.mode, contract=True)
         # the op as timed (key only: its query output is empty), the native kernel with the query
-        for label, make in (("op", lambda: _op_with(case, tables)), ("native", lambda: _native(case, True, tables))):
+        for label, make in (("op", lambda: _fused(case, False, tables)), ("native", lambda: _native(case, True, tables))):
             got = case.new_cache()
             case.cache = got
             got_q = make()[0]()
@@ -279,7 +274,7 @@ VARIANTS = {
     "rope_k+write (triton)": lambda c: _fused_as(c, False, None),
     "rope_k+write (native)": lambda c: _native(c, False),
     # the tables compiled transformers models hand the op (float32, one column per pair), and the others
-    "rope_k+write, f32 half tables": lambda c: _op_with(c, "f32 half"),
+    "rope_k+write, f32 half tables": lambda c: _fused(c, False, "f32 half"),
     "rope_k+write (native), f32 half tables": lambda c: _native(c, False, "f32 half"),
     "rope_k+write (native), f32 tables": lambda c: _native(c, False, "f32"),
     "rope_k+write (native), bf16 half tables": lambda c: _native(c, False, "bf16 half"),

@@ -72,8 +72,9 @@ ROPE_WRITE = torch.ops.kvfuse.rope_encode_and_cache_write.default
 ATTENTION = torch.ops.kvfuse.paged_attention.default
 _ROPE_ARGS = ("query", "key", "value", "kv_cache", "slot_mapping", "k_scale", "v_scale", "cos", "sin", "positions",
               "rotary_dim", "is_neox", "kv_quant_mode", "layer_name")
-_LAYOUT_OPS = {
-    aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.permute.default, aten.clone.default,
+_RESHAPES = {aten.reshape.default, aten.view.default, aten._unsafe_view.default}
+_LAYOUT_OPS = _RESHAPES | {
+    aten.permute.default, aten.clone.default,
     aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.alias.default,
 }
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -175,7 +176,7 @@ def _strip_upcast(node: Any) -> tuple[Any, bool]:
 
 def _rot_of(node: Any) -> Optional[tuple[fx.Node, bool]]:
     """``(x, is_neox)`` if ``node`` is ``rotate_half(x)`` or the interleaved form, else None."""
-    if _call(node, aten.reshape.default, aten.view.default, aten._unsafe_view.default):
+    if _call(node, *_RESHAPES):
         inner = node.args[0]
         if not (_call(inner, aten.cat.default) and len(inner.args[0]) == 2):
             return None
@@ -494,8 +495,8 @@ def _table_rows(graph: fx.Graph, rot: Rotation, table: fx.Node, source: Optional
     return make_call(graph, aten.reshape.default, (node, [-1, _shape(table)[-1]]))
 
 
-_TABLE_VIEWS = {aten.reshape.default, aten.view.default, aten._unsafe_view.default, aten.unsqueeze.default,
-                aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.alias.default}
+_TABLE_VIEWS = _RESHAPES | {aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+                            aten.alias.default}
 
 
 def _unrounded_source(table: fx.Node) -> Optional[fx.Node]:
@@ -527,7 +528,6 @@ def _unrounded_source(table: fx.Node) -> Optional[fx.Node]:
 _COLUMNWISE_UNARY = {aten.cos.default, aten.sin.default, aten.neg.default, aten.clone.default, aten.alias.default,
                      prims.convert_element_type.default, aten._to_copy.default}
 _COLUMNWISE_BINARY = {aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, aten.sub.Tensor}
-_RESHAPES = {aten.reshape.default, aten.view.default, aten._unsafe_view.default}
 
 
 def _width(node: Any) -> Optional[int]:

@@ -8,6 +8,7 @@ tables, per-token rows and position-indexed tables, padding slots and poisoned c
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -135,8 +136,9 @@ def test_fma_f32_rounds_once():
     got = reference.fma_f32(a, b, c)
     for x, y, z, r in zip(a.tolist(), b.tolist(), c.tolist(), got.tolist()):
         exact = Fraction(x) * Fraction(y) + Fraction(z)
-        lo, hi = sorted((r, torch.nextafter(torch.tensor(r), torch.tensor(exact > Fraction(r) and 1e30 or -1e30)).item()))
-        assert abs(Fraction(r) - exact) <= abs(Fraction(hi if r == lo else lo) - exact), (x, y, z, r)
+        # no nearer float32 on the exact value's side of r
+        other = torch.nextafter(torch.tensor(r), torch.tensor(math.inf if exact > r else -math.inf)).item()
+        assert abs(Fraction(r) - exact) <= abs(Fraction(other) - exact), (x, y, z, r)
 
 
 def test_contracted_rotation_differs_only_where_products_round():
