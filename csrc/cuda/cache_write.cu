@@ -143,6 +143,23 @@
 #ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
 #endif
+// 1: NeoX rotary writes whose unrotated tail splits into pairs of units ((head_size - R) % (2 N)
+// == 0) run in unit pairs (PairRotation): FP8 and 16-bit caches in pairs of 8-element units, NVFP4
+// in pairs of its 16-element blocks; 0: one unit per thread (Rotation). The resident blocks per
+// SM their register budget is set for, by format (NVFP4 by whether a thread also holds the value
+// rows); NVFP4 with full-width float32 tables stays in single units (its pairs spill).
+#ifndef KVFUSE_ROPE_PAIR_UNITS
+#define KVFUSE_ROPE_PAIR_UNITS 1
+#endif
+#ifndef KVFUSE_ROPE_PAIR_MIN_BLOCKS
+#define KVFUSE_ROPE_PAIR_MIN_BLOCKS 4
+#endif
+#ifndef KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
+#define KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS 3
+#endif
+#ifndef KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS
+#define KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS 4
+#endif
 // The NVFP4 encode's instruction diet (BENCHMARKS.md, eighteenth session: 16384 tokens went from
 // 77% to 85% of copy, each step an A/B build; 0 restores the form before it):
 //   - NAN_BRANCH: the block's amax by NaN-propagating maxima, NaN inputs zeroed only in a block
@@ -211,6 +228,7 @@ struct RowParams {
 // Launches without a rotary embedding: the key rows are encoded as loaded.
 struct NoRotation {
   static constexpr bool kActive = false;
+  static constexpr bool kPairs = false;
   struct Loaded {};
   template <class Op, bool kPaired>
   static constexpr int min_blocks() { return Op::kMinBlocks; }
@@ -345,7 +363,8 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
     div_k = make_divider(__ldg(p.scale[0]));
     div_v = make_divider(__ldg(p.scale[1]));
   }
-  const uint32_t first = blockIdx.x * (kUnits * kBlock) + threadIdx.x;
+  static_assert(!Rot::kPairs || kUnits == 2, "a unit pair is two units of one thread");
+  const uint32_t first = blockIdx.x * ((Rot::kPairs ? 1 : kUnits) * kBlock) + threadIdx.x;
   Pair<Op> raw[kUnits];
   int64_t slot[kUnits];
   int64_t dst_row[kUnits];  // byte offset of the unit's head row within its slot's key row
@@ -353,48 +372,81 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
   int chunk[kUnits];
   bool is_value[kUnits];
   typename Rot::Loaded rot[kUnits];
-#pragma unroll
-  for (int m = 0; m < kUnits; ++m) {
-    const uint32_t u = first + m * kBlock;
-    slot[m] = -1;
-    if (u < p.units) {
-      const auto tr = p.items.divmod(u);
+  if constexpr (Rot::kPairs) {
+    // One item per thread, (token, head, pair) or, unpaired, (token, half, head, pair): the
+    // pair's two chunks (PairRotation::chunk) are its units 0 and 1, one token, one slot.
+    slot[0] = slot[1] = -1;
+    if (first < p.units) {
+      const auto tr = p.items.divmod(first);
       const int64_t tok = p.first_token + tr.div;
-      slot[m] = p.slots == nullptr ? tok
-                : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
-                                   : __ldg(static_cast<const int32_t*>(p.slots) + tok);
-      if constexpr (kPaired) {
-        const auto hc = p.chunks.divmod(tr.mod);
-        head[m] = static_cast<int>(hc.div);
-        chunk[m] = static_cast<int>(hc.mod);
-        const char* key_row = p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
-        raw[m].half[0] = Op::load(key_row, chunk[m], p);
-        if constexpr (Rot::kActive) rot[m] = Rot::template load<Op::kRopeCheckFirst>(key_row, tok, chunk[m], p.rope);
-        if (p.halves == 2) {
-          raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1], chunk[m], p);
-        }
-        dst_row[m] = head[m] * p.dst_head;
-      } else {
-        is_value[m] = tr.mod >= p.per_half;
-        const auto hc = p.chunks.divmod(is_value[m] ? tr.mod - p.per_half : tr.mod);
-        head[m] = static_cast<int>(hc.div);
-        chunk[m] = static_cast<int>(hc.mod);
-        // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
-        const char* src = is_value[m] ? p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1]
-                                      : p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
-        raw[m].half[0] = Op::load(src, chunk[m], p);
-        if constexpr (Rot::kActive) {
-          rot[m] = Rot::template load<Op::kRopeCheckFirst>(src, tok, is_value[m] ? -1 : chunk[m], p.rope);
-        }
-        dst_row[m] = head[m] * p.dst_head + (is_value[m] ? p.dst_kv : 0);
-      }
-    } else if constexpr (Rot::kActive) {
-      // A lane without a unit still takes part in the partner exchange (Rotation::exchange).
+      const int64_t s = p.slots == nullptr ? tok
+                        : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
+                                           : __ldg(static_cast<const int32_t*>(p.slots) + tok);
+      const bool value = !kPaired && tr.mod >= p.per_half;
+      const auto hc = p.chunks.divmod(value ? tr.mod - p.per_half : tr.mod);
+      const int h = static_cast<int>(hc.div), pair = static_cast<int>(hc.mod);
+      const char* src = value ? p.src[1] + tok * p.src_tok[1] + h * p.src_head[1]
+                              : p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
 #pragma unroll
-      for (int w = 0; w < Rot::Run::kWords; ++w) raw[m].half[0].words[w] = make_uint4(0, 0, 0, 0);
+      for (int m = 0; m < 2; ++m) {
+        slot[m] = s;
+        head[m] = h;
+        chunk[m] = Rot::chunk(pair, m, p.rope);
+        is_value[m] = value;
+        raw[m].half[0] = Op::load(src, chunk[m], p);
+        if (kPaired && p.halves == 2) {
+          raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + h * p.src_head[1], chunk[m], p);
+        }
+        dst_row[m] = h * p.dst_head + (value ? p.dst_kv : 0);
+      }
+      rot[0] = Rot::load(tok, value ? -1 : pair, p.rope);
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < kUnits; ++m) {
+      const uint32_t u = first + m * kBlock;
+      slot[m] = -1;
+      if (u < p.units) {
+        const auto tr = p.items.divmod(u);
+        const int64_t tok = p.first_token + tr.div;
+        slot[m] = p.slots == nullptr ? tok
+                  : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
+                                     : __ldg(static_cast<const int32_t*>(p.slots) + tok);
+        if constexpr (kPaired) {
+          const auto hc = p.chunks.divmod(tr.mod);
+          head[m] = static_cast<int>(hc.div);
+          chunk[m] = static_cast<int>(hc.mod);
+          const char* key_row = p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
+          raw[m].half[0] = Op::load(key_row, chunk[m], p);
+          if constexpr (Rot::kActive) rot[m] = Rot::template load<Op::kRopeCheckFirst>(key_row, tok, chunk[m], p.rope);
+          if (p.halves == 2) {
+            raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1], chunk[m], p);
+          }
+          dst_row[m] = head[m] * p.dst_head;
+        } else {
+          is_value[m] = tr.mod >= p.per_half;
+          const auto hc = p.chunks.divmod(is_value[m] ? tr.mod - p.per_half : tr.mod);
+          head[m] = static_cast<int>(hc.div);
+          chunk[m] = static_cast<int>(hc.mod);
+          // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
+          const char* src = is_value[m] ? p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1]
+                                        : p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
+          raw[m].half[0] = Op::load(src, chunk[m], p);
+          if constexpr (Rot::kActive) {
+            rot[m] = Rot::template load<Op::kRopeCheckFirst>(src, tok, is_value[m] ? -1 : chunk[m], p.rope);
+          }
+          dst_row[m] = head[m] * p.dst_head + (is_value[m] ? p.dst_kv : 0);
+        }
+      } else if constexpr (Rot::kActive) {
+        // A lane without a unit still takes part in the partner exchange (Rotation::exchange).
+#pragma unroll
+        for (int w = 0; w < Rot::Run::kWords; ++w) raw[m].half[0].words[w] = make_uint4(0, 0, 0, 0);
+      }
     }
   }
-  if constexpr (Rot::kActive) {
+  if constexpr (Rot::kPairs) {
+    if (slot[0] >= 0) Rot::apply(raw[0].half[0], raw[1].half[0], rot[0], p.rope);
+  } else if constexpr (Rot::kActive) {
 #pragma unroll
     for (int m = 0; m < kUnits; ++m) {
       Rot::exchange(raw[m].half[0], rot[m], p.rope);
@@ -794,6 +846,13 @@ __device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
   return word;
 }
 
+// The table row of token tok: its position, or tok itself without positions.
+__device__ __forceinline__ int64_t rope_table_row(int64_t tok, const RopeParams& r) {
+  return r.positions == nullptr ? tok
+         : r.positions64        ? __ldg(static_cast<const int64_t*>(r.positions) + tok)
+                                : __ldg(static_cast<const int32_t*>(r.positions) + tok);
+}
+
 // K values of a table row from column col0 on: whole 16-byte words, read through the read-only
 // cache (every head of a token reads the same row).
 template <typename T, int K>
@@ -834,6 +893,7 @@ struct TableRun {
 template <typename In, typename Table, bool kNeox, bool kShuffle = false, int kN = kRopeUnit>
 struct Rotation {
   static constexpr bool kActive = true;
+  static constexpr bool kPairs = false;
   static constexpr int N = kN;
   using Run = Elements<In, N, true>;
   using Cols = TableRun<Table, N>;
@@ -884,11 +944,7 @@ struct Rotation {
     }
   }
 
-  __device__ __forceinline__ static int64_t table_row(int64_t tok, const RopeParams& r) {
-    return r.positions == nullptr ? tok
-           : r.positions64        ? __ldg(static_cast<const int64_t*>(r.positions) + tok)
-                                  : __ldg(static_cast<const int32_t*>(r.positions) + tok);
-  }
+  __device__ __forceinline__ static int64_t table_row(int64_t tok, const RopeParams& r) { return rope_table_row(tok, r); }
 
   __device__ __forceinline__ static Loaded load_from(const char* row, const char* cos_row, const char* sin_row,
                                                      int chunk, const RopeParams& r) {
@@ -995,6 +1051,89 @@ struct Rotation {
   }
 };
 
+// NeoX in unit pairs: one thread holds a chunk of the first half of [0, R) and its partner chunk
+// R/2 elements on (or, past R, two neighbouring chunks that are not rotated), so each rotation
+// partner is already in its registers and the pair's table columns are loaded once: against
+// Rotation's one chunk per thread, no partner exchange, and half the table loads and registers
+// per element (a half-width table's column serves both chunks). The arithmetic is Rotation's,
+// element for element: lower y = fma(x1, cos, rn(-x2 * sin)), upper y = fma(x2, cos', rn(x1 * sin')),
+// rounded once to the key's dtype (-x2 is exact in the key's dtype, as the reference negates it).
+// kHalfTable: the tables hold one column per pair (a template argument, so that full-width tables'
+// second columns take registers only where they exist).
+// Host-side precondition besides Rotation's: (head_size - R) % (2 N) == 0 (launch_rope).
+template <typename In, typename Table, int kN, bool kHalfTable>
+struct PairRotation {
+  static constexpr bool kActive = true;
+  static constexpr bool kPairs = true;
+  static constexpr int N = kN;
+  using Run = Elements<In, N, true>;
+  using Cols = TableRun<Table, N>;
+  static constexpr int kRuns = kHalfTable ? 1 : 2;
+  // The pair's columns: [0] the lower chunk's, [1] the upper chunk's (full-width tables only).
+  struct Loaded {
+    bool rotated = false;
+    Cols cos[kRuns], sin[kRuns];
+  };
+  // Each thread holds two units' rows; the pair's table columns count once (KVFUSE_ROPE_PAIR_*).
+  template <class Op, bool kPaired>
+  static constexpr int min_blocks() {
+    constexpr int blocks = !Op::kSplitRows ? KVFUSE_ROPE_PAIR_MIN_BLOCKS
+                           : kPaired       ? KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
+                                           : KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS;
+    return blocks >= 2 ? blocks : 2;
+  }
+
+  // Chunk m (0 or 1) of pair `pair`: below R/(2N) pairs the chunk and its partner, then
+  // neighbouring chunks past R.
+  __device__ __forceinline__ static int chunk(int pair, int m, const RopeParams& r) {
+    const int rotated = r.rotary_dim / (2 * N);
+    return pair < rotated ? pair + m * rotated : r.rotary_dim / N + 2 * (pair - rotated) + m;
+  }
+
+  // pair < 0: a value item; pairs past R are not rotated either.
+  __device__ __forceinline__ static Loaded load(int64_t tok, int pair, const RopeParams& r) {
+    Loaded l;
+    if (pair < 0 || pair * 2 * N >= r.rotary_dim) return l;
+    l.rotated = true;
+    const int64_t t = rope_table_row(tok, r);
+    const char* cos = r.cos + t * r.cos_row;
+    const char* sin = r.sin + t * r.sin_row;
+#pragma unroll
+    for (int i = 0; i < kRuns; ++i) {
+      l.cos[i] = Cols::load(cos, pair * N + i * (r.rotary_dim / 2), false);
+      l.sin[i] = Cols::load(sin, pair * N + i * (r.rotary_dim / 2), false);
+    }
+    return l;
+  }
+
+  __device__ __forceinline__ static void apply(Run& lo, Run& hi, const Loaded& l, const RopeParams&) {
+    if (!l.rotated) return;
+    constexpr int kUpper = kRuns - 1;
+    Run ylo, yhi;
+#pragma unroll
+    for (int k = 0; k < N; k += 2) {
+      float y[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float x1 = widen(lo.e, k + i), x2 = widen(hi.e, k + i);
+        const float c1 = widen(l.cos[0].e, k + i), s1 = widen(l.sin[0].e, k + i);
+        const float c2 = widen(l.cos[kUpper].e, k + i), s2 = widen(l.sin[kUpper].e, k + i);
+#if KVFUSE_ROPE_CONTRACT
+        y[0][i] = __fmaf_rn(x1, c1, __fmul_rn(-x2, s1));
+        y[1][i] = __fmaf_rn(x2, c2, __fmul_rn(x1, s2));
+#else
+        y[0][i] = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1));
+        y[1][i] = __fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2));
+#endif
+      }
+      reinterpret_cast<uint32_t*>(ylo.words)[k / 2] = round_pair<In>(y[0][0], y[0][1]);
+      reinterpret_cast<uint32_t*>(yhi.words)[k / 2] = round_pair<In>(y[1][0], y[1][1]);
+    }
+    lo = ylo;
+    hi = yhi;
+  }
+};
+
 // The rotated query of rope_encode_and_cache_write: unit u = (token, head, 16-element chunk),
 // rotated like a key unit and stored as two 16-byte words of the contiguous output.
 struct QueryParams {
@@ -1038,7 +1177,7 @@ __global__ void __launch_bounds__(256) rope_query_kernel(const QueryParams q, co
 // range), then one grid per slice of tokens.
 template <class Op, int kUnits, int kBlock, bool kPaired, class Rot = NoRotation>
 void launch_units(RowParams p, cudaStream_t stream) {
-  constexpr int64_t kPerBlock = int64_t{kUnits} * kBlock;
+  constexpr int64_t kPerBlock = int64_t{Rot::kPairs ? 1 : kUnits} * kBlock;
   const int64_t items = kPaired ? int64_t{p.per_half} : int64_t{p.halves} * p.per_half;
   p.items = IntDivider<uint32_t>(static_cast<uint32_t>(items));
   // >= 1: a token has < 2^30 paired units (check_int32_sizes); unpaired launches are small (launch()).
@@ -1079,6 +1218,23 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
     }
   }
   launch_units<Op, 1, KVFUSE_SMALL_THREADS, true, Rot>(p, stream);
+}
+
+// NeoX rotary writes in unit pairs (PairRotation): a token's items are (head, pair), one per
+// thread, paired with the value row or, in small FP8 / NVFP4 launches (as in launch()), unpaired.
+template <class Op, class Rot>
+void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
+  const int pairs = chunks / 2;
+  p.per_half = static_cast<uint32_t>(int64_t{p.num_heads} * pairs);
+  p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(pairs));
+  p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
+  const int64_t items = int64_t{p.num_tokens} * p.per_half;
+  if constexpr (Op::kUsesScale) {
+    if (items / KVFUSE_SMALL_THREADS < KVFUSE_ROPE_UNPAIRED_BELOW) {
+      return launch_units<Op, 2, KVFUSE_SMALL_THREADS, false, Rot>(p, stream);
+    }
+  }
+  launch_units<Op, 2, KVFUSE_SMALL_THREADS, true, Rot>(p, stream);
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
@@ -1243,6 +1399,43 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
   });
 }
 
+// NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units for FP8 and 16-bit
+// caches, of 16-element blocks for NVFP4. False (nothing launched) where the unrotated tail of a
+// head does not split into pairs, and for NVFP4 over full-width float32 tables.
+template <typename In, typename Table>
+bool launch_rope_pairs(const RowParams& p, KVQuantMode mode, cudaStream_t stream) {
+  constexpr int F = kRopeNarrowUnit, W = kRopeUnit;
+  if (mode != KVQuantMode::FP8_E4M3 && mode != KVQuantMode::FP8_E5M2 && mode != KVQuantMode::NVFP4 &&
+      mode != KVQuantMode::NONE) {
+    return false;
+  }
+  const int unit = mode == KVQuantMode::NVFP4 ? W : F;
+  if ((p.head_size - p.rope.rotary_dim) % (2 * unit) != 0) return false;
+  if (mode == KVQuantMode::NVFP4 && sizeof(Table) > 2 && !p.rope.half_table) return false;
+  const auto go = [&](auto half_table) {
+    constexpr bool kHalf = decltype(half_table)::value;
+    switch (mode) {
+      case KVQuantMode::FP8_E4M3:
+        return launch_pairs<EncodeOp<In, E4M3, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+      case KVQuantMode::FP8_E5M2:
+        return launch_pairs<EncodeOp<In, E5M2, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+      case KVQuantMode::NVFP4:
+        if constexpr (kHalf || sizeof(Table) == 2) {
+          return launch_pairs<Nvfp4Op<In, true>, PairRotation<In, Table, W, kHalf>>(p, p.head_size / W, stream);
+        }
+        return;
+      default:  // NONE: a cache of the key's dtype (checked by the caller)
+        return launch_pairs<EncodeOp<In, In, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+    }
+  };
+  if (p.rope.half_table) {
+    go(std::true_type{});
+  } else {
+    go(std::false_type{});
+  }
+  return true;
+}
+
 // The rotary write: the query's units (when there is a query) in their own small kernel, then
 // the key/value units.
 template <typename In, typename Table, bool kNeox>
@@ -1255,6 +1448,9 @@ void launch_rope(RowParams p, KVQuantMode mode, const QueryParams* q, cudaStream
     });
   }
   constexpr int W = kRopeUnit, F = kRopeNarrowUnit;
+  if constexpr (kNeox && KVFUSE_ROPE_PAIR_UNITS) {
+    if (launch_rope_pairs<In, Table>(p, mode, stream)) return;
+  }
   const bool narrow = int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit) < KVFUSE_ROPE_FP8_NARROW_BELOW;
   switch (mode) {
     case KVQuantMode::FP8_E4M3:
