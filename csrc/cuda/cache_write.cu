@@ -155,6 +155,18 @@
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
+// Elements per unit of FP8 and 16-bit caches' pairs (8 or 16), and the launches (in blocks of
+// paired items) below which pairs run unpaired.
+#ifndef KVFUSE_ROPE_PAIR_FP8_UNIT
+#define KVFUSE_ROPE_PAIR_FP8_UNIT 8
+#endif
+#ifndef KVFUSE_ROPE_PAIR_UNPAIRED_BELOW
+#define KVFUSE_ROPE_PAIR_UNPAIRED_BELOW KVFUSE_ROPE_UNPAIRED_BELOW
+#endif
+// 1: a pair's table loads issue before its row loads; 0: after them.
+#ifndef KVFUSE_ROPE_PAIR_TABLES_FIRST
+#define KVFUSE_ROPE_PAIR_TABLES_FIRST 0
+#endif
 #ifndef KVFUSE_ROPE_PAIR_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_MIN_BLOCKS 4
 #endif
@@ -391,6 +403,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       const int h = static_cast<int>(hc.div), pair = static_cast<int>(hc.mod);
       const char* src = value ? p.src[1] + tok * p.src_tok[1] + h * p.src_head[1]
                               : p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
+      if constexpr (KVFUSE_ROPE_PAIR_TABLES_FIRST) rot[0] = Rot::load(tok, value ? -1 : pair, p.rope);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         slot[m] = s;
@@ -403,7 +416,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
         }
         dst_row[m] = h * p.dst_head + (value ? p.dst_kv : 0);
       }
-      rot[0] = Rot::load(tok, value ? -1 : pair, p.rope);
+      if constexpr (!KVFUSE_ROPE_PAIR_TABLES_FIRST) rot[0] = Rot::load(tok, value ? -1 : pair, p.rope);
     }
   } else {
 #pragma unroll
@@ -1241,7 +1254,7 @@ void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
   const int64_t items = int64_t{p.num_tokens} * p.per_half;
   if constexpr (Op::kUsesScale) {
-    if (items / KVFUSE_SMALL_THREADS < KVFUSE_ROPE_UNPAIRED_BELOW) {
+    if (items / KVFUSE_SMALL_THREADS < KVFUSE_ROPE_PAIR_UNPAIRED_BELOW) {
       return launch_units<Op, 2, KVFUSE_SMALL_THREADS, false, Rot>(p, stream);
     }
   }
@@ -1415,7 +1428,7 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
 // head does not split into pairs, and for NVFP4 over full-width float32 tables.
 template <typename In, typename Table>
 bool launch_rope_pairs(const RowParams& p, KVQuantMode mode, cudaStream_t stream) {
-  constexpr int F = kRopeNarrowUnit, W = kRopeUnit;
+  constexpr int F = KVFUSE_ROPE_PAIR_FP8_UNIT, W = kRopeUnit;
   if (mode != KVQuantMode::FP8_E4M3 && mode != KVQuantMode::FP8_E5M2 && mode != KVQuantMode::NVFP4 &&
       mode != KVQuantMode::NONE) {
     return false;
