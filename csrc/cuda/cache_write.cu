@@ -7,7 +7,8 @@
 // chunk in both the key and the value row (paired), or (half, head, chunk) (unpaired, for the
 // smallest FP8 / NVFP4 launches). A chunk is 16 to 64 bytes of input where the layout allows it
 // (8 elements for casts, 16 for FP8, one 16-element NVFP4 block) and one element otherwise, so
-// odd head sizes and unaligned views still work. Blocks take consecutive ranges of the flat
+// odd head sizes and unaligned views still work. Large FP8 / NVFP4 NeoX rotary writes take a unit
+// and its rotation partner per thread instead (PairRotation). Blocks take consecutive ranges of the flat
 // (token, unit) space, their threads kUnits units apart: each thread issues all its row loads
 // (and slot loads) before it converts or stores anything, and adjacent threads touch adjacent
 // bytes of a row. Launch shapes and their measurements: see launch() and BENCHMARKS.md.
@@ -91,9 +92,11 @@
 #ifndef KVFUSE_LOAD_HINT
 #define KVFUSE_LOAD_HINT 1
 #endif
-// The same hint on the 8-byte stores of 8-element FP8 units (0: plain stores).
+// The same hint on the 8-byte stores of 8-element FP8 units (0: plain stores): the rotary write's
+// unit pairs at 16384 tokens took 43.5 us without it, 39.3 with it (BENCHMARKS.md, twenty-sixth
+// session).
 #ifndef KVFUSE_NARROW_STORE_HINT
-#define KVFUSE_NARROW_STORE_HINT 0
+#define KVFUSE_NARROW_STORE_HINT 1
 #endif
 #ifndef KVFUSE_NVFP4_MIN_BLOCKS
 #define KVFUSE_NVFP4_MIN_BLOCKS 5
@@ -147,26 +150,21 @@
 #ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
 #endif
-// 1: NeoX rotary writes whose unrotated tail splits into pairs of units ((head_size - R) % (2 N)
-// == 0) run in unit pairs (PairRotation): FP8 and 16-bit caches in pairs of 8-element units, NVFP4
-// in pairs of its 16-element blocks; 0: one unit per thread (Rotation). The resident blocks per
-// SM their register budget is set for, by format (NVFP4 by whether a thread also holds the value
-// rows); NVFP4 with full-width float32 tables stays in single units (its pairs spill).
+// 1: FP8 and NVFP4 NeoX rotary writes of at least KVFUSE_ROPE_PAIRS_FROM 16-element (token, head,
+// chunk) units, whose unrotated tail splits into pairs ((head_size - R) % (2 N) == 0), run in
+// unit pairs (PairRotation): FP8 in pairs of 8-element units, NVFP4 in pairs of its 16-element
+// blocks; 0: one unit per thread (Rotation) at every size. Smaller launches (decode) stay in single
+// units, where pairs measured up to 30% slower; 16-bit caches too (level within 2% either way).
+// NVFP4 over full-width float32 tables also stays in single units (its pairs spill). Measured on
+// an H100 (BENCHMARKS.md, twenty-sixth session).
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
-// Elements per unit of FP8 and 16-bit caches' pairs (8 or 16), and the launches (in blocks of
-// paired items) below which pairs run unpaired.
-#ifndef KVFUSE_ROPE_PAIR_FP8_UNIT
-#define KVFUSE_ROPE_PAIR_FP8_UNIT 8
+#ifndef KVFUSE_ROPE_PAIRS_FROM
+#define KVFUSE_ROPE_PAIRS_FROM 65536
 #endif
-#ifndef KVFUSE_ROPE_PAIR_UNPAIRED_BELOW
-#define KVFUSE_ROPE_PAIR_UNPAIRED_BELOW KVFUSE_ROPE_UNPAIRED_BELOW
-#endif
-// 1: a pair's table loads issue before its row loads; 0: after them.
-#ifndef KVFUSE_ROPE_PAIR_TABLES_FIRST
-#define KVFUSE_ROPE_PAIR_TABLES_FIRST 0
-#endif
+// Resident blocks per SM the pairs' register budget is set for: FP8, NVFP4 with the value rows in
+// the same thread (paired), NVFP4 without (unpaired); none of them spills.
 #ifndef KVFUSE_ROPE_PAIR_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_MIN_BLOCKS 4
 #endif
@@ -403,7 +401,9 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       const int h = static_cast<int>(hc.div), pair = static_cast<int>(hc.mod);
       const char* src = value ? p.src[1] + tok * p.src_tok[1] + h * p.src_head[1]
                               : p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
-      if constexpr (KVFUSE_ROPE_PAIR_TABLES_FIRST) rot[0] = Rot::load(tok, value ? -1 : pair, p.rope);
+      // The table loads before the row loads: FP8 at 4096 tokens 9.7 us against 11.2 the other way
+      // round (BENCHMARKS.md, twenty-sixth session).
+      rot[0] = Rot::load(tok, value ? -1 : pair, p.rope);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         slot[m] = s;
@@ -416,7 +416,6 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
         }
         dst_row[m] = h * p.dst_head + (value ? p.dst_kv : 0);
       }
-      if constexpr (!KVFUSE_ROPE_PAIR_TABLES_FIRST) rot[0] = Rot::load(tok, value ? -1 : pair, p.rope);
     }
   } else {
 #pragma unroll
@@ -1254,7 +1253,7 @@ void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
   const int64_t items = int64_t{p.num_tokens} * p.per_half;
   if constexpr (Op::kUsesScale) {
-    if (items / KVFUSE_SMALL_THREADS < KVFUSE_ROPE_PAIR_UNPAIRED_BELOW) {
+    if (items / KVFUSE_SMALL_THREADS < KVFUSE_ROPE_UNPAIRED_BELOW) {
       return launch_units<Op, 2, KVFUSE_SMALL_THREADS, false, Rot>(p, stream);
     }
   }
@@ -1423,33 +1422,29 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
   });
 }
 
-// NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units for FP8 and 16-bit
-// caches, of 16-element blocks for NVFP4. False (nothing launched) where the unrotated tail of a
-// head does not split into pairs, and for NVFP4 over full-width float32 tables.
+// FP8 and NVFP4 NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units for
+// FP8, of 16-element blocks for NVFP4, from KVFUSE_ROPE_PAIRS_FROM units on. False (nothing
+// launched) for other formats and smaller launches, where the unrotated tail of a head does not
+// split into pairs, and for NVFP4 over full-width float32 tables.
 template <typename In, typename Table>
 bool launch_rope_pairs(const RowParams& p, KVQuantMode mode, cudaStream_t stream) {
-  constexpr int F = KVFUSE_ROPE_PAIR_FP8_UNIT, W = kRopeUnit;
-  if (mode != KVQuantMode::FP8_E4M3 && mode != KVQuantMode::FP8_E5M2 && mode != KVQuantMode::NVFP4 &&
-      mode != KVQuantMode::NONE) {
-    return false;
-  }
-  const int unit = mode == KVQuantMode::NVFP4 ? W : F;
+  constexpr int F = kRopeNarrowUnit, W = kRopeUnit;
+  const bool fp8 = mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2;
+  if (!fp8 && mode != KVQuantMode::NVFP4) return false;
+  if (int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit) < KVFUSE_ROPE_PAIRS_FROM) return false;
+  const int unit = fp8 ? F : W;
   if ((p.head_size - p.rope.rotary_dim) % (2 * unit) != 0) return false;
-  if (mode == KVQuantMode::NVFP4 && sizeof(Table) > 2 && !p.rope.half_table) return false;
+  if (!fp8 && sizeof(Table) > 2 && !p.rope.half_table) return false;
   const auto go = [&](auto half_table) {
     constexpr bool kHalf = decltype(half_table)::value;
-    switch (mode) {
-      case KVQuantMode::FP8_E4M3:
-        return launch_pairs<EncodeOp<In, E4M3, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
-      case KVQuantMode::FP8_E5M2:
-        return launch_pairs<EncodeOp<In, E5M2, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
-      case KVQuantMode::NVFP4:
-        if constexpr (kHalf || sizeof(Table) == 2) {
-          return launch_pairs<Nvfp4Op<In, true>, PairRotation<In, Table, W, kHalf>>(p, p.head_size / W, stream);
-        }
-        return;
-      default:  // NONE: a cache of the key's dtype (checked by the caller)
-        return launch_pairs<EncodeOp<In, In, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+    if (mode == KVQuantMode::FP8_E4M3) {
+      return launch_pairs<EncodeOp<In, E4M3, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+    }
+    if (mode == KVQuantMode::FP8_E5M2) {
+      return launch_pairs<EncodeOp<In, E5M2, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+    }
+    if constexpr (kHalf || sizeof(Table) == 2) {
+      launch_pairs<Nvfp4Op<In, true>, PairRotation<In, Table, W, kHalf>>(p, p.head_size / W, stream);
     }
   };
   if (p.rope.half_table) {

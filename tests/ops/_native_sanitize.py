@@ -4,7 +4,7 @@
         python3 tests/ops/_native_sanitize.py [rope]
 
 ``rope``: the native rotary write's cases instead (both unit widths, both ways to a NeoX
-partner, partly empty last warps, the separate query launch).
+partner, unit pairs, partly empty last warps, the separate query launch).
 
 Without the caching allocator every tensor is its own allocation, so memcheck sees a write one
 byte past a cache or a row as the out-of-bounds access it is. Each case also checks its bytes
@@ -32,6 +32,10 @@ def rope_cases() -> int:
         for d, rotary_dim in ((64, 32), (80, 64), (128, 128), (256, 256)):
             for T in (7, 533, 3000):
                 r.test_gpu_native_neox_partners(d, rotary_dim, T, mode, cache_dtype)
+                count += 1
+        for shape in ((2053, 4, 256, 192), (2000, 8, 80, 64)):
+            for tables in ((True, True, torch.float32), (False, False, torch.bfloat16)):
+                r.test_gpu_native_unit_pairs(*shape, *tables, mode, cache_dtype)
                 count += 1
         for setup in (("neox-f32-table-pos", True, True, True, 128, torch.float32),
                       ("gptj-half-partial", False, True, True, 64, torch.bfloat16)):

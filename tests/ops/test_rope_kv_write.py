@@ -627,6 +627,29 @@ def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_ap
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,h,d,rotary_dim", [(4099, 8, 128, 128), (2053, 4, 256, 192), (3001, 6, 64, 64),
+                                              (2000, 8, 80, 64)],
+                         ids=["4099", "d256-r192", "d64", "d80-r64"])
+@pytest.mark.parametrize("half,table,table_dtype", [
+    (False, False, torch.bfloat16), (True, False, torch.bfloat16), (False, False, torch.float32),
+    (True, False, torch.float32), (True, True, torch.float32)],
+    ids=["bf16", "bf16-half", "f32", "f32-half", "f32-half-pos"])
+@pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
+def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mode, cache_dtype):
+    """NeoX launches of 65536 16-element units and more (KVFUSE_ROPE_PAIRS_FROM) hold a unit and
+    its rotation partner in one thread (PairRotation) for FP8 and NVFP4, paired with the value row
+    or not by size: every table form (full / half width, bf16 / float32, read at positions), an
+    unrotated tail of pairs (d256-r192) and one that does not split into NVFP4 pairs (d80-r64, 16
+    elements: single units), odd token counts, a sentinel cache and a slot of -1."""
+    c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
+              device="cuda", num_blocks=T // BLOCK + 8)
+    assert T * h * (d // 16) >= 65536
+    c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
+    c["query"] = None
+    _native_vs_reference(c, True, mode)
+
+
+@pytest.mark.gpu
 def test_gpu_native_special_values():
     """inf / NaN / huge keys rotate and encode as the reference does (saturation, NaN bytes)."""
     c = _case(64, 4, 2, 128, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, seed=21, device="cuda", num_blocks=40)
