@@ -137,10 +137,10 @@ def _fused(case: Case, with_query: bool, tables: str = "bf16"):
     return _kernel_calls(case, with_query, _layer_op, tables)
 
 
-def _fused_as(case: Case, with_query: bool, rotation: str):
+def _fused_as(case: Case, with_query: bool, rotation: str, tables: str = "bf16"):
     from kvfuse.ops.triton import rope_kv_write
 
-    return _kernel_calls(case, with_query, rope_kv_write.rope_encode_and_cache_write, rotation=rotation)
+    return _kernel_calls(case, with_query, rope_kv_write.rope_encode_and_cache_write, tables, rotation=rotation)
 
 
 def _native(case: Case, with_query: bool, tables: str = "bf16"):
@@ -284,6 +284,9 @@ VARIANTS = {
     "rope_qk+write": lambda c: _fused(c, True),
     "rope_qk+write (triton)": lambda c: _fused_as(c, True, None),
     "rope_qk+write (native)": lambda c: _native(c, True),
+    "rope_qk+write, f32 half tables": lambda c: _fused(c, True, "f32 half"),
+    "rope_qk+write (triton), f32 half tables": lambda c: _fused_as(c, True, None, "f32 half"),
+    "rope_qk+write (native), f32 half tables": lambda c: _native(c, True, "f32 half"),
     "rotate_qk, write": lambda c: _compiled(c, True),
     "flashinfer": _flashinfer,
 }

@@ -150,13 +150,14 @@
 #ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
 #endif
-// 1: FP8 and NVFP4 NeoX rotary writes of at least KVFUSE_ROPE_PAIRS_FROM 16-element (token, head,
-// chunk) units, whose unrotated tail splits into pairs ((head_size - R) % (2 N) == 0), run in
-// unit pairs (PairRotation): FP8 in pairs of 8-element units, NVFP4 in pairs of its 16-element
-// blocks; 0: one unit per thread (Rotation) at every size. Smaller launches (decode) stay in single
-// units, where pairs measured up to 30% slower; 16-bit caches too (level within 2% either way).
-// NVFP4 over full-width float32 tables also stays in single units (its pairs spill). Measured on
-// an H100 (BENCHMARKS.md, twenty-sixth session).
+// 1: NeoX rotary writes of at least KVFUSE_ROPE_PAIRS_FROM 16-element (token, head, chunk) units,
+// whose unrotated tail splits into pairs ((head_size - R) % (2 N) == 0), run in unit pairs
+// (PairRotation): FP8 over float32 tables in pairs of 8-element units, NVFP4 in pairs of its
+// 16-element blocks; 0: one unit per thread (Rotation) at every size. Measured on an H100
+// (BENCHMARKS.md, twenty-sixth session), single units stay where pairs did not win: smaller
+// launches (decode; pairs up to 30% slower), 16-bit caches (level within 2% either way), FP8
+// over 16-bit tables (2% slower at 4096 tokens, level at 16384) and NVFP4 over full-width float32
+// tables (its pairs spill).
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
@@ -1423,25 +1424,28 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
 }
 
 // FP8 and NVFP4 NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units for
-// FP8, of 16-element blocks for NVFP4, from KVFUSE_ROPE_PAIRS_FROM units on. False (nothing
-// launched) for other formats and smaller launches, where the unrotated tail of a head does not
-// split into pairs, and for NVFP4 over full-width float32 tables.
+// FP8 over float32 tables, of 16-element blocks for NVFP4, from KVFUSE_ROPE_PAIRS_FROM units on.
+// False (nothing launched) for other formats, table types and smaller launches, where the
+// unrotated tail of a head does not split into pairs, and for NVFP4 over full-width float32 tables.
 template <typename In, typename Table>
 bool launch_rope_pairs(const RowParams& p, KVQuantMode mode, cudaStream_t stream) {
   constexpr int F = kRopeNarrowUnit, W = kRopeUnit;
   const bool fp8 = mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2;
   if (!fp8 && mode != KVQuantMode::NVFP4) return false;
+  if (fp8 && sizeof(Table) == 2) return false;
   if (int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit) < KVFUSE_ROPE_PAIRS_FROM) return false;
   const int unit = fp8 ? F : W;
   if ((p.head_size - p.rope.rotary_dim) % (2 * unit) != 0) return false;
   if (!fp8 && sizeof(Table) > 2 && !p.rope.half_table) return false;
   const auto go = [&](auto half_table) {
     constexpr bool kHalf = decltype(half_table)::value;
-    if (mode == KVQuantMode::FP8_E4M3) {
-      return launch_pairs<EncodeOp<In, E4M3, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
-    }
-    if (mode == KVQuantMode::FP8_E5M2) {
-      return launch_pairs<EncodeOp<In, E5M2, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+    if constexpr (sizeof(Table) > 2) {
+      if (mode == KVQuantMode::FP8_E4M3) {
+        return launch_pairs<EncodeOp<In, E4M3, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+      }
+      if (mode == KVQuantMode::FP8_E5M2) {
+        return launch_pairs<EncodeOp<In, E5M2, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+      }
     }
     if constexpr (kHalf || sizeof(Table) == 2) {
       launch_pairs<Nvfp4Op<In, true>, PairRotation<In, Table, W, kHalf>>(p, p.head_size / W, stream);

@@ -637,10 +637,11 @@ def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_ap
 @pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
 def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mode, cache_dtype):
     """NeoX launches of 65536 16-element units and more (KVFUSE_ROPE_PAIRS_FROM) hold a unit and
-    its rotation partner in one thread (PairRotation) for FP8 and NVFP4, paired with the value row
-    or not by size: every table form (full / half width, bf16 / float32, read at positions), an
-    unrotated tail of pairs (d256-r192) and one that does not split into NVFP4 pairs (d80-r64, 16
-    elements: single units), odd token counts, a sentinel cache and a slot of -1."""
+    its rotation partner in one thread (PairRotation) for NVFP4 and for FP8 over float32 tables,
+    paired with the value row or not by size; the other table forms take single units: every
+    table form (full / half width, bf16 / float32, read at positions), an unrotated tail of pairs
+    (d256-r192) and one that does not split into NVFP4 pairs (d80-r64, 16 elements: single units),
+    odd token counts, a sentinel cache and a slot of -1."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
               device="cuda", num_blocks=T // BLOCK + 8)
     assert T * h * (d // 16) >= 65536
