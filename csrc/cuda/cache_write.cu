@@ -150,8 +150,9 @@
 #ifndef KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
 #endif
-// 1: NeoX rotary writes of at least KVFUSE_ROPE_PAIRS_FROM 16-element (token, head, chunk) units,
-// whose unrotated tail splits into pairs ((head_size - R) % (2 N) == 0), run in unit pairs
+// 1: NeoX rotary writes of at least KVFUSE_ROPE_PAIRS_FROM 16-element (token, head, chunk) units
+// (KVFUSE_ROPE_NVFP4_PAIRS_FROM for NVFP4, whose pairs at 1024 tokens of 8 x 128 were level or 4%
+// slower), whose unrotated tail splits into pairs ((head_size - R) % (2 N) == 0), run in unit pairs
 // (PairRotation): FP8 over float32 tables in pairs of 8-element units, NVFP4 in pairs of its
 // 16-element blocks; 0: one unit per thread (Rotation) at every size. Measured on an H100
 // (BENCHMARKS.md, twenty-sixth session), single units stay where pairs did not win: smaller
@@ -163,6 +164,9 @@
 #endif
 #ifndef KVFUSE_ROPE_PAIRS_FROM
 #define KVFUSE_ROPE_PAIRS_FROM 65536
+#endif
+#ifndef KVFUSE_ROPE_NVFP4_PAIRS_FROM
+#define KVFUSE_ROPE_NVFP4_PAIRS_FROM 131072
 #endif
 // Resident blocks per SM the pairs' register budget is set for: FP8, NVFP4 with the value rows in
 // the same thread (paired), NVFP4 without (unpaired); none of them spills.
@@ -1424,7 +1428,7 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
 }
 
 // FP8 and NVFP4 NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units for
-// FP8 over float32 tables, of 16-element blocks for NVFP4, from KVFUSE_ROPE_PAIRS_FROM units on.
+// FP8 over float32 tables, of 16-element blocks for NVFP4, from KVFUSE_ROPE_(NVFP4_)PAIRS_FROM units on.
 // False (nothing launched) for other formats, table types and smaller launches, where the
 // unrotated tail of a head does not split into pairs, and for NVFP4 over full-width float32 tables.
 template <typename In, typename Table>
@@ -1433,7 +1437,8 @@ bool launch_rope_pairs(const RowParams& p, KVQuantMode mode, cudaStream_t stream
   const bool fp8 = mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2;
   if (!fp8 && mode != KVQuantMode::NVFP4) return false;
   if (fp8 && sizeof(Table) == 2) return false;
-  if (int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit) < KVFUSE_ROPE_PAIRS_FROM) return false;
+  const int64_t units = int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit);
+  if (units < (fp8 ? KVFUSE_ROPE_PAIRS_FROM : KVFUSE_ROPE_NVFP4_PAIRS_FROM)) return false;
   const int unit = fp8 ? F : W;
   if ((p.head_size - p.rope.rotary_dim) % (2 * unit) != 0) return false;
   if (!fp8 && sizeof(Table) > 2 && !p.rope.half_table) return false;

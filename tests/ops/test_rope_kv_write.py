@@ -535,7 +535,8 @@ NATIVE_FORMAT_IDS = ["e4m3", "e5m2", "nvfp4"]
 @pytest.mark.parametrize("T", [1, 7, 64, 533, 1100])
 def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_dim, table_dtype, T):
     """Every rotary setup against the reference; FP8 takes 8-element units up to 533 tokens and
-    16-element ones at 1100 (KVFUSE_ROPE_FP8_NARROW_BELOW in csrc/cuda/cache_write.cu)."""
+    16-element ones at 1100 (KVFUSE_ROPE_FP8_NARROW_BELOW in csrc/cuda/cache_write.cu), or at
+    1100 NeoX unit pairs (KVFUSE_ROPE_PAIRS_FROM) over float32 tables, as NVFP4 does over any."""
     c = _case(T, 32, 8, 128, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + rotary_dim,
               device="cuda", num_blocks=T // BLOCK + 8)
     c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
@@ -627,7 +628,7 @@ def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_ap
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,h,d,rotary_dim", [(4099, 8, 128, 128), (2053, 4, 256, 192), (3001, 6, 64, 64),
+@pytest.mark.parametrize("T,h,d,rotary_dim", [(4099, 8, 128, 128), (2053, 4, 256, 192), (5501, 6, 64, 64),
                                               (2000, 8, 80, 64)],
                          ids=["4099", "d256-r192", "d64", "d80-r64"])
 @pytest.mark.parametrize("half,table,table_dtype", [
@@ -636,15 +637,16 @@ def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_ap
     ids=["bf16", "bf16-half", "f32", "f32-half", "f32-half-pos"])
 @pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
 def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mode, cache_dtype):
-    """NeoX launches of 65536 16-element units and more (KVFUSE_ROPE_PAIRS_FROM) hold a unit and
-    its rotation partner in one thread (PairRotation) for NVFP4 and for FP8 over float32 tables,
-    paired with the value row or not by size; the other table forms take single units: every
-    table form (full / half width, bf16 / float32, read at positions), an unrotated tail of pairs
-    (d256-r192) and one that does not split into NVFP4 pairs (d80-r64, 16 elements: single units),
-    odd token counts, a sentinel cache and a slot of -1."""
+    """NeoX launches of 65536 16-element units and more for FP8 over float32 tables, of 131072 and
+    more for NVFP4 (KVFUSE_ROPE_PAIRS_FROM, KVFUSE_ROPE_NVFP4_PAIRS_FROM), hold a unit and its
+    rotation partner in one thread (PairRotation), paired with the value row or not by size; FP8
+    over 16-bit tables takes single units. Every table form (full / half width, bf16 / float32,
+    read at positions), an unrotated tail of pairs (d256-r192) and one that does not split into
+    NVFP4 pairs (d80-r64: single units), odd token counts, a sentinel cache and a slot of -1."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
               device="cuda", num_blocks=T // BLOCK + 8)
-    assert T * h * (d // 16) >= 65536
+    pairs_from = 131072 if mode is KVQuantMode.NVFP4 else 65536
+    assert T * h * (d // 16) >= pairs_from or (mode is KVQuantMode.NVFP4 and d - rotary_dim == 16)
     c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
     c["query"] = None
     _native_vs_reference(c, True, mode)
