@@ -92,8 +92,8 @@
 #ifndef KVFUSE_LOAD_HINT
 #define KVFUSE_LOAD_HINT 1
 #endif
-// The same hint on the 8-byte stores of 8-element FP8 units (0: plain stores): the rotary write's
-// unit pairs at 16384 tokens took 43.5 us without it, 39.3 with it (BENCHMARKS.md, twenty-sixth
+// The same hint on the 8-byte stores of 8-element FP8 units (0: plain stores): without it the
+// rotary write's unit pairs lost to single units at 16384 tokens (BENCHMARKS.md, twenty-sixth
 // session).
 #ifndef KVFUSE_NARROW_STORE_HINT
 #define KVFUSE_NARROW_STORE_HINT 1
@@ -151,14 +151,12 @@
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
 #endif
 // 1: NeoX rotary writes of at least KVFUSE_ROPE_PAIRS_FROM 16-element (token, head, chunk) units
-// (KVFUSE_ROPE_NVFP4_PAIRS_FROM for NVFP4, whose pairs at 1024 tokens of 8 x 128 were level or 4%
-// slower), whose unrotated tail splits into pairs ((head_size - R) % (2 N) == 0), run in unit pairs
-// (PairRotation): FP8 over float32 tables in pairs of 8-element units, NVFP4 in pairs of its
-// 16-element blocks; 0: one unit per thread (Rotation) at every size. Measured on an H100
-// (BENCHMARKS.md, twenty-sixth session), single units stay where pairs did not win: smaller
-// launches (decode; pairs up to 30% slower), 16-bit caches (level within 2% either way), FP8
-// over 16-bit tables (2% slower at 4096 tokens, level at 16384) and NVFP4 over full-width float32
-// tables (its pairs spill).
+// (KVFUSE_ROPE_NVFP4_PAIRS_FROM for NVFP4), whose unrotated tail splits into pairs ((head_size - R)
+// % (2 N) == 0), run in unit pairs (PairRotation): FP8 over float32 tables in pairs of 8-element
+// units, NVFP4 in pairs of its 16-element blocks; 0: one unit per thread (Rotation) at every size.
+// Single units stay where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session):
+// smaller launches (decode), 16-bit caches, FP8 over 16-bit tables, and NVFP4 over full-width
+// float32 tables (its pairs spill).
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
@@ -406,8 +404,8 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       const int h = static_cast<int>(hc.div), pair = static_cast<int>(hc.mod);
       const char* src = value ? p.src[1] + tok * p.src_tok[1] + h * p.src_head[1]
                               : p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
-      // The table loads before the row loads: FP8 at 4096 tokens 9.7 us against 11.2 the other way
-      // round (BENCHMARKS.md, twenty-sixth session).
+      // The table loads before the row loads: the other order left the warps waiting longer on
+      // their loads (BENCHMARKS.md, twenty-sixth session).
       rot[0] = Rot::load(tok, value ? -1 : pair, p.rope);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
@@ -1088,7 +1086,7 @@ struct Rotation {
 // rounded once to the key's dtype (-x2 is exact in the key's dtype, as the reference negates it).
 // kHalfTable: the tables hold one column per pair (a template argument, so that full-width tables'
 // second columns take registers only where they exist).
-// Host-side precondition besides Rotation's: (head_size - R) % (2 N) == 0 (launch_rope).
+// Host-side precondition besides Rotation's: (head_size - R) % (2 N) == 0 (launch_rope_pairs).
 template <typename In, typename Table, int kN, bool kHalfTable>
 struct PairRotation {
   static constexpr bool kActive = true;
