@@ -308,6 +308,13 @@ __device__ __forceinline__ float divide(float x, const Divider v) {
   return isnan(q.q1) ? q.q0 : copysignf(q.q1, q.q0);
 }
 
+// The cache slot of token tok: its slot_mapping entry, or tok itself without one.
+__device__ __forceinline__ int64_t slot_of(const RowParams& p, int64_t tok) {
+  return p.slots == nullptr ? tok
+         : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
+                            : __ldg(static_cast<const int32_t*>(p.slots) + tok);
+}
+
 // One unit's registers: the chunk as loaded from the key row and, in a paired unit, the value row.
 template <class Op>
 struct Pair {
@@ -396,9 +403,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
     if (first < p.units) {
       const auto tr = p.items.divmod(first);
       const int64_t tok = p.first_token + tr.div;
-      const int64_t s = p.slots == nullptr ? tok
-                        : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
-                                           : __ldg(static_cast<const int32_t*>(p.slots) + tok);
+      const int64_t s = slot_of(p, tok);
       const bool value = !kPaired && tr.mod >= p.per_half;
       const auto hc = p.chunks.divmod(value ? tr.mod - p.per_half : tr.mod);
       const int h = static_cast<int>(hc.div), pair = static_cast<int>(hc.mod);
@@ -428,9 +433,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       if (u < p.units) {
         const auto tr = p.items.divmod(u);
         const int64_t tok = p.first_token + tr.div;
-        slot[m] = p.slots == nullptr ? tok
-                  : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
-                                     : __ldg(static_cast<const int32_t*>(p.slots) + tok);
+        slot[m] = slot_of(p, tok);
         if constexpr (kPaired) {
           const auto hc = p.chunks.divmod(tr.mod);
           head[m] = static_cast<int>(hc.div);
@@ -1217,6 +1220,14 @@ void launch_units(RowParams p, cudaStream_t stream) {
   }
 }
 
+// A head's row work in `per_head` items (chunks, or chunk pairs): the per-half item count, its
+// divider, and the page divider.
+void set_items(RowParams& p, int per_head) {
+  p.per_half = static_cast<uint32_t>(int64_t{p.num_heads} * per_head);
+  p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(per_head));
+  p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
+}
+
 constexpr int64_t kWideGrid = KVFUSE_WIDE_GRID;
 constexpr int64_t kUnpairedBelow = KVFUSE_UNPAIRED_BELOW;
 
@@ -1228,9 +1239,7 @@ constexpr int64_t kUnpairedBelow = KVFUSE_UNPAIRED_BELOW;
 // path there. All measured on an H100 (benchmarks/native_sweep.py, BENCHMARKS.md).
 template <class Op, bool kMultiUnit = true, class Rot = NoRotation>
 void launch(RowParams p, int chunks, cudaStream_t stream) {
-  p.per_half = static_cast<uint32_t>(int64_t{p.num_heads} * chunks);
-  p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(chunks));
-  p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
+  set_items(p, chunks);
   const int64_t pairs = int64_t{p.num_tokens} * p.per_half;
   if constexpr (kMultiUnit && Op::kUnits >= 4) {
     if (pairs / (4 * kThreads) >= kWideGrid) return launch_units<Op, 4, kThreads, true, Rot>(p, stream);
@@ -1250,10 +1259,7 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
 // thread, paired with the value row or, in small FP8 / NVFP4 launches (as in launch()), unpaired.
 template <class Op, class Rot>
 void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
-  const int pairs = chunks / 2;
-  p.per_half = static_cast<uint32_t>(int64_t{p.num_heads} * pairs);
-  p.chunks = IntDivider<uint32_t>(static_cast<uint32_t>(pairs));
-  p.page = IntDivider<uint32_t>(p.block_size <= INT32_MAX ? static_cast<uint32_t>(p.block_size) : 1u);
+  set_items(p, chunks / 2);
   const int64_t items = int64_t{p.num_tokens} * p.per_half;
   if constexpr (Op::kUsesScale) {
     if (items / KVFUSE_SMALL_THREADS < KVFUSE_ROPE_UNPAIRED_BELOW) {
