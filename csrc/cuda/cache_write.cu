@@ -1432,40 +1432,39 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
 }
 
 // FP8 and NVFP4 NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units for
-// FP8 over float32 tables, of 16-element blocks for NVFP4, from KVFUSE_ROPE_(NVFP4_)PAIRS_FROM units on.
-// False (nothing launched) for other formats, table types and smaller launches, where the
-// unrotated tail of a head does not split into pairs, and for NVFP4 over full-width float32 tables.
+// FP8 over float32 tables, of 16-element blocks for NVFP4 over any but full-width float32 tables,
+// from KVFUSE_ROPE_(NVFP4_)PAIRS_FROM units on. False (nothing launched) for other formats, table
+// types and smaller launches, and where the unrotated tail of a head does not split into pairs.
 template <typename In, typename Table>
 bool launch_rope_pairs(const RowParams& p, KVQuantMode mode, cudaStream_t stream) {
   constexpr int F = kRopeNarrowUnit, W = kRopeUnit;
   const bool fp8 = mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2;
   if (!fp8 && mode != KVQuantMode::NVFP4) return false;
-  if (fp8 && sizeof(Table) == 2) return false;
   const int64_t units = int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit);
   if (units < (fp8 ? KVFUSE_ROPE_PAIRS_FROM : KVFUSE_ROPE_NVFP4_PAIRS_FROM)) return false;
-  const int unit = fp8 ? F : W;
-  if ((p.head_size - p.rope.rotary_dim) % (2 * unit) != 0) return false;
-  if (!fp8 && sizeof(Table) > 2 && !p.rope.half_table) return false;
+  if ((p.head_size - p.rope.rotary_dim) % (2 * (fp8 ? F : W)) != 0) return false;
+  // Which table types take pairs is decided here at compile time: the others are never instantiated.
   const auto go = [&](auto half_table) {
     constexpr bool kHalf = decltype(half_table)::value;
     if constexpr (sizeof(Table) > 2) {
       if (mode == KVQuantMode::FP8_E4M3) {
-        return launch_pairs<EncodeOp<In, E4M3, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+        launch_pairs<EncodeOp<In, E4M3, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+        return true;
       }
       if (mode == KVQuantMode::FP8_E5M2) {
-        return launch_pairs<EncodeOp<In, E5M2, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+        launch_pairs<EncodeOp<In, E5M2, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+        return true;
       }
     }
     if constexpr (kHalf || sizeof(Table) == 2) {
-      launch_pairs<Nvfp4Op<In, true>, PairRotation<In, Table, W, kHalf>>(p, p.head_size / W, stream);
+      if (mode == KVQuantMode::NVFP4) {
+        launch_pairs<Nvfp4Op<In, true>, PairRotation<In, Table, W, kHalf>>(p, p.head_size / W, stream);
+        return true;
+      }
     }
+    return false;
   };
-  if (p.rope.half_table) {
-    go(std::true_type{});
-  } else {
-    go(std::false_type{});
-  }
-  return true;
+  return p.rope.half_table ? go(std::true_type{}) : go(std::false_type{});
 }
 
 // The rotary write: the query's units (when there is a query) in their own small kernel, then
