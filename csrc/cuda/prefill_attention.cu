@@ -32,6 +32,9 @@
 // tile t waits for S; in the 16-bit kernels the consumers take turns issuing those products
 // (named barriers, "ping-pong"), so that one warpgroup's softmax overlaps the other's MMAs (the
 // e4m3 kernel measured faster without the turns: BENCHMARKS.md).
+// The softmax's row sums of P are additions, except in the e4m3 kernel over long contexts: there an
+// m64n8 product of P with a tile of ones rides along each P V product, which takes the additions
+// off the softmax and sums the same e4m3-rounded P the values are weighted with.
 // The producer gives up registers (setmaxnreg) so that the consumers hold S, O and P (240 each).
 //
 // Key tiles in order (KeyTiles): with the step's K/V, the diagonal tile of the new keys (masked:
@@ -72,6 +75,12 @@
 #ifndef KVFUSE_PREFILL_PINGPONG
 #define KVFUSE_PREFILL_PINGPONG 1
 #endif
+// The e4m3 kernel sums P's rows on the tensor cores (an m64n8 product of P with a tile of ones
+// beside each P V product, instead of one addition per probability) for contexts of this many
+// rows (context_stride) or more; below, the additions measured faster (BENCHMARKS.md).
+#ifndef KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM
+#define KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM 8192
+#endif
 
 namespace kvfuse {
 namespace {
@@ -94,6 +103,8 @@ constexpr float kE4m3Max = 448.f;
 // P enters FP8 products as e4m3(2^8 p): e4m3's normal range then covers p >= 2^-14, and the
 // denominator sums the same 2^8 p, so the factor cancels (as in kvfuse.ops.triton.prefill).
 constexpr float kFp8PShift = 8.f;
+constexpr uint32_t kOnesBytes = 1024;  // a 128-byte swizzle atom: 8 columns x 128 keys of e4m3
+constexpr uint32_t kE4m3OnesWord = 0x38383838u;  // four e4m3 1.0
 
 // What the products read: the step's (or a decoded context's) 16-bit K/V, or e4m3 codes of an
 // FP8 cache's gathered context (keys [rows, heads * 128]; values transposed, [heads * 128,
@@ -124,6 +135,9 @@ struct SharedStorage {
   uint64_t k_empty[Traits::kStages];
   uint64_t v_full[Traits::kStages];
   uint64_t v_empty[Traits::kStages];
+  // e4m3: each consumer's B operand of its row-sum products (kRowSums), e4m3 ones in any layout.
+  // Last, so that the 16-bit kernels' layout does not depend on it.
+  alignas(1024) uint8_t ones[Traits::kFp8 ? 2 : 1][Traits::kFp8 ? kOnesBytes : 16];
 };
 
 template <Operand kOp>
@@ -269,9 +283,10 @@ __device__ __forceinline__ uint32_t pack_out(__half*, float lo, float hi) {
 // r = 16 w + g and r + 8, with score scales qk[0], qk[1] in log2 units). Masked keys (column >
 // limit of the row) read as -inf; s itself is left as it is (it is the next S product's
 // accumulator, which no instruction may write while P V runs). Updates the running max m and the
-// thread's partial row sums l (summed over the quad at the end), writes P as the next P V
-// product's A operands (store_p), and returns the accumulator's rescale in alpha.
-template <Operand kOp, bool kMasked>
+// thread's partial row sums l (summed over the quad at the end; with kSums false the caller sums
+// P on the tensor cores and l is left alone), writes P as the next P V product's A operands
+// (store_p), and returns the accumulator's rescale in alpha.
+template <Operand kOp, bool kMasked, bool kSums>
 __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2], float (&l)[2], uint32_t* p,
                                              float (&alpha)[2], const float (&qk)[2], int limit0, int limit1,
                                              int lane) {
@@ -309,12 +324,14 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
     for (int r = 0; r < 2; ++r) {
       const float p0 = fast_exp2(fmaf(score(j, 0, r), qk[r], mx[r]));
       const float p1 = fast_exp2(fmaf(score(j, 1, r), qk[r], mx[r]));
-      sum[r] += p0 + p1;
+      if constexpr (kSums) sum[r] += p0 + p1;
       store_p<kOp>(p, j, r, p0, p1);
     }
   }
-  l[0] = l[0] * alpha[0] + sum[0];
-  l[1] = l[1] * alpha[1] + sum[1];
+  if constexpr (kSums) {
+    l[0] = l[0] * alpha[0] + sum[0];
+    l[1] = l[1] * alpha[1] + sum[1];
+  }
 }
 
 // S = Q K^T for one consumer. Both operands are K-major in shared memory with 8-row swizzle atoms
@@ -345,14 +362,20 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, ui
 // contiguous): a k-step of 16 keys is two 8-row atoms (2048 bytes) on, and the head's second 64
 // columns, the N side's next atom, are the tile's other box. e4m3: the tile is V^T (keys
 // contiguous, K-major): a k-step of 32 keys is 32 bytes into its rows.
-template <Operand kOp>
-__device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t* pa, uint32_t v_base) {
+// kRowSums (e4m3): also row_sums = P's row sums (P times a column block of ones at ones_base;
+// every column of row_sums holds its row's sum), started afresh.
+template <Operand kOp, bool kRowSums>
+__device__ __forceinline__ void issue_values(float (&o)[64], float (&row_sums)[4], const uint32_t* pa, uint32_t v_base,
+                                             uint32_t ones_base) {
   using namespace hopper;
   if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 32; ++kk) {
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
       wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes));
+      if constexpr (kRowSums) {
+        wgmma_m64n8k32_e4m3_rs(row_sums, a, swizzle128_desc(ones_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
+      }
     }
   } else {
 #pragma unroll
@@ -401,7 +424,8 @@ __device__ __forceinline__ void quantize_query(const uint8_t* q16, uint8_t* q8, 
 }
 #endif
 
-template <Operand kOp, typename T>
+// kRowSums (e4m3 only): P's row sums on the tensor cores (issue_values), else by the softmax.
+template <Operand kOp, bool kRowSums, typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap ck_map,
@@ -409,6 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if KVFUSE_HOPPER_MMA
   using namespace hopper;
   using Traits = OperandTraits<kOp>;
+  static_assert(Traits::kFp8 || !kRowSums, "row sums on the tensor cores are e4m3 only");
   constexpr int kStages = Traits::kStages;
   extern __shared__ uint8_t smem_raw[];
   SharedStorage<kOp>& sm = *reinterpret_cast<SharedStorage<kOp>*>(
@@ -529,6 +554,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   mbar_wait(&sm.q_full, 0);
   uint32_t q_base;
   float qk[2] = {qk_scale, qk_scale};
+  uint32_t ones_base = 0;
+  if constexpr (kRowSums) {
+    // Made visible to the products by quantize_query's proxy fence and the barrier after it.
+    reinterpret_cast<uint2*>(sm.ones[c])[ctid] = make_uint2(kE4m3OnesWord, kE4m3OnesWord);
+    ones_base = smem_addr(sm.ones[c]);
+  }
   if constexpr (Traits::kFp8) {
     quantize_query<T>(sm.q + c * kQConsumerBytes, sm.q8 + c * kQ8ConsumerBytes, sm.q_scale + c * kConsumerRows, ctid);
     named_barrier_sync(3 + c, 128);
@@ -546,6 +577,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float s[64];
   uint32_t pa[Traits::kPRegisters];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  constexpr bool kSums = !kRowSums;  // the softmax sums P itself
+  float row_sums[4] = {0.f, 0.f, 0.f, 0.f};  // kRowSums: the running P V product's row sums of P
 
   // Key tile 0 (the diagonal): S only, nothing to add to O yet.
   mbar_wait(&sm.k_full[0], 0);
@@ -562,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   {
     const KeyTile kt = tiles[0];  // always masked: the diagonal
     float alpha[2];
-    softmax_tile<kOp, true>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
+    softmax_tile<kOp, true, kSums>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
   }
 
   // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
@@ -577,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
     wgmma_commit();
-    issue_values<kOp>(o, p_in, smem_addr(sm.v[pst]));
+    issue_values<kOp, kRowSums>(o, row_sums, p_in, smem_addr(sm.v[pst]), ones_base);
     wgmma_commit();
     if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
     wgmma_wait<1>();  // S done; P V may still run
@@ -585,13 +618,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) mbar_arrive(&sm.k_empty[st]);
     float alpha[2];
     if (masked(kt)) {
-      softmax_tile<kOp, true>(s, m, l, p_out, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
+      softmax_tile<kOp, true, kSums>(s, m, l, p_out, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
     } else {
-      softmax_tile<kOp, false>(s, m, l, p_out, alpha, qk, kNoMask, kNoMask, lane);
+      softmax_tile<kOp, false, kSums>(s, m, l, p_out, alpha, qk, kNoMask, kNoMask, lane);
     }
     wgmma_wait<0>();
     fence_registers(o);
     if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
+    if constexpr (kRowSums) {
+      // l held tiles up to it - 2 in units of the max before tile it - 1; P of it - 1 joins it,
+      // then both move to this tile's max, as O does below.
+      fence_registers(row_sums);
+      l[0] = (l[0] + row_sums[0]) * alpha[0];
+      l[1] = (l[1] + row_sums[2]) * alpha[1];
+    }
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       o[4 * j] *= alpha[0];
@@ -604,10 +644,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int last = num_key_tiles - 1;
     mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
     wgmma_fence();
-    issue_values<kOp>(o, p_last, smem_addr(sm.v[last % kStages]));
+    issue_values<kOp, kRowSums>(o, row_sums, p_last, smem_addr(sm.v[last % kStages]), ones_base);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
+    if constexpr (kRowSums) {
+      fence_registers(row_sums);
+      l[0] += row_sums[0];
+      l[1] += row_sums[2];
+    }
   };
   uint32_t pb[Traits::kPRegisters];
   int it = 1;
@@ -627,8 +672,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if constexpr (kSums) {  // else each thread of the quad holds its rows' whole sums
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
     float rescale = 1.f;
     if (p.sinks != nullptr) {
       // The sink is a logit of its own (unscaled), in P's units like every other term of l.
@@ -708,16 +755,16 @@ CUtensorMap head_rows_map(const at::Tensor& t, uint32_t box_rows, const char* na
                          kSwizzleElems, box_rows, name);
 }
 
-template <Operand kOp, typename T>
+template <Operand kOp, bool kRowSums, typename T>
 void launch(const dim3& grid, cudaStream_t stream, const CUtensorMap& q_map, const CUtensorMap& k_map,
             const CUtensorMap& v_map, const CUtensorMap& ck_map, const CUtensorMap& cv_map, const PrefillParams& p) {
   constexpr size_t kBytes = shared_bytes<kOp>();
   static std::once_flag once;
   std::call_once(once, [] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<kOp, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kBytes)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<kOp, kRowSums, T>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
   });
-  prefill_attention_kernel<kOp, T><<<grid, kThreads, kBytes, stream>>>(q_map, k_map, v_map, ck_map, cv_map, p);
+  prefill_attention_kernel<kOp, kRowSums, T><<<grid, kThreads, kBytes, stream>>>(q_map, k_map, v_map, ck_map, cv_map, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -809,14 +856,23 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
   const dim3 grid = p.heads_fastest ? dim3(num_q_heads, p.num_tiles) : dim3(p.num_tiles, num_q_heads);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool half = query.scalar_type() == at::kHalf;
+  const bool row_sums = context_stride >= KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM;
   if (fp8 && half) {
-    launch<Operand::kE4m3, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    if (row_sums) {
+      launch<Operand::kE4m3, true, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    } else {
+      launch<Operand::kE4m3, false, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    }
   } else if (fp8) {
-    launch<Operand::kE4m3, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    if (row_sums) {
+      launch<Operand::kE4m3, true, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    } else {
+      launch<Operand::kE4m3, false, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    }
   } else if (half) {
-    launch<Operand::kFp16, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    launch<Operand::kFp16, false, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
   } else {
-    launch<Operand::kBf16, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    launch<Operand::kBf16, false, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
   }
   return out;
 }

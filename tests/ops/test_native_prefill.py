@@ -102,6 +102,41 @@ def test_fp8_e4m3_within_the_stated_bound(case, heads, q_dtype):
     check(args)
 
 
+# Contexts of 8192 rows or more (the kernel's KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM) take the e4m3
+# kernel that sums P's rows on the tensor cores; shorter ones the kernel that adds them up.
+LONG_FP8 = ([8300, 900], [700, 533])
+SHORT_FP8 = ([900, 300], [533, 300])
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_fp8_e4m3_long_context_within_the_stated_bound(q_dtype):
+    args = make_case(*LONG_FP8, 8, 2, 128, KVQuantMode.FP8_E4M3, q_dtype=q_dtype, pad_rows=3, seed=67)
+    check(args)
+    sinks = torch.linspace(-2.0, 4.0, 8, device="cuda")
+    sinks[3] = float("-inf")
+    check(args, sinks=sinks)
+
+
+@pytest.mark.parametrize("case", [LONG_FP8, SHORT_FP8], ids=["tensor_core_sums", "added_sums"])
+def test_fp8_e4m3_constant_values_come_back(case):
+    """Every value 1: the output is P's sum over the normaliser. The tensor-core row sums add the
+    same e4m3-rounded P the P V product does, so the output is 1 to within the products' fp32
+    accumulation (a tile missed or counted twice by the normaliser moves it by that tile's share
+    of P, about 1/65 here); the added sums are of P before rounding, so the output is 1 to
+    within P's rounding."""
+    args = make_case(*case, 8, 2, 128, KVQuantMode.FP8_E4M3, pad_rows=3, seed=71)
+    cache = args["kv_cache"]
+    cache[:, 1] = torch.ones(cache[:, 1].shape, device=cache.device).to(cache.dtype)
+    args["v_scale"] = torch.tensor(1.0, device="cuda")
+    call = AttentionCall(**args)
+    poison_allocator(16 * args["query"].numel() * 2)
+    out = native.prefill_attention(call).float()
+    covered = int(args["query_start_loc"][-1])
+    err = (out[:covered] - 1.0).abs().max().item()
+    assert err <= (2.0**-7 if case is LONG_FP8 else 0.03), err
+    assert torch.all(out[covered:] == 0)
+
+
 def test_fp8_e4m3_no_less_accurate_than_triton_fp8_dots():
     """Both kernels round the query row-wise and P as 2^8 p to e4m3 (P against each one's own
     running max, so their roundings differ): the native kernel's error against the reference is
