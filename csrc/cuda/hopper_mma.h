@@ -194,6 +194,16 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
+// The same, D started afresh when `accumulate` is false.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                         bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " KVFUSE_WGMMA_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : KVFUSE_WGMMA_D64_OUT(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
+}
+
 // D (64 x 8, fp32) (+)= A (64 x 32, e4m3, registers as above) * B (32 x 8, e4m3, shared, K-major).
 // d[0, 1]: row 16w + g, columns 2t, 2t + 1; d[2, 3]: row + 8.
 __device__ __forceinline__ void wgmma_m64n8k32_e4m3_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b,

@@ -81,6 +81,13 @@
 #ifndef KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM
 #define KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM 8192
 #endif
+// 1: the e4m3 kernel's P V products start afresh every key tile and each tile's product is added
+// to O in fp32 (O kept in shared memory); 0: O accumulates across tiles inside the products.
+// e4m3 products accumulate with fewer bits than fp32: across tiles, O then comes out several
+// percent low at 8k keys (tests/ops/test_native_prefill.py, BENCHMARKS.md). Tuning and A/B only.
+#ifndef KVFUSE_PREFILL_FP8_PROMOTE
+#define KVFUSE_PREFILL_FP8_PROMOTE 1
+#endif
 
 namespace kvfuse {
 namespace {
@@ -119,6 +126,7 @@ struct OperandTraits {
   static constexpr int kStages = kFp8 ? KVFUSE_PREFILL_FP8_STAGES : KVFUSE_PREFILL_STAGES;
   static constexpr int kPRegisters = kFp8 ? 16 : 32;  // P of a 64 x 128 tile as MMA A operands
   static constexpr bool kPingPong = !kFp8 && KVFUSE_PREFILL_PINGPONG;
+  static constexpr bool kPromote = kFp8 && KVFUSE_PREFILL_FP8_PROMOTE;
 };
 
 template <Operand kOp>
@@ -138,6 +146,8 @@ struct SharedStorage {
   // e4m3: each consumer's B operand of its row-sum products (kRowSums), e4m3 ones in any layout.
   // Last, so that the 16-bit kernels' layout does not depend on it.
   alignas(1024) uint8_t ones[Traits::kFp8 ? 2 : 1][Traits::kFp8 ? kOnesBytes : 16];
+  // e4m3 with kPromote: each consumer's O in fp32, [16 quads][128 threads] of each thread's o[4i..4i+3].
+  alignas(16) float4 o_total[Traits::kPromote ? 2 * 16 * 128 : 1];
 };
 
 template <Operand kOp>
@@ -362,6 +372,7 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, ui
 // contiguous): a k-step of 16 keys is two 8-row atoms (2048 bytes) on, and the head's second 64
 // columns, the N side's next atom, are the tile's other box. e4m3: the tile is V^T (keys
 // contiguous, K-major): a k-step of 32 keys is 32 bytes into its rows.
+// kPromote (e4m3): O is this tile's product alone, started afresh.
 // kRowSums (e4m3): also row_sums = P's row sums (P times a column block of ones at ones_base;
 // every column of row_sums holds its row's sum), started afresh.
 template <Operand kOp, bool kRowSums>
@@ -372,7 +383,11 @@ __device__ __forceinline__ void issue_values(float (&o)[64], float (&row_sums)[4
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 32; ++kk) {
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes));
+      if constexpr (OperandTraits<kOp>::kPromote) {
+        wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
+      } else {
+        wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes));
+      }
       if constexpr (kRowSums) {
         wgmma_m64n8k32_e4m3_rs(row_sums, a, swizzle128_desc(ones_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
       }
@@ -571,9 +586,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (Traits::kPingPong && c == 1) named_barrier_arrive(1, 256);
 
-  float o[64];
+  float o[64];  // kPromote: the latest tile's P V product; else O itself
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  // kPromote: O, in units of the max before the latest P V product's tile, and the rescale that
+  // takes it to that tile's max (the softmax's alpha of one tile back).
+  float4* o_total = Traits::kPromote ? sm.o_total + c * 16 * 128 + ctid : nullptr;
+  float alpha_back[2] = {0.f, 0.f};
+  if constexpr (Traits::kPromote) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) o_total[i * 128] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  // kPromote: O = O * alpha_back + the P V product just completed (into o instead, `last`).
+  auto promote = [&](bool last) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float4 t = o_total[i * 128];
+      const float4 u = make_float4(fmaf(t.x, alpha_back[0], o[4 * i]), fmaf(t.y, alpha_back[0], o[4 * i + 1]),
+                                   fmaf(t.z, alpha_back[1], o[4 * i + 2]), fmaf(t.w, alpha_back[1], o[4 * i + 3]));
+      if (last) {
+        o[4 * i] = u.x;
+        o[4 * i + 1] = u.y;
+        o[4 * i + 2] = u.z;
+        o[4 * i + 3] = u.w;
+      } else {
+        o_total[i * 128] = u;
+      }
+    }
+  };
   float s[64];
   uint32_t pa[Traits::kPRegisters];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -596,6 +636,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const KeyTile kt = tiles[0];  // always masked: the diagonal
     float alpha[2];
     softmax_tile<kOp, true, kSums>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
+    alpha_back[0] = alpha[0];
+    alpha_back[1] = alpha[1];
   }
 
   // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
@@ -625,6 +667,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_registers(o);
     if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
+    if constexpr (Traits::kPromote) {
+      // O and P of tile it - 1, both in units of that tile's max.
+      promote(false);
+      if constexpr (kRowSums) {
+        fence_registers(row_sums);
+        l[0] = fmaf(l[0], alpha_back[0], row_sums[0]);
+        l[1] = fmaf(l[1], alpha_back[1], row_sums[2]);
+      }
+      alpha_back[0] = alpha[0];
+      alpha_back[1] = alpha[1];
+      return;
+    }
     if constexpr (kRowSums) {
       // l held tiles up to it - 2 in units of the max before tile it - 1; P of it - 1 joins it,
       // then both move to this tile's max, as O does below.
@@ -648,7 +702,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
-    if constexpr (kRowSums) {
+    if constexpr (Traits::kPromote) {
+      promote(true);
+      if constexpr (kRowSums) {
+        fence_registers(row_sums);
+        l[0] = fmaf(l[0], alpha_back[0], row_sums[0]);
+        l[1] = fmaf(l[1], alpha_back[1], row_sums[2]);
+      }
+    } else if constexpr (kRowSums) {
       fence_registers(row_sums);
       l[0] += row_sums[0];
       l[1] += row_sums[2];

@@ -105,7 +105,6 @@ def test_fp8_e4m3_within_the_stated_bound(case, heads, q_dtype):
 # Contexts of 8192 rows or more (the kernel's KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM) take the e4m3
 # kernel that sums P's rows on the tensor cores; shorter ones the kernel that adds them up.
 LONG_FP8 = ([8300, 900], [700, 533])
-SHORT_FP8 = ([900, 300], [533, 300])
 
 
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -117,23 +116,33 @@ def test_fp8_e4m3_long_context_within_the_stated_bound(q_dtype):
     check(args, sinks=sinks)
 
 
-@pytest.mark.parametrize("case", [LONG_FP8, SHORT_FP8], ids=["tensor_core_sums", "added_sums"])
+# (seq_lens, q_lens, max |out - 1|, |mean(out - 1)|): see the test's docstring.
+CONSTANT_VALUE_CASES = {
+    "tensor_core_sums": (*LONG_FP8, 2.0**-8, 2.0**-9),
+    "added_sums": ([4099, 900], [4099, 533], 0.03, 2e-3),
+}
+
+
+@pytest.mark.parametrize("case", CONSTANT_VALUE_CASES)
 def test_fp8_e4m3_constant_values_come_back(case):
-    """Every value 1: the output is P's sum over the normaliser. The tensor-core row sums add the
-    same e4m3-rounded P the P V product does, so the output is 1 to within the products' fp32
-    accumulation (a tile missed or counted twice by the normaliser moves it by that tile's share
-    of P, about 1/65 here); the added sums are of P before rounding, so the output is 1 to
-    within P's rounding."""
-    args = make_case(*case, 8, 2, 128, KVQuantMode.FP8_E4M3, pad_rows=3, seed=71)
+    """Every value 1: the output is sum(P) over the normaliser, 1 up to what the normaliser sums.
+    The tensor-core row sums add the same e4m3-rounded P, tile by tile, as the P V product does, so
+    the output is 1 to bf16's last bit; the added sums are of P before rounding, so the output is 1
+    to within P's rounding, which is unbiased. A tile missed or counted twice moves the output by
+    that tile's share of P. So does a P V product that accumulates O across tiles in the e4m3
+    products' own precision: it loses low bits at every k-step, and O came out 5% low at 8300
+    keys and 1% low on average at 4099 (BENCHMARKS.md, twenty-seventh session)."""
+    seq_lens, q_lens, max_bound, mean_bound = CONSTANT_VALUE_CASES[case]
+    args = make_case(seq_lens, q_lens, 8, 2, 128, KVQuantMode.FP8_E4M3, pad_rows=3, seed=71)
     cache = args["kv_cache"]
     cache[:, 1] = torch.ones(cache[:, 1].shape, device=cache.device).to(cache.dtype)
     args["v_scale"] = torch.tensor(1.0, device="cuda")
-    call = AttentionCall(**args)
     poison_allocator(16 * args["query"].numel() * 2)
-    out = native.prefill_attention(call).float()
+    out = native.prefill_attention(AttentionCall(**args)).float()
     covered = int(args["query_start_loc"][-1])
-    err = (out[:covered] - 1.0).abs().max().item()
-    assert err <= (2.0**-7 if case is LONG_FP8 else 0.03), err
+    err = out[:covered] - 1.0
+    assert err.abs().max().item() <= max_bound and abs(err.mean().item()) <= mean_bound, (
+        err.abs().max().item(), err.mean().item())
     assert torch.all(out[covered:] == 0)
 
 
