@@ -34,7 +34,9 @@
 // e4m3 kernel measured faster without the turns: BENCHMARKS.md).
 // The softmax's row sums of P are additions, except in the e4m3 kernel over long contexts: there an
 // m64n8 product of P with a tile of ones rides along each P V product, which takes the additions
-// off the softmax and sums the same e4m3-rounded P the values are weighted with.
+// off the softmax and sums the same e4m3-rounded P the values are weighted with. The e4m3 P V
+// products add up O over a few key tiles only and are then added to O in fp32, held in shared
+// memory (KVFUSE_PREFILL_FP8_PROMOTE_EVERY): e4m3 products accumulate with fewer bits than fp32.
 // The producer gives up registers (setmaxnreg) so that the consumers hold S, O and P (240 each).
 //
 // Key tiles in order (KeyTiles): with the step's K/V, the diagonal tile of the new keys (masked:
@@ -81,12 +83,13 @@
 #ifndef KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM
 #define KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM 8192
 #endif
-// 1: the e4m3 kernel's P V products start afresh every key tile and each tile's product is added
-// to O in fp32 (O kept in shared memory); 0: O accumulates across tiles inside the products.
-// e4m3 products accumulate with fewer bits than fp32: across tiles, O then comes out several
-// percent low at 8k keys (tests/ops/test_native_prefill.py, BENCHMARKS.md). Tuning and A/B only.
-#ifndef KVFUSE_PREFILL_FP8_PROMOTE
-#define KVFUSE_PREFILL_FP8_PROMOTE 1
+// n > 0: the e4m3 kernel's P V products accumulate O over n key tiles at most, then add it to O in
+// fp32, kept in shared memory, and start afresh ("two-level accumulation"); 0: O accumulates
+// across all tiles inside the products. e4m3 products accumulate with fewer bits than fp32, so
+// over all tiles of a long context O comes out low by several percent; the interval trades that
+// error against time (both measured: BENCHMARKS.md, twenty-seventh session).
+#ifndef KVFUSE_PREFILL_FP8_PROMOTE_EVERY
+#define KVFUSE_PREFILL_FP8_PROMOTE_EVERY 4
 #endif
 
 namespace kvfuse {
@@ -126,7 +129,7 @@ struct OperandTraits {
   static constexpr int kStages = kFp8 ? KVFUSE_PREFILL_FP8_STAGES : KVFUSE_PREFILL_STAGES;
   static constexpr int kPRegisters = kFp8 ? 16 : 32;  // P of a 64 x 128 tile as MMA A operands
   static constexpr bool kPingPong = !kFp8 && KVFUSE_PREFILL_PINGPONG;
-  static constexpr bool kPromote = kFp8 && KVFUSE_PREFILL_FP8_PROMOTE;
+  static constexpr bool kPromote = kFp8 && KVFUSE_PREFILL_FP8_PROMOTE_EVERY > 0;
 };
 
 template <Operand kOp>
@@ -372,19 +375,19 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, ui
 // contiguous): a k-step of 16 keys is two 8-row atoms (2048 bytes) on, and the head's second 64
 // columns, the N side's next atom, are the tile's other box. e4m3: the tile is V^T (keys
 // contiguous, K-major): a k-step of 32 keys is 32 bytes into its rows.
-// kPromote (e4m3): O is this tile's product alone, started afresh.
+// kPromote (e4m3): O is started afresh unless `accumulate`.
 // kRowSums (e4m3): also row_sums = P's row sums (P times a column block of ones at ones_base;
 // every column of row_sums holds its row's sum), started afresh.
 template <Operand kOp, bool kRowSums>
 __device__ __forceinline__ void issue_values(float (&o)[64], float (&row_sums)[4], const uint32_t* pa, uint32_t v_base,
-                                             uint32_t ones_base) {
+                                             uint32_t ones_base, bool accumulate) {
   using namespace hopper;
   if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 32; ++kk) {
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
       if constexpr (OperandTraits<kOp>::kPromote) {
-        wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
+        wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes), accumulate || kk > 0);
       } else {
         wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes));
       }
@@ -586,24 +589,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (Traits::kPingPong && c == 1) named_barrier_arrive(1, 256);
 
-  float o[64];  // kPromote: the latest tile's P V product; else O itself
+  float o[64];  // kPromote: O since the last promotion; else O itself (in units of the running max)
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  // kPromote: O, in units of the max before the latest P V product's tile, and the rescale that
-  // takes it to that tile's max (the softmax's alpha of one tile back).
+  // kPromote: O up to the last promotion, in fp32 in shared memory ([16 quads][128 threads] of
+  // each thread's o[4i..4i+3]), and the rescale owed to it since (alphas multiplied).
   float4* o_total = Traits::kPromote ? sm.o_total + c * 16 * 128 + ctid : nullptr;
-  float alpha_back[2] = {0.f, 0.f};
+  float owed[2] = {1.f, 1.f};
   if constexpr (Traits::kPromote) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) o_total[i * 128] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  // kPromote: O = O * alpha_back + the P V product just completed (into o instead, `last`).
-  auto promote = [&](bool last) {
+  // kPromote: O and o, both moved on by alpha, summed into shared memory, or (`last`) into o.
+  auto promote = [&](const float (&alpha)[2], bool last) {
+    owed[0] *= alpha[0];
+    owed[1] *= alpha[1];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const float4 t = o_total[i * 128];
-      const float4 u = make_float4(fmaf(t.x, alpha_back[0], o[4 * i]), fmaf(t.y, alpha_back[0], o[4 * i + 1]),
-                                   fmaf(t.z, alpha_back[1], o[4 * i + 2]), fmaf(t.w, alpha_back[1], o[4 * i + 3]));
+      const float4 u = make_float4(fmaf(t.x, owed[0], o[4 * i] * alpha[0]), fmaf(t.y, owed[0], o[4 * i + 1] * alpha[0]),
+                                   fmaf(t.z, owed[1], o[4 * i + 2] * alpha[1]), fmaf(t.w, owed[1], o[4 * i + 3] * alpha[1]));
       if (last) {
         o[4 * i] = u.x;
         o[4 * i + 1] = u.y;
@@ -613,7 +618,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         o_total[i * 128] = u;
       }
     }
+    owed[0] = owed[1] = 1.f;
   };
+  // Whether the P V product of tile j starts afresh (kPromote: the first after a promotion).
+  auto fresh = [&](int j) { return Traits::kPromote && j % (Traits::kPromote ? KVFUSE_PREFILL_FP8_PROMOTE_EVERY : 1) == 0; };
   float s[64];
   uint32_t pa[Traits::kPRegisters];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -636,8 +644,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const KeyTile kt = tiles[0];  // always masked: the diagonal
     float alpha[2];
     softmax_tile<kOp, true, kSums>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
-    alpha_back[0] = alpha[0];
-    alpha_back[1] = alpha[1];
   }
 
   // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
@@ -652,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
     wgmma_commit();
-    issue_values<kOp, kRowSums>(o, row_sums, p_in, smem_addr(sm.v[pst]), ones_base);
+    issue_values<kOp, kRowSums>(o, row_sums, p_in, smem_addr(sm.v[pst]), ones_base, !fresh(it - 1));
     wgmma_commit();
     if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
     wgmma_wait<1>();  // S done; P V may still run
@@ -667,18 +673,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_registers(o);
     if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-    if constexpr (Traits::kPromote) {
-      // O and P of tile it - 1, both in units of that tile's max.
-      promote(false);
-      if constexpr (kRowSums) {
-        fence_registers(row_sums);
-        l[0] = fmaf(l[0], alpha_back[0], row_sums[0]);
-        l[1] = fmaf(l[1], alpha_back[1], row_sums[2]);
-      }
-      alpha_back[0] = alpha[0];
-      alpha_back[1] = alpha[1];
-      return;
-    }
     if constexpr (kRowSums) {
       // l held tiles up to it - 2 in units of the max before tile it - 1; P of it - 1 joins it,
       // then both move to this tile's max, as O does below.
@@ -686,6 +680,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       l[0] = (l[0] + row_sums[0]) * alpha[0];
       l[1] = (l[1] + row_sums[2]) * alpha[1];
     }
+    if (Traits::kPromote && fresh(it)) {  // the next product starts afresh
+      promote(alpha, false);
+      return;
+    }
+    owed[0] *= alpha[0];
+    owed[1] *= alpha[1];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       o[4 * j] *= alpha[0];
@@ -698,18 +698,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int last = num_key_tiles - 1;
     mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
     wgmma_fence();
-    issue_values<kOp, kRowSums>(o, row_sums, p_last, smem_addr(sm.v[last % kStages]), ones_base);
+    issue_values<kOp, kRowSums>(o, row_sums, p_last, smem_addr(sm.v[last % kStages]), ones_base, !fresh(last));
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
-    if constexpr (Traits::kPromote) {
-      promote(true);
-      if constexpr (kRowSums) {
-        fence_registers(row_sums);
-        l[0] = fmaf(l[0], alpha_back[0], row_sums[0]);
-        l[1] = fmaf(l[1], alpha_back[1], row_sums[2]);
-      }
-    } else if constexpr (kRowSums) {
+    if constexpr (Traits::kPromote) promote({1.f, 1.f}, true);
+    if constexpr (kRowSums) {
       fence_registers(row_sums);
       l[0] += row_sums[0];
       l[1] += row_sums[2];

@@ -191,6 +191,17 @@ def _new_keys_softmax(s, allowed, m_i, l_i, qk_scale, cap, MASKED: tl.constexpr,
 
 
 @triton.jit
+def _values_dot(p, v, acc, BLOCK_N: tl.constexpr, QUANT: tl.constexpr):
+    """acc + p @ v. With FP8 codes (e4m3 dots) the tile's product is summed apart and added to acc in
+    fp32: Hopper's e4m3 products accumulate with fewer bits than fp32, and summed into acc across
+    a long context they shrink O by several percent (BENCHMARKS.md, twenty-seventh session)."""
+    if QUANT == _FP8_CODES:
+        return tl.dot(p, v, acc, max_num_imprecise_acc=BLOCK_N)
+    else:
+        return tl.dot(p, v, acc)
+
+
+@triton.jit
 def _attend_new_keys(
     acc, m_i, l_i, q, tok, lo, hi, qk_scale, cap, k_rows, v_rows, stride_kt, stride_vt, stride_vd,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
@@ -221,7 +232,7 @@ def _attend_new_keys(
         allowed = kmask[None, :] & (j[None, :] <= tok[:, None])
         p, alpha, m_i, l_i = _new_keys_softmax(s, allowed, m_i, l_i, qk_scale, cap, MASKED, SOFTCAP, QUANT,
                                                PREROUND)
-        acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None])
+        acc = _values_dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None], BLOCK_N, QUANT)
     return acc, m_i, l_i
 
 
@@ -248,7 +259,7 @@ def _attend_new_keys_tma(
             v = v_desc.load([col, v_row0 + start]).T
         else:
             v = v_desc.load([row0 + start, col])
-        acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None])
+        acc = _values_dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None], BLOCK_N, QUANT)
     return acc, m_i, l_i
 
 
