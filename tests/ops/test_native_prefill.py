@@ -14,7 +14,7 @@ from kvfuse.kv_cache import KVQuantMode
 from kvfuse.ops import native
 from kvfuse.ops.registry import AttentionCall
 from test_new_token_prefill import step_kv
-from test_quantized_prefill import fp8_dots_bound
+from test_quantized_prefill import assert_unit_values_come_back, fp8_dots_bound, unit_values_case
 from test_triton_attention import TOL, make_case, poison_allocator, reference_out
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -133,17 +133,10 @@ def test_fp8_e4m3_constant_values_come_back(case):
     low at 4099 (BENCHMARKS.md, twenty-seventh session); summed over a few tiles and then in fp32,
     it stays within the bound. A tile missed or counted twice moves the mean by about 1/65."""
     seq_lens, q_lens, max_bound, mean_bound = CONSTANT_VALUE_CASES[case]
-    args = make_case(seq_lens, q_lens, 8, 2, 128, KVQuantMode.FP8_E4M3, pad_rows=3, seed=71)
-    cache = args["kv_cache"]
-    cache[:, 1] = torch.ones(cache[:, 1].shape, device=cache.device).to(cache.dtype)
-    args["v_scale"] = torch.tensor(1.0, device="cuda")
+    args = unit_values_case(seq_lens, q_lens, seed=71)
     poison_allocator(16 * args["query"].numel() * 2)
-    out = native.prefill_attention(AttentionCall(**args)).float()
-    covered = int(args["query_start_loc"][-1])
-    err = out[:covered] - 1.0
-    assert err.abs().max().item() <= max_bound and abs(err.mean().item()) <= mean_bound, (
-        err.abs().max().item(), err.mean().item())
-    assert torch.all(out[covered:] == 0)
+    out = native.prefill_attention(AttentionCall(**args))
+    assert_unit_values_come_back(args, out, max_bound, mean_bound)
 
 
 def test_fp8_e4m3_no_less_accurate_than_triton_fp8_dots():
