@@ -375,7 +375,7 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, ui
 // contiguous): a k-step of 16 keys is two 8-row atoms (2048 bytes) on, and the head's second 64
 // columns, the N side's next atom, are the tile's other box. e4m3: the tile is V^T (keys
 // contiguous, K-major): a k-step of 32 keys is 32 bytes into its rows.
-// kPromote (e4m3): O is started afresh unless `accumulate`.
+// O is started afresh unless `accumulate` (e4m3; the 16-bit products always accumulate).
 // kRowSums (e4m3): also row_sums = P's row sums (P times a column block of ones at ones_base;
 // every column of row_sums holds its row's sum), started afresh.
 template <Operand kOp, bool kRowSums>
@@ -386,11 +386,7 @@ __device__ __forceinline__ void issue_values(float (&o)[64], float (&row_sums)[4
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 32; ++kk) {
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      if constexpr (OperandTraits<kOp>::kPromote) {
-        wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes), accumulate || kk > 0);
-      } else {
-        wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes));
-      }
+      wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes), accumulate || kk > 0);
       if constexpr (kRowSums) {
         wgmma_m64n8k32_e4m3_rs(row_sums, a, swizzle128_desc(ones_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
       }
