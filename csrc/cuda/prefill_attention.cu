@@ -130,6 +130,7 @@ struct OperandTraits {
   static constexpr int kPRegisters = kFp8 ? 16 : 32;  // P of a 64 x 128 tile as MMA A operands
   static constexpr bool kPingPong = !kFp8 && KVFUSE_PREFILL_PINGPONG;
   static constexpr bool kPromote = kFp8 && KVFUSE_PREFILL_FP8_PROMOTE_EVERY > 0;
+  static constexpr int kPromoteEvery = kPromote ? KVFUSE_PREFILL_FP8_PROMOTE_EVERY : 1;  // key tiles
 };
 
 template <Operand kOp>
@@ -617,7 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     owed[0] = owed[1] = 1.f;
   };
   // Whether the P V product of tile j starts afresh (kPromote: the first after a promotion).
-  auto fresh = [&](int j) { return Traits::kPromote && j % (Traits::kPromote ? KVFUSE_PREFILL_FP8_PROMOTE_EVERY : 1) == 0; };
+  auto fresh = [&](int j) { return Traits::kPromote && j % Traits::kPromoteEvery == 0; };
   float s[64];
   uint32_t pa[Traits::kPRegisters];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -676,7 +677,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       l[0] = (l[0] + row_sums[0]) * alpha[0];
       l[1] = (l[1] + row_sums[2]) * alpha[1];
     }
-    if (Traits::kPromote && fresh(it)) {  // the next product starts afresh
+    if (fresh(it)) {  // the next product starts afresh
       promote(alpha, false);
       return;
     }
