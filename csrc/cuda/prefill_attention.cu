@@ -29,14 +29,17 @@
 // from registers: the accumulator layout of S is the 16-bit A-operand layout, so P needs no
 // shuffle; for e4m3 the values' column order absorbs the difference). Within a consumer, the
 // P V product of tile t - 1 is issued together with S of tile t and runs while the softmax of
-// tile t waits for S; in the 16-bit kernels the consumers take turns issuing those products
-// (named barriers, "ping-pong"), so that one warpgroup's softmax overlaps the other's MMAs (the
-// e4m3 kernel measured faster without the turns: BENCHMARKS.md).
+// tile t waits for S. The e4m3 kernel instead issues the P V product of tile t - 1 ahead of S of
+// tile t, starting it afresh, and adds it to O in fp32 while S runs ("two-level accumulation"):
+// Hopper's e4m3 products accumulate with fewer bits than fp32 and drop low bits at every k-step,
+// so a product summing O over every tile of a long context comes out low (9% at 8300 keys:
+// BENCHMARKS.md); one tile per product bounds the loss to one tile's. The fp32 O takes the
+// registers that the second P buffer of the overlap would need. The consumers take turns issuing
+// their products (named barriers, "ping-pong"), so that one warpgroup's softmax overlaps the
+// other's MMAs.
 // The softmax's row sums of P are additions, except in the e4m3 kernel over long contexts: there an
 // m64n8 product of P with a tile of ones rides along each P V product, which takes the additions
-// off the softmax and sums the same e4m3-rounded P the values are weighted with. The e4m3 P V
-// products add up O over a few key tiles only and are then added to O in fp32, held in shared
-// memory (KVFUSE_PREFILL_FP8_PROMOTE_EVERY): e4m3 products accumulate with fewer bits than fp32.
+// off the softmax and sums the same e4m3-rounded P the values are weighted with.
 // The producer gives up registers (setmaxnreg) so that the consumers hold S, O and P (240 each).
 //
 // Key tiles in order (KeyTiles): with the step's K/V, the diagonal tile of the new keys (masked:
@@ -72,24 +75,19 @@
 #ifndef KVFUSE_PREFILL_FP8_STAGES
 #define KVFUSE_PREFILL_FP8_STAGES 3
 #endif
-// 1: the 16-bit kernels' consumers take turns issuing their MMAs (named barriers); 0: each issues
-// when ready. The e4m3 kernel issues when ready (measured faster: BENCHMARKS.md).
+// 1: the consumers take turns issuing their MMAs (named barriers); 0: each issues when ready.
+// 16-bit and e4m3 kernels apart (both measured faster with turns: BENCHMARKS.md).
 #ifndef KVFUSE_PREFILL_PINGPONG
 #define KVFUSE_PREFILL_PINGPONG 1
+#endif
+#ifndef KVFUSE_PREFILL_FP8_PINGPONG
+#define KVFUSE_PREFILL_FP8_PINGPONG 1
 #endif
 // The e4m3 kernel sums P's rows on the tensor cores (an m64n8 product of P with a tile of ones
 // beside each P V product, instead of one addition per probability) for contexts of this many
 // rows (context_stride) or more; below, the additions measured faster (BENCHMARKS.md).
 #ifndef KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM
 #define KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM 8192
-#endif
-// n > 0: the e4m3 kernel's P V products accumulate O over n key tiles at most, then add it to O in
-// fp32, kept in shared memory, and start afresh ("two-level accumulation"); 0: O accumulates
-// across all tiles inside the products. e4m3 products accumulate with fewer bits than fp32, so
-// over all tiles of a long context O comes out low by several percent; the interval trades that
-// error against time (both measured: BENCHMARKS.md, twenty-seventh session).
-#ifndef KVFUSE_PREFILL_FP8_PROMOTE_EVERY
-#define KVFUSE_PREFILL_FP8_PROMOTE_EVERY 4
 #endif
 
 namespace kvfuse {
@@ -128,9 +126,7 @@ struct OperandTraits {
   static constexpr uint32_t kTileBytes = kFp8 ? kBlockN * 128 : 2 * kKVHalfBytes;
   static constexpr int kStages = kFp8 ? KVFUSE_PREFILL_FP8_STAGES : KVFUSE_PREFILL_STAGES;
   static constexpr int kPRegisters = kFp8 ? 16 : 32;  // P of a 64 x 128 tile as MMA A operands
-  static constexpr bool kPingPong = !kFp8 && KVFUSE_PREFILL_PINGPONG;
-  static constexpr bool kPromote = kFp8 && KVFUSE_PREFILL_FP8_PROMOTE_EVERY > 0;
-  static constexpr int kPromoteEvery = kPromote ? KVFUSE_PREFILL_FP8_PROMOTE_EVERY : 1;  // key tiles
+  static constexpr bool kPingPong = kFp8 ? KVFUSE_PREFILL_FP8_PINGPONG : KVFUSE_PREFILL_PINGPONG;
 };
 
 template <Operand kOp>
@@ -150,8 +146,6 @@ struct SharedStorage {
   // e4m3: each consumer's B operand of its row-sum products (kRowSums), e4m3 ones in any layout.
   // Last, so that the 16-bit kernels' layout does not depend on it.
   alignas(1024) uint8_t ones[Traits::kFp8 ? 2 : 1][Traits::kFp8 ? kOnesBytes : 16];
-  // e4m3 with kPromote: each consumer's O in fp32, [16 quads][128 threads] of each thread's o[4i..4i+3].
-  alignas(16) float4 o_total[Traits::kPromote ? 2 * 16 * 128 : 1];
 };
 
 template <Operand kOp>
@@ -372,22 +366,21 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, ui
   }
 }
 
-// O += P V, P from registers (softmax_tile). 16-bit: the V tile is N-major (the head dimension
-// contiguous): a k-step of 16 keys is two 8-row atoms (2048 bytes) on, and the head's second 64
-// columns, the N side's next atom, are the tile's other box. e4m3: the tile is V^T (keys
-// contiguous, K-major): a k-step of 32 keys is 32 bytes into its rows.
-// O is started afresh unless `accumulate` (e4m3; the 16-bit products always accumulate).
-// kRowSums (e4m3): also row_sums = P's row sums (P times a column block of ones at ones_base;
-// every column of row_sums holds its row's sum), started afresh.
+// P V, P from registers (softmax_tile). 16-bit: O += P V. The V tile is N-major (the head
+// dimension contiguous): a k-step of 16 keys is two 8-row atoms (2048 bytes) on, and the head's
+// second 64 columns, the N side's next atom, are the tile's other box. e4m3: o = P V, started
+// afresh (the caller adds it to O in fp32). The tile is V^T (keys contiguous, K-major): a k-step
+// of 32 keys is 32 bytes into its rows. kRowSums (e4m3): also row_sums = P's row sums (P times a
+// column block of ones at ones_base; every column of row_sums holds its row's sum).
 template <Operand kOp, bool kRowSums>
 __device__ __forceinline__ void issue_values(float (&o)[64], float (&row_sums)[4], const uint32_t* pa, uint32_t v_base,
-                                             uint32_t ones_base, bool accumulate) {
+                                             uint32_t ones_base) {
   using namespace hopper;
   if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 32; ++kk) {
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes), accumulate || kk > 0);
+      wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
       if constexpr (kRowSums) {
         wgmma_m64n8k32_e4m3_rs(row_sums, a, swizzle128_desc(ones_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
       }
@@ -586,44 +579,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (Traits::kPingPong && c == 1) named_barrier_arrive(1, 256);
 
-  float o[64];  // kPromote: O since the last promotion; else O itself (in units of the running max)
+  float o[64];  // 16-bit: O (in units of the running max); e4m3: one tile's P V product
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  // kPromote: O up to the last promotion, in fp32 in shared memory ([16 quads][128 threads] of
-  // each thread's o[4i..4i+3]), and the rescale owed to it since (alphas multiplied).
-  float4* o_total = Traits::kPromote ? sm.o_total + c * 16 * 128 + ctid : nullptr;
-  float owed[2] = {1.f, 1.f};
-  if constexpr (Traits::kPromote) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) o_total[i * 128] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  // kPromote: O and o, both moved on by alpha, summed into shared memory, or (`last`) into o.
-  auto promote = [&](const float (&alpha)[2], bool last) {
-    owed[0] *= alpha[0];
-    owed[1] *= alpha[1];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float4 t = o_total[i * 128];
-      const float4 u = make_float4(fmaf(t.x, owed[0], o[4 * i] * alpha[0]), fmaf(t.y, owed[0], o[4 * i + 1] * alpha[0]),
-                                   fmaf(t.z, owed[1], o[4 * i + 2] * alpha[1]), fmaf(t.w, owed[1], o[4 * i + 3] * alpha[1]));
-      if (last) {
-        o[4 * i] = u.x;
-        o[4 * i + 1] = u.y;
-        o[4 * i + 2] = u.z;
-        o[4 * i + 3] = u.w;
-      } else {
-        o_total[i * 128] = u;
-      }
-    }
-    owed[0] = owed[1] = 1.f;
-  };
-  // Whether the P V product of tile j starts afresh (kPromote: the first after a promotion).
-  auto fresh = [&](int j) { return Traits::kPromote && j % Traits::kPromoteEvery == 0; };
   float s[64];
   uint32_t pa[Traits::kPRegisters];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   constexpr bool kSums = !kRowSums;  // the softmax sums P itself
-  float row_sums[4] = {0.f, 0.f, 0.f, 0.f};  // kRowSums: the running P V product's row sums of P
+  float row_sums[4] = {0.f, 0.f, 0.f, 0.f};  // kRowSums: one P V product's row sums of P
 
   // Key tile 0 (the diagonal): S only, nothing to add to O yet.
   mbar_wait(&sm.k_full[0], 0);
@@ -637,86 +600,124 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (lane == 0) mbar_arrive(&sm.k_empty[0]);
   // Per-tile mask limits of this thread's rows (masked tiles only; see KeyTiles).
   auto limit = [&](const KeyTile& kt, int row) { return min(kt.diag + row, kt.end); };
+  float alpha[2];  // the last softmax's rescale (e4m3: still owed to O)
   {
     const KeyTile kt = tiles[0];  // always masked: the diagonal
-    float alpha[2];
     softmax_tile<kOp, true, kSums>(s, m, l, pa, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
   }
-
-  // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
-  // then this tile's softmax into `p_out`. The two P buffers alternate (the loop runs two tiles
-  // per trip) so that the softmax never writes registers the running P V product reads.
-  auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
-    const int st = it % kStages, pst = (it - 1) % kStages;
-    const KeyTile kt = tiles[it];
-    mbar_wait(&sm.k_full[st], (it / kStages) & 1);
-    mbar_wait(&sm.v_full[pst], ((it - 1) / kStages) & 1);
-    if (Traits::kPingPong) named_barrier_sync(my_turn, 256);
-    wgmma_fence();
-    issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
-    wgmma_commit();
-    issue_values<kOp, kRowSums>(o, row_sums, p_in, smem_addr(sm.v[pst]), ones_base, !fresh(it - 1));
-    wgmma_commit();
-    if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
-    wgmma_wait<1>();  // S done; P V may still run
-    fence_registers(s);
-    if (lane == 0) mbar_arrive(&sm.k_empty[st]);
-    float alpha[2];
+  auto softmax = [&](const KeyTile& kt, uint32_t* p_out) {
     if (masked(kt)) {
       softmax_tile<kOp, true, kSums>(s, m, l, p_out, alpha, qk, limit(kt, row_a), limit(kt, row_b), lane);
     } else {
       softmax_tile<kOp, false, kSums>(s, m, l, p_out, alpha, qk, kNoMask, kNoMask, lane);
     }
-    wgmma_wait<0>();
-    fence_registers(o);
-    if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-    if constexpr (kRowSums) {
-      // l held tiles up to it - 2 in units of the max before tile it - 1; P of it - 1 joins it,
-      // then both move to this tile's max, as O does below.
-      fence_registers(row_sums);
-      l[0] = (l[0] + row_sums[0]) * alpha[0];
-      l[1] = (l[1] + row_sums[2]) * alpha[1];
-    }
-    if (fresh(it)) {  // the next product starts afresh
-      promote(alpha, false);
-      return;
-    }
-    owed[0] *= alpha[0];
-    owed[1] *= alpha[1];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
   };
-  auto last_values = [&](const uint32_t* p_last) {
+
+  if constexpr (Traits::kFp8) {
+    // O in fp32, in units of the max before the last softmax (whose rescale is `alpha`).
+    float total[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) total[i] = 0.f;
+    // O and l move to the last softmax's max and take the finished product of its tile.
+    auto add_product = [&]() {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        total[4 * j] = fmaf(total[4 * j], alpha[0], o[4 * j]);
+        total[4 * j + 1] = fmaf(total[4 * j + 1], alpha[0], o[4 * j + 1]);
+        total[4 * j + 2] = fmaf(total[4 * j + 2], alpha[1], o[4 * j + 2]);
+        total[4 * j + 3] = fmaf(total[4 * j + 3], alpha[1], o[4 * j + 3]);
+      }
+      if constexpr (kRowSums) {
+        fence_registers(row_sums);
+        l[0] = fmaf(l[0], alpha[0], row_sums[0]);
+        l[1] = fmaf(l[1], alpha[1], row_sums[2]);
+      }
+    };
+    // Key tile `it` >= 1: P V of the previous tile, then S of this one; the product is added to
+    // O while S runs, and this tile's softmax writes P once both are done.
+    for (int it = 1; it < num_key_tiles; ++it) {
+      const int st = it % kStages, pst = (it - 1) % kStages;
+      const KeyTile kt = tiles[it];
+      mbar_wait(&sm.k_full[st], (it / kStages) & 1);
+      mbar_wait(&sm.v_full[pst], ((it - 1) / kStages) & 1);
+      if (Traits::kPingPong) named_barrier_sync(my_turn, 256);
+      wgmma_fence();
+      issue_values<kOp, kRowSums>(o, row_sums, pa, smem_addr(sm.v[pst]), ones_base);
+      wgmma_commit();
+      issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
+      wgmma_commit();
+      if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
+      wgmma_wait<1>();  // P V done; S may still run
+      fence_registers(o);
+      if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
+      add_product();
+      wgmma_wait<0>();
+      fence_registers(s);
+      if (lane == 0) mbar_arrive(&sm.k_empty[st]);
+      softmax(kt, pa);
+    }
     const int last = num_key_tiles - 1;
     mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
     wgmma_fence();
-    issue_values<kOp, kRowSums>(o, row_sums, p_last, smem_addr(sm.v[last % kStages]), ones_base, !fresh(last));
+    issue_values<kOp, kRowSums>(o, row_sums, pa, smem_addr(sm.v[last % kStages]), ones_base);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
-    if constexpr (Traits::kPromote) promote({1.f, 1.f}, true);
-    if constexpr (kRowSums) {
-      fence_registers(row_sums);
-      l[0] += row_sums[0];
-      l[1] += row_sums[2];
-    }
-  };
-  uint32_t pb[Traits::kPRegisters];
-  int it = 1;
-  for (; it + 1 < num_key_tiles; it += 2) {
-    step(it, pa, pb);
-    step(it + 1, pb, pa);
-  }
-  if (it < num_key_tiles) {
-    step(it, pa, pb);
-    last_values(pb);
+    add_product();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = total[i];  // the epilogue's O
   } else {
-    last_values(pa);
+    // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
+    // then this tile's softmax into `p_out`. The two P buffers alternate (the loop runs two
+    // tiles per trip) so that the softmax never writes registers the running P V product reads.
+    auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
+      const int st = it % kStages, pst = (it - 1) % kStages;
+      const KeyTile kt = tiles[it];
+      mbar_wait(&sm.k_full[st], (it / kStages) & 1);
+      mbar_wait(&sm.v_full[pst], ((it - 1) / kStages) & 1);
+      if (Traits::kPingPong) named_barrier_sync(my_turn, 256);
+      wgmma_fence();
+      issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
+      wgmma_commit();
+      issue_values<kOp, false>(o, row_sums, p_in, smem_addr(sm.v[pst]), 0);
+      wgmma_commit();
+      if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
+      wgmma_wait<1>();  // S done; P V may still run
+      fence_registers(s);
+      if (lane == 0) mbar_arrive(&sm.k_empty[st]);
+      softmax(kt, p_out);
+      wgmma_wait<0>();
+      fence_registers(o);
+      if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+    };
+    auto last_values = [&](const uint32_t* p_last) {
+      const int last = num_key_tiles - 1;
+      mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
+      wgmma_fence();
+      issue_values<kOp, false>(o, row_sums, p_last, smem_addr(sm.v[last % kStages]), 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(o);
+    };
+    uint32_t pb[Traits::kPRegisters];
+    int it = 1;
+    for (; it + 1 < num_key_tiles; it += 2) {
+      step(it, pa, pb);
+      step(it + 1, pb, pa);
+    }
+    if (it < num_key_tiles) {
+      step(it, pa, pb);
+      last_values(pb);
+    } else {
+      last_values(pa);
+    }
   }
 
   // Epilogue: the quad's partial sums, the sink, the normalisation; rows past the sequence's

@@ -130,8 +130,8 @@ def test_fp8_e4m3_constant_values_come_back(case):
     product, the added ones P before rounding. What moves the mean is the P V product's own
     accumulation: e4m3 products keep fewer bits than fp32 and each k-step truncates, so O summed
     across every tile of a long context inside the products came out 5% low at 8300 keys and 2%
-    low at 4099 (BENCHMARKS.md, twenty-seventh session); summed over a few tiles and then in fp32,
-    it stays within the bound. A tile missed or counted twice moves the mean by about 1/65."""
+    low at 4099 (BENCHMARKS.md, twenty-seventh session); one tile per product, summed in fp32, it
+    stays within the bound. A tile missed or counted twice moves the mean by about 1/65."""
     seq_lens, q_lens, max_bound, mean_bound = CONSTANT_VALUE_CASES[case]
     args = unit_values_case(seq_lens, q_lens, seed=71)
     poison_allocator(16 * args["query"].numel() * 2)
