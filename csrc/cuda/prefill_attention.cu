@@ -613,6 +613,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // Before the products of key tile `it` >= 1 (S of it, P V of it - 1): its K and the previous
+  // tile's V in shared memory, and this consumer's turn to issue. After them, the other's turn
+  // (consumer 1's last issue has no one to pass to).
+  auto await_turn = [&](int it) {
+    mbar_wait(&sm.k_full[it % kStages], (it / kStages) & 1);
+    mbar_wait(&sm.v_full[(it - 1) % kStages], ((it - 1) / kStages) & 1);
+    if (Traits::kPingPong) named_barrier_sync(my_turn, 256);
+    wgmma_fence();
+  };
+  auto pass_turn = [&](int it) {
+    if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
+  };
+
   if constexpr (Traits::kFp8) {
     // O in fp32, in units of the max before the last softmax (whose rescale is `alpha`).
     float total[64];
@@ -638,15 +651,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int it = 1; it < num_key_tiles; ++it) {
       const int st = it % kStages, pst = (it - 1) % kStages;
       const KeyTile kt = tiles[it];
-      mbar_wait(&sm.k_full[st], (it / kStages) & 1);
-      mbar_wait(&sm.v_full[pst], ((it - 1) / kStages) & 1);
-      if (Traits::kPingPong) named_barrier_sync(my_turn, 256);
-      wgmma_fence();
+      await_turn(it);
       issue_values<kOp, kRowSums>(o, row_sums, pa, smem_addr(sm.v[pst]), ones_base);
       wgmma_commit();
       issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
       wgmma_commit();
-      if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
+      pass_turn(it);
       wgmma_wait<1>();  // P V done; S may still run
       fence_registers(o);
       if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
@@ -673,15 +683,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
       const int st = it % kStages, pst = (it - 1) % kStages;
       const KeyTile kt = tiles[it];
-      mbar_wait(&sm.k_full[st], (it / kStages) & 1);
-      mbar_wait(&sm.v_full[pst], ((it - 1) / kStages) & 1);
-      if (Traits::kPingPong) named_barrier_sync(my_turn, 256);
-      wgmma_fence();
+      await_turn(it);
       issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
       wgmma_commit();
       issue_values<kOp, false>(o, row_sums, p_in, smem_addr(sm.v[pst]), 0);
       wgmma_commit();
-      if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
+      pass_turn(it);
       wgmma_wait<1>();  // S done; P V may still run
       fence_registers(s);
       if (lane == 0) mbar_arrive(&sm.k_empty[st]);
