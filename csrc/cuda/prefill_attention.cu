@@ -625,6 +625,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto pass_turn = [&](int it) {
     if (Traits::kPingPong && !(c == 1 && it == num_key_tiles - 1)) named_barrier_arrive(other_turn, 256);
   };
+  // The last tile's P V product (P in `p_last`), waited for.
+  auto last_values = [&](const uint32_t* p_last) {
+    const int last = num_key_tiles - 1;
+    mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
+    wgmma_fence();
+    issue_values<kOp, kRowSums>(o, row_sums, p_last, smem_addr(sm.v[last % kStages]), ones_base);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(o);
+  };
 
   if constexpr (Traits::kFp8) {
     // O in fp32, in units of the max before the last softmax (whose rescale is `alpha`).
@@ -666,13 +676,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) mbar_arrive(&sm.k_empty[st]);
       softmax(kt, pa);
     }
-    const int last = num_key_tiles - 1;
-    mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
-    wgmma_fence();
-    issue_values<kOp, kRowSums>(o, row_sums, pa, smem_addr(sm.v[last % kStages]), ones_base);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(o);
+    last_values(pa);
     add_product();
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = total[i];  // the epilogue's O
@@ -686,7 +690,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       await_turn(it);
       issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
       wgmma_commit();
-      issue_values<kOp, false>(o, row_sums, p_in, smem_addr(sm.v[pst]), 0);
+      issue_values<kOp, kRowSums>(o, row_sums, p_in, smem_addr(sm.v[pst]), ones_base);
       wgmma_commit();
       pass_turn(it);
       wgmma_wait<1>();  // S done; P V may still run
@@ -703,15 +707,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         o[4 * j + 2] *= alpha[1];
         o[4 * j + 3] *= alpha[1];
       }
-    };
-    auto last_values = [&](const uint32_t* p_last) {
-      const int last = num_key_tiles - 1;
-      mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
-      wgmma_fence();
-      issue_values<kOp, false>(o, row_sums, p_last, smem_addr(sm.v[last % kStages]), 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(o);
     };
     uint32_t pb[Traits::kPRegisters];
     int it = 1;
