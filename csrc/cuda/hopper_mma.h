@@ -188,7 +188,7 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_
 // (a0: row 16w + g, columns 4t .. 4t + 3, lowest byte first; a1: row + 8; a2, a3: columns + 16).
 // D is started afresh when `accumulate` is false.
 __device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
-                                                         bool accumulate = true) {
+                                                         bool accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " KVFUSE_WGMMA_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
