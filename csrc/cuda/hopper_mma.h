@@ -104,6 +104,20 @@ __device__ __forceinline__ uint64_t swizzle128_desc(uint32_t addr, uint32_t lead
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
 
+// swizzle128_desc as its two 32-bit words, for stepping through tiles: the start address field
+// (bits 0-13, address / 16) is the low word's, and for 16-byte multiples with start + bytes below
+// 2^18 (all of shared memory) desc(start + bytes) = desc(start) + bytes / 16 with no carry out of
+// the field. So a step is one 32-bit add instead of the mask, shift and merge of a fresh descriptor.
+struct SmemDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ static SmemDesc swizzle128(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+    const uint64_t d = swizzle128_desc(addr, leading_bytes, stride_bytes);
+    return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
+  }
+  __device__ __forceinline__ SmemDesc operator+(uint32_t bytes) const { return {lo + (bytes >> 4), hi}; }
+  __device__ __forceinline__ uint64_t get() const { return (static_cast<uint64_t>(hi) << 32) | lo; }
+};
+
 // Orders register writes by ordinary instructions before the wgmma that reads those registers.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

@@ -90,6 +90,18 @@
 #define KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM 8192
 #endif
 
+// The e4m3 softmax takes the exponentials of every this many of its 8-column groups from a
+// polynomial on the FMA pipe (poly_exp2) instead of the MUFU unit, whose 16 results per cycle and
+// multiprocessor are as slow as the e4m3 tensor cores here; 0: none. The kernel that sums P's rows
+// on the tensor cores (long contexts) and the one that adds them (the softmax's FMA pipe then
+// busier) measured fastest at different shares (BENCHMARKS.md).
+#ifndef KVFUSE_PREFILL_FP8_POLY_EXP2_EVERY
+#define KVFUSE_PREFILL_FP8_POLY_EXP2_EVERY 4
+#endif
+#ifndef KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY
+#define KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY 8
+#endif
+
 namespace kvfuse {
 namespace {
 
@@ -253,6 +265,32 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^x for x <= 8 (-inf included) without the MUFU unit: x = n + f with n = rint(x) (the 1.5 * 2^23
+// rounding trick) and |f| <= 1/2, 2^f by a degree-3 polynomial (relative error < 7.6e-5, far below
+// e4m3's rounding of P), and n added to its exponent field. x is clamped at -126 first, so the
+// exponent stays >= 0 (the result is then below 2^-125, zero once P is rounded to e4m3).
+__device__ __forceinline__ float poly_exp2(float x) {
+  constexpr float kRound = 12582912.f;  // 1.5 * 2^23
+  x = fmaxf(x, -126.f);
+  const float t = __fadd_rn(x, kRound);
+  const float f = __fadd_rn(x, -__fadd_rn(t, -kRound));
+  const float p = fmaf(fmaf(fmaf(0.05517083779f, f, 0.24260935187f), f, 0.69326096773f), f, 0.99992817640f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
+// The softmax's 2^x for its 8-column group j (KVFUSE_PREFILL_FP8_*POLY_EXP2_EVERY; kSums: the
+// kernel whose softmax sums P's rows).
+template <Operand kOp, bool kSums>
+__device__ __forceinline__ float softmax_exp2(int j, float x) {
+  constexpr int kEvery = kOp != Operand::kE4m3 ? 0
+                         : kSums                ? KVFUSE_PREFILL_FP8_POLY_EXP2_EVERY
+                                                : KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY;
+  if constexpr (kEvery > 0) {
+    if (j % kEvery == kEvery - 1) return poly_exp2(x);
+  }
+  return fast_exp2(x);
+}
+
 #if KVFUSE_HOPPER_MMA
 // P's probabilities of the pair (column 8j + 2t, + 1) of the thread's row r (0: 16w + g, 1: + 8)
 // into the A operands of the P V product. 16-bit: one register per pair, k-step j / 2 (the
@@ -330,8 +368,8 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float p0 = fast_exp2(fmaf(score(j, 0, r), qk[r], mx[r]));
-      const float p1 = fast_exp2(fmaf(score(j, 1, r), qk[r], mx[r]));
+      const float p0 = softmax_exp2<kOp, kSums>(j, fmaf(score(j, 0, r), qk[r], mx[r]));
+      const float p1 = softmax_exp2<kOp, kSums>(j, fmaf(score(j, 1, r), qk[r], mx[r]));
       if constexpr (kSums) sum[r] += p0 + p1;
       store_p<kOp>(p, j, r, p0, p1);
     }
@@ -347,21 +385,19 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
 // rows, and the head's second 64 columns are each tile's second box. e4m3: a k-step is 32
 // columns, 32 bytes; a 128-byte row holds the whole head.
 template <Operand kOp>
-__device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, uint32_t k_base) {
+__device__ __forceinline__ void issue_scores(float (&s)[64], hopper::SmemDesc q, hopper::SmemDesc k) {
   using namespace hopper;
   if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
     for (int kk = 0; kk < kHead / 32; ++kk) {
-      wgmma_m64n128k32_e4m3_ss(s, swizzle128_desc(q_base + kk * 32, 16, kSwizzleAtomBytes),
-                               swizzle128_desc(k_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
+      wgmma_m64n128k32_e4m3_ss(s, (q + kk * 32).get(), (k + kk * 32).get(), kk > 0);
     }
   } else {
 #pragma unroll
     for (int kk = 0; kk < kHead / 16; ++kk) {
       const uint32_t column_bytes = (kk % 4) * 32;
-      const uint64_t da = swizzle128_desc(q_base + (kk / 4) * kQHalfBytes + column_bytes, 16, kSwizzleAtomBytes);
-      const uint64_t db = swizzle128_desc(k_base + (kk / 4) * kKVHalfBytes + column_bytes, 16, kSwizzleAtomBytes);
-      wgmma_m64n128k16_ss<kOp == Operand::kFp16, 0>(s, da, db, kk > 0);
+      wgmma_m64n128k16_ss<kOp == Operand::kFp16, 0>(s, (q + ((kk / 4) * kQHalfBytes + column_bytes)).get(),
+                                                     (k + ((kk / 4) * kKVHalfBytes + column_bytes)).get(), kk > 0);
     }
   }
 }
@@ -371,26 +407,25 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_base, ui
 // second 64 columns, the N side's next atom, are the tile's other box. e4m3: o = P V, started
 // afresh (the caller adds it to O in fp32). The tile is V^T (keys contiguous, K-major): a k-step
 // of 32 keys is 32 bytes into its rows. kRowSums (e4m3): also row_sums = P's row sums (P times a
-// column block of ones at ones_base; every column of row_sums holds its row's sum).
+// column block of ones, `ones`; every column of row_sums holds its row's sum).
 template <Operand kOp, bool kRowSums>
-__device__ __forceinline__ void issue_values(float (&o)[64], float (&row_sums)[4], const uint32_t* pa, uint32_t v_base,
-                                             uint32_t ones_base) {
+__device__ __forceinline__ void issue_values(float (&o)[64], float (&row_sums)[4], const uint32_t* pa,
+                                             hopper::SmemDesc v, hopper::SmemDesc ones) {
   using namespace hopper;
   if constexpr (kOp == Operand::kE4m3) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 32; ++kk) {
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      wgmma_m64n128k32_e4m3_rs(o, a, swizzle128_desc(v_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
+      wgmma_m64n128k32_e4m3_rs(o, a, (v + kk * 32).get(), kk > 0);
       if constexpr (kRowSums) {
-        wgmma_m64n8k32_e4m3_rs(row_sums, a, swizzle128_desc(ones_base + kk * 32, 16, kSwizzleAtomBytes), kk > 0);
+        wgmma_m64n8k32_e4m3_rs(row_sums, a, (ones + kk * 32).get(), kk > 0);
       }
     }
   } else {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t db = swizzle128_desc(v_base + kk * 2 * kSwizzleAtomBytes, kKVHalfBytes, kSwizzleAtomBytes);
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      wgmma_m64n128k16_rs<kOp == Operand::kFp16, 1>(o, a, db);
+      wgmma_m64n128k16_rs<kOp == Operand::kFp16, 1>(o, a, (v + kk * 2 * kSwizzleAtomBytes).get());
     }
   }
 }
@@ -578,6 +613,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     q_base = smem_addr(sm.q + c * kQConsumerBytes);
   }
   if (Traits::kPingPong && c == 1) named_barrier_arrive(1, 256);
+  // Descriptors of the query, of stage 0's K and V tiles (each stage kTileBytes on) and of the ones.
+  const SmemDesc q_desc = SmemDesc::swizzle128(q_base, 16, kSwizzleAtomBytes);
+  const SmemDesc k_desc = SmemDesc::swizzle128(smem_addr(sm.k[0]), 16, kSwizzleAtomBytes);
+  const SmemDesc v_desc = SmemDesc::swizzle128(smem_addr(sm.v[0]), Traits::kFp8 ? 16 : kKVHalfBytes, kSwizzleAtomBytes);
+  const SmemDesc ones_desc = SmemDesc::swizzle128(ones_base, 16, kSwizzleAtomBytes);
+  auto k_tile = [&](int stage) { return k_desc + stage * Traits::kTileBytes; };
+  auto v_tile = [&](int stage) { return v_desc + stage * Traits::kTileBytes; };
 
   float o[64];  // 16-bit: O (in units of the running max); e4m3: one tile's P V product
 #pragma unroll
@@ -592,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   mbar_wait(&sm.k_full[0], 0);
   if (Traits::kPingPong) named_barrier_sync(my_turn, 256);
   wgmma_fence();
-  issue_scores<kOp>(s, q_base, smem_addr(sm.k[0]));
+  issue_scores<kOp>(s, q_desc, k_tile(0));
   wgmma_commit();
   if (Traits::kPingPong && !(c == 1 && num_key_tiles == 1)) named_barrier_arrive(other_turn, 256);
   wgmma_wait<0>();
@@ -630,7 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int last = num_key_tiles - 1;
     mbar_wait(&sm.v_full[last % kStages], (last / kStages) & 1);
     wgmma_fence();
-    issue_values<kOp, kRowSums>(o, row_sums, p_last, smem_addr(sm.v[last % kStages]), ones_base);
+    issue_values<kOp, kRowSums>(o, row_sums, p_last, v_tile(last % kStages), ones_desc);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
@@ -662,9 +704,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int st = it % kStages, pst = (it - 1) % kStages;
       const KeyTile kt = tiles[it];
       await_turn(it);
-      issue_values<kOp, kRowSums>(o, row_sums, pa, smem_addr(sm.v[pst]), ones_base);
+      issue_values<kOp, kRowSums>(o, row_sums, pa, v_tile(pst), ones_desc);
       wgmma_commit();
-      issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
+      issue_scores<kOp>(s, q_desc, k_tile(st));
       wgmma_commit();
       pass_turn(it);
       wgmma_wait<1>();  // P V done; S may still run
@@ -688,9 +730,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int st = it % kStages, pst = (it - 1) % kStages;
       const KeyTile kt = tiles[it];
       await_turn(it);
-      issue_scores<kOp>(s, q_base, smem_addr(sm.k[st]));
+      issue_scores<kOp>(s, q_desc, k_tile(st));
       wgmma_commit();
-      issue_values<kOp, kRowSums>(o, row_sums, p_in, smem_addr(sm.v[pst]), ones_base);
+      issue_values<kOp, kRowSums>(o, row_sums, p_in, v_tile(pst), ones_desc);
       wgmma_commit();
       pass_turn(it);
       wgmma_wait<1>();  // S done; P V may still run
