@@ -321,25 +321,38 @@ struct Pair {
   typename Op::Raw half[2];
 };
 
+// The page of a slot (in [0, capacity)) and its offset in it.
+__device__ __forceinline__ void locate(const RowParams& p, int64_t slot, int64_t& block, int64_t& off) {
+  if (p.capacity <= INT32_MAX) {
+    const auto bo = p.page.divmod(static_cast<uint32_t>(slot));
+    block = bo.div;
+    off = bo.mod;
+  } else {
+    block = slot / p.block_size;
+    off = slot - block * p.block_size;
+  }
+}
+
 // Ops with kSplitRows (NVFP4) place a row's bytes themselves (Op::store_split, from the base of
-// the row's side); the others get the address of their row.
-template <class Op, int kUnits, bool kPaired, bool kFast>
+// the row's side); the others get the address of their row. kOneSlot: every unit has slot[0] (a
+// unit pair), whose page is located once; nvcc does not merge the per-unit divisions itself.
+template <class Op, int kUnits, bool kPaired, bool kFast, bool kOneSlot>
 __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
                                             const int64_t (&slot)[kUnits], const int64_t (&dst_row)[kUnits],
                                             const int (&head)[kUnits], const int (&chunk)[kUnits],
                                             const bool (&is_value)[kUnits], const Divider div_k,
                                             const Divider div_v) {
+  int64_t pair_block = 0, pair_off = 0;
+  if constexpr (kOneSlot) {
+    if (slot[0] < 0 || slot[0] >= p.capacity) return;
+    locate(p, slot[0], pair_block, pair_off);
+  }
 #pragma unroll
   for (int m = 0; m < kUnits; ++m) {
-    if (slot[m] < 0 || slot[m] >= p.capacity) continue;
-    int64_t block, off;
-    if (p.capacity <= INT32_MAX) {
-      const auto bo = p.page.divmod(static_cast<uint32_t>(slot[m]));
-      block = bo.div;
-      off = bo.mod;
-    } else {
-      block = slot[m] / p.block_size;
-      off = slot[m] - block * p.block_size;
+    int64_t block = pair_block, off = pair_off;
+    if constexpr (!kOneSlot) {
+      if (slot[m] < 0 || slot[m] >= p.capacity) continue;
+      locate(p, slot[m], block, off);
     }
     if constexpr (Op::kSplitRows) {
       char* side = p.dst + block * p.dst_block;
@@ -477,9 +490,9 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
   }
   // One branch per block instead of one per value: the division's fast path is a template.
   if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
-    store_units<Op, kUnits, kPaired, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
+    store_units<Op, kUnits, kPaired, true, Rot::kPairs>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
   } else {
-    store_units<Op, kUnits, kPaired, false>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
+    store_units<Op, kUnits, kPaired, false, Rot::kPairs>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
   }
 }
 
