@@ -39,7 +39,8 @@
 // other's MMAs.
 // The softmax's row sums of P are additions, except in the e4m3 kernel over long contexts: there an
 // m64n8 product of P with a tile of ones rides along each P V product, which takes the additions
-// off the softmax and sums the same e4m3-rounded P the values are weighted with.
+// off the softmax and sums the same e4m3-rounded P the values are weighted with. The e4m3 softmax
+// also takes a share of its exponentials from a polynomial (poly_exp2) instead of the MUFU unit.
 // The producer gives up registers (setmaxnreg) so that the consumers hold S, O and P (240 each).
 //
 // Key tiles in order (KeyTiles): with the step's K/V, the diagonal tile of the new keys (masked:
