@@ -92,8 +92,8 @@
 #endif
 
 // The e4m3 softmax takes the exponentials of every this many of its 8-column groups from a
-// polynomial on the FMA pipe (poly_exp2) instead of the MUFU unit, whose 16 results per cycle and
-// multiprocessor are as slow as the e4m3 tensor cores here; 0: none. The kernel that sums P's rows
+// polynomial on the FMA pipe (poly_exp2) instead of the MUFU unit, which the two consumers'
+// softmaxes share where they overlap; 0: none. The kernel that sums P's rows
 // on the tensor cores (long contexts) and the one that adds them (the softmax's FMA pipe then
 // busier) measured fastest at different shares (BENCHMARKS.md).
 #ifndef KVFUSE_PREFILL_FP8_POLY_EXP2_EVERY
@@ -101,6 +101,12 @@
 #endif
 #ifndef KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY
 #define KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY 8
+#endif
+// 1: the e4m3 softmax's row maxima by four independent chains per row, 0: one chain per row. The
+// maximum is the same either way; four chains shorten the dependent FMNMX sequence that every
+// tile's exponentials wait for, and the e4m3 kernels' softmax is latency-bound (BENCHMARKS.md).
+#ifndef KVFUSE_PREFILL_FP8_MAX_TREE
+#define KVFUSE_PREFILL_FP8_MAX_TREE 1
 #endif
 
 namespace kvfuse {
@@ -348,10 +354,22 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
     }
   };
   float mx[2] = {-INFINITY, -INFINITY};
+  if constexpr (KVFUSE_PREFILL_FP8_MAX_TREE && kOp == Operand::kE4m3) {
+    float chains[2][4];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    mx[0] = fmaxf(mx[0], fmaxf(score(j, 0, 0), score(j, 1, 0)));
-    mx[1] = fmaxf(mx[1], fmaxf(score(j, 0, 1), score(j, 1, 1)));
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) chains[r][c] = fmaxf(score(c, 0, r), score(c, 1, r));
+#pragma unroll
+      for (int j = 4; j < 16; ++j) chains[r][j % 4] = fmaxf(chains[r][j % 4], fmaxf(score(j, 0, r), score(j, 1, r)));
+      mx[r] = fmaxf(fmaxf(chains[r][0], chains[r][1]), fmaxf(chains[r][2], chains[r][3]));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      mx[0] = fmaxf(mx[0], fmaxf(score(j, 0, 0), score(j, 1, 0)));
+      mx[1] = fmaxf(mx[1], fmaxf(score(j, 0, 1), score(j, 1, 1)));
+    }
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
