@@ -1,0 +1,12 @@
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARNING | tail -2
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 BENCH_COMMIT=$(cat .scratch/commit) MAX_JOBS=16 FLASHINFER_CUDA_ARCH_LIST=9.0
+R=/tmp/r; mkdir -p $R; cp .scratch/call30d.sh $R/
+save() { tar czf $OUT/call30d.tgz -C $R . ; }
+nvidia-smi --query-gpu=name,uuid --format=csv > $R/gpu.csv; cat $R/gpu.csv
+SECONDS=0
+python3 .scratch/s29/build.py final > $R/build.log 2>&1; tail -1 $R/build.log; echo "build ${SECONDS}s"
+timeout 240 python3 -m benchmarks.attention --only prefill --prefills 4096,16384 --modes bf16,fp8 --impls kvfuse,kvfuse_native,flashinfer,torch_sdpa --rounds 1 --out $R/bench > $R/bench.log 2>&1
+echo "bench rc=$? ${SECONDS}s"; save
+python3 benchmarks/results/prefill-native-20th/table.py $R/bench/attention.json 2>&1 | tail -14
+save; echo "done ${SECONDS}s"
