@@ -84,21 +84,11 @@
 #ifndef KVFUSE_PREFILL_FP8_PINGPONG
 #define KVFUSE_PREFILL_FP8_PINGPONG 1
 #endif
-// The e4m3 kernel sums P's rows on the tensor cores (an m64n8 product of P with a tile of ones
-// beside each P V product, instead of one addition per probability) for contexts of this many
-// rows (context_stride) or more; below, the additions measured faster (BENCHMARKS.md).
-#ifndef KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM
-#define KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM 8192
-#endif
-
 // The e4m3 softmax takes the exponentials of every this many of its 8-column groups from a
 // polynomial on the FMA pipe (poly_exp2) instead of the MUFU unit, which the two consumers'
-// softmaxes share where they overlap; 0: none. The kernel that sums P's rows
-// on the tensor cores (long contexts) and the one that adds them (the softmax's FMA pipe then
-// busier) measured fastest at different shares (BENCHMARKS.md).
-#ifndef KVFUSE_PREFILL_FP8_POLY_EXP2_EVERY
-#define KVFUSE_PREFILL_FP8_POLY_EXP2_EVERY 4
-#endif
+// softmaxes share where they overlap; 0: none. The e4m3 kernel sums P's rows on the tensor cores
+// (an m64n8 product of P with a tile of ones beside each P V product), so its softmax has no
+// additions of its own; the share was measured for that kernel (BENCHMARKS.md).
 #ifndef KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY
 #define KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY 8
 #endif
@@ -285,13 +275,10 @@ __device__ __forceinline__ float poly_exp2(float x) {
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
-// The softmax's 2^x for its 8-column group j (KVFUSE_PREFILL_FP8_*POLY_EXP2_EVERY; kSums: the
-// kernel whose softmax sums P's rows).
-template <Operand kOp, bool kSums>
+// The softmax's 2^x for its 8-column group j (KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY).
+template <Operand kOp>
 __device__ __forceinline__ float softmax_exp2(int j, float x) {
-  constexpr int kEvery = kOp != Operand::kE4m3 ? 0
-                         : kSums                ? KVFUSE_PREFILL_FP8_POLY_EXP2_EVERY
-                                                : KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY;
+  constexpr int kEvery = kOp == Operand::kE4m3 ? KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY : 0;
   if constexpr (kEvery > 0) {
     if (j % kEvery == kEvery - 1) return poly_exp2(x);
   }
@@ -387,8 +374,8 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float p0 = softmax_exp2<kOp, kSums>(j, fmaf(score(j, 0, r), qk[r], mx[r]));
-      const float p1 = softmax_exp2<kOp, kSums>(j, fmaf(score(j, 1, r), qk[r], mx[r]));
+      const float p0 = softmax_exp2<kOp>(j, fmaf(score(j, 0, r), qk[r], mx[r]));
+      const float p1 = softmax_exp2<kOp>(j, fmaf(score(j, 1, r), qk[r], mx[r]));
       if constexpr (kSums) sum[r] += p0 + p1;
       store_p<kOp>(p, j, r, p0, p1);
     }
@@ -486,8 +473,9 @@ __device__ __forceinline__ void quantize_query(const uint8_t* q16, uint8_t* q8, 
 }
 #endif
 
-// kRowSums (e4m3 only): P's row sums on the tensor cores (issue_values), else by the softmax.
-template <Operand kOp, bool kRowSums, typename T>
+// The e4m3 kernel sums P's rows on the tensor cores (issue_values with kRowSums); the 16-bit
+// kernels' softmax adds them up.
+template <Operand kOp, typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap ck_map,
@@ -495,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if KVFUSE_HOPPER_MMA
   using namespace hopper;
   using Traits = OperandTraits<kOp>;
-  static_assert(Traits::kFp8 || !kRowSums, "row sums on the tensor cores are e4m3 only");
+  constexpr bool kRowSums = Traits::kFp8;
   constexpr int kStages = Traits::kStages;
   extern __shared__ uint8_t smem_raw[];
   SharedStorage<kOp>& sm = *reinterpret_cast<SharedStorage<kOp>*>(
@@ -871,16 +859,16 @@ CUtensorMap head_rows_map(const at::Tensor& t, uint32_t box_rows, const char* na
                          kSwizzleElems, box_rows, name);
 }
 
-template <Operand kOp, bool kRowSums, typename T>
+template <Operand kOp, typename T>
 void launch(const dim3& grid, cudaStream_t stream, const CUtensorMap& q_map, const CUtensorMap& k_map,
             const CUtensorMap& v_map, const CUtensorMap& ck_map, const CUtensorMap& cv_map, const PrefillParams& p) {
   constexpr size_t kBytes = shared_bytes<kOp>();
   static std::once_flag once;
   std::call_once(once, [] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<kOp, kRowSums, T>,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<kOp, T>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
   });
-  prefill_attention_kernel<kOp, kRowSums, T><<<grid, kThreads, kBytes, stream>>>(q_map, k_map, v_map, ck_map, cv_map, p);
+  prefill_attention_kernel<kOp, T><<<grid, kThreads, kBytes, stream>>>(q_map, k_map, v_map, ck_map, cv_map, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -972,23 +960,14 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
   const dim3 grid = p.heads_fastest ? dim3(num_q_heads, p.num_tiles) : dim3(p.num_tiles, num_q_heads);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool half = query.scalar_type() == at::kHalf;
-  const bool row_sums = context_stride >= KVFUSE_PREFILL_FP8_TC_ROWSUM_FROM;
   if (fp8 && half) {
-    if (row_sums) {
-      launch<Operand::kE4m3, true, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
-    } else {
-      launch<Operand::kE4m3, false, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
-    }
+    launch<Operand::kE4m3, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
   } else if (fp8) {
-    if (row_sums) {
-      launch<Operand::kE4m3, true, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
-    } else {
-      launch<Operand::kE4m3, false, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
-    }
+    launch<Operand::kE4m3, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
   } else if (half) {
-    launch<Operand::kFp16, false, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    launch<Operand::kFp16, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
   } else {
-    launch<Operand::kBf16, false, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    launch<Operand::kBf16, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
   }
   return out;
 }
