@@ -102,8 +102,7 @@ def test_fp8_e4m3_within_the_stated_bound(case, heads, q_dtype):
     check(args)
 
 
-# A context past 8192 rows beside a short one (the e4m3 kernel's row sums come from the tensor
-# cores at every length since the thirty-first session; until then only from 8192 rows on).
+# A long context beside a short one.
 LONG_FP8 = ([8300, 900], [700, 533])
 
 
@@ -127,8 +126,8 @@ CONSTANT_VALUE_CASES = {
 def test_fp8_e4m3_constant_values_come_back(case):
     """Every value 1: the output is sum(P V) over the normaliser, 1 up to how each is summed. P is
     rounded to e4m3 without bias, and the tensor-core row sums add the same rounded P as the P V
-    product (the softmax's own additions, used below 8192 rows until the thirty-first session,
-    added P before rounding: up to 0.03 off). What moves the mean is the P V product's own
+    product (summing P in the softmax instead, before rounding, left outputs up to 0.03 off:
+    BENCHMARKS.md). What moves the mean is the P V product's own
     accumulation: e4m3 products keep fewer bits than fp32 and each k-step truncates, so O summed
     across every tile of a long context inside the products came out 5% low at 8300 keys and 2%
     low at 4099 (BENCHMARKS.md, twenty-seventh session); one tile per product, summed in fp32, it
