@@ -157,6 +157,13 @@
 // Single units stay where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session):
 // smaller launches (decode), 16-bit caches, FP8 over 16-bit tables, and NVFP4 over full-width
 // float32 tables (its pairs spill).
+// 1: an NVFP4 unit pair (kOneSlot) encodes both blocks, then locates their row's data and scale
+// addresses once (store_nvfp4_pair); 0: each block locates them on its own, and nvcc recomputes
+// the row's 64-bit offsets for the second block. 1 measured faster; it stays 0 until a complete
+// GPU run of the rotary write tests has passed with it (BENCHMARKS.md).
+#ifndef KVFUSE_NVFP4_PAIR_STORE
+#define KVFUSE_NVFP4_PAIR_STORE 0
+#endif
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
@@ -354,7 +361,23 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
       if (slot[m] < 0 || slot[m] >= p.capacity) continue;
       locate(p, slot[m], block, off);
     }
-    if constexpr (Op::kSplitRows) {
+    if constexpr (Op::kSplitRows && kOneSlot && KVFUSE_NVFP4_PAIR_STORE) {
+      static_assert(kUnits == 2, "a unit pair");
+      char* side = p.dst + block * p.dst_block;
+      if constexpr (kPaired) {
+        Op::template store_split_pair<kFast>(raw[0].half[0], raw[1].half[0], side, off, head[0], chunk[0], chunk[1],
+                                             false, div_k, p);
+        if (p.halves == 2) {
+          Op::template store_split_pair<kFast>(raw[0].half[1], raw[1].half[1], side + p.dst_kv, off, head[0],
+                                               chunk[0], chunk[1], true, div_v, p);
+        }
+      } else {
+        Op::template store_split_pair<kFast>(raw[0].half[0], raw[1].half[0], is_value[0] ? side + p.dst_kv : side,
+                                             off, head[0], chunk[0], chunk[1], is_value[0],
+                                             is_value[0] ? div_v : div_k, p);
+      }
+      break;  // both units stored
+    } else if constexpr (Op::kSplitRows) {
       char* side = p.dst + block * p.dst_block;
       if constexpr (kPaired) {
         Op::template store_split<kFast>(raw[m].half[0], side, off, head[m], chunk[m], false, div_k, p);
@@ -721,6 +744,48 @@ __device__ __forceinline__ float element(const Raw& f, int k) {
   }
 }
 
+// One encoded NVFP4 block: 16 codes, the low nibble first, and the block-scale byte.
+struct Nvfp4Block {
+  uint32_t lo, hi;
+  uint8_t scale;
+};
+
+__device__ __forceinline__ void store_nvfp4_data(const RowParams& p, char* data, uint32_t lo, uint32_t hi) {
+  if (p.store_width == 8) {
+    *reinterpret_cast<uint2*>(data) = make_uint2(lo, hi);
+  } else if (p.store_width == 4) {
+    reinterpret_cast<uint32_t*>(data)[0] = lo;
+    reinterpret_cast<uint32_t*>(data)[1] = hi;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) data[k] = static_cast<char>(((k < 4 ? lo : hi) >> (8 * (k % 4))) & 0xFF);
+  }
+}
+
+// Blocks c0 and c1 of one (side, token t, head): store_nvfp4_block's bytes, with the row's data
+// and scale addresses computed once. store_nvfp4_block keeps its own copy of the data store:
+// calling store_nvfp4_data from it changed the SASS of every NVFP4 write kernel.
+__device__ __forceinline__ void store_nvfp4_pair(const RowParams& p, char* side, int64_t t, int head, int c0,
+                                                 int c1, bool is_value, const Nvfp4Block& b0,
+                                                 const Nvfp4Block& b1) {
+  char* data = side + nvfp4_data_offset(p.nvfp4, t, head);
+  store_nvfp4_data(p, data + c0 * (kNvfp4Block / 2), b0.lo, b0.hi);
+  store_nvfp4_data(p, data + c1 * (kNvfp4Block / 2), b1.lo, b1.hi);
+  if (is_value && p.nvfp4.v_group > 0) {
+    // nvfp4_scale_offset's interleaved form, its (t, head) part once: group g, block r of it at
+    // g * scale_tok + 4 r on.
+    char* row = side + nvfp4_scale_offset(p.nvfp4, true, t, head, 0, 0);
+    const auto g0 = p.v_group.divmod(static_cast<uint32_t>(c0));
+    const auto g1 = p.v_group.divmod(static_cast<uint32_t>(c1));
+    row[g0.div * p.nvfp4.scale_tok + 4 * g0.mod] = static_cast<char>(b0.scale);
+    row[g1.div * p.nvfp4.scale_tok + 4 * g1.mod] = static_cast<char>(b1.scale);
+  } else {
+    char* row = side + nvfp4_scale_offset(p.nvfp4, false, t, head, 0, 0);
+    row[c0] = static_cast<char>(b0.scale);
+    row[c1] = static_cast<char>(b1.scale);
+  }
+}
+
 // Stores one NVFP4 block (8 packed bytes, the low nibble first, and its scale byte) of (side,
 // token t, head, block c): the data as one 8-byte word where p.store_width allows, the scale as one
 // byte at its linear or interleaved address (nvfp4_page.h).
@@ -759,9 +824,7 @@ struct Nvfp4Op {
   static constexpr int kUnits = 1;
   using Raw = Elements<In, kNvfp4Block, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams&) { return Raw::load(s, c); }
-  template <bool kFast>
-  __device__ __forceinline__ static void store_split(const Raw& f, char* side, int64_t t, int head, int c,
-                                                     bool is_value, const Divider global, const RowParams& p) {
+  __device__ __forceinline__ static Nvfp4Block encode(const Raw& f, const Divider global) {
     // NaN encodes as +0 and is ignored by amax: zero it once, so neither loop below tests it.
     float x[kNvfp4Block];
     float amax = 0.0f;
@@ -804,7 +867,22 @@ struct Nvfp4Op {
     for (int k = 0; k < kNvfp4Block; ++k) {
       packed[k / 8] |= e2m1_code_not_nan(__fmul_rn(x[k], recip)) << (4 * (k % 8));
     }
-    store_nvfp4_block(p, side, t, head, c, is_value, packed[0] & keep, packed[1] & keep, scale_bits);
+    return {packed[0] & keep, packed[1] & keep, scale_bits};
+  }
+  template <bool kFast>
+  __device__ __forceinline__ static void store_split(const Raw& f, char* side, int64_t t, int head, int c,
+                                                     bool is_value, const Divider global, const RowParams& p) {
+    const Nvfp4Block b = encode(f, global);
+    store_nvfp4_block(p, side, t, head, c, is_value, b.lo, b.hi, b.scale);
+  }
+  // Two blocks of one (side, token, head), as a unit pair has them: both encoded first, then
+  // their row's data and scale addresses located once for both.
+  template <bool kFast>
+  __device__ __forceinline__ static void store_split_pair(const Raw& f0, const Raw& f1, char* side, int64_t t,
+                                                          int head, int c0, int c1, bool is_value,
+                                                          const Divider global, const RowParams& p) {
+    const Nvfp4Block b0 = encode(f0, global), b1 = encode(f1, global);
+    store_nvfp4_pair(p, side, t, head, c0, c1, is_value, b0, b1);
   }
 };
 
