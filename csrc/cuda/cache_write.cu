@@ -157,13 +157,6 @@
 // Single units stay where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session):
 // smaller launches (decode), 16-bit caches, FP8 over 16-bit tables, and NVFP4 over full-width
 // float32 tables (its pairs spill).
-// 1: an NVFP4 unit pair (kOneSlot) encodes both blocks, then locates their row's data and scale
-// addresses once (store_nvfp4_pair); 0: each block locates them on its own, and nvcc recomputes
-// the row's 64-bit offsets for the second block. 1 measured faster; it stays 0 until a complete
-// GPU run of the rotary write tests has passed with it (BENCHMARKS.md).
-#ifndef KVFUSE_NVFP4_PAIR_STORE
-#define KVFUSE_NVFP4_PAIR_STORE 0
-#endif
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
@@ -183,6 +176,13 @@
 #endif
 #ifndef KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS 4
+#endif
+// 1: an NVFP4 unit pair (kOneSlot) encodes both blocks, then locates their row's data and scale
+// addresses once (store_nvfp4_pair); 0: each block locates them on its own, and nvcc recomputes
+// the row's 64-bit offsets for the second block. 1 measured faster; it stays 0 until a complete
+// GPU run of the rotary write tests has passed with it (BENCHMARKS.md).
+#ifndef KVFUSE_NVFP4_PAIR_STORE
+#define KVFUSE_NVFP4_PAIR_STORE 0
 #endif
 // The NVFP4 encode's instruction diet (BENCHMARKS.md, eighteenth session: 16384 tokens went from
 // 77% to 85% of copy, each step an A/B build; 0 restores the form before it):
@@ -353,6 +353,23 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
   if constexpr (kOneSlot) {
     if (slot[0] < 0 || slot[0] >= p.capacity) return;
     locate(p, slot[0], pair_block, pair_off);
+    if constexpr (Op::kSplitRows && KVFUSE_NVFP4_PAIR_STORE) {
+      static_assert(kUnits == 2, "a unit pair");
+      char* side = p.dst + pair_block * p.dst_block;
+      if constexpr (kPaired) {
+        Op::template store_split_pair<kFast>(raw[0].half[0], raw[1].half[0], side, pair_off, head[0], chunk[0],
+                                             chunk[1], false, div_k, p);
+        if (p.halves == 2) {
+          Op::template store_split_pair<kFast>(raw[0].half[1], raw[1].half[1], side + p.dst_kv, pair_off, head[0],
+                                               chunk[0], chunk[1], true, div_v, p);
+        }
+      } else {
+        Op::template store_split_pair<kFast>(raw[0].half[0], raw[1].half[0], is_value[0] ? side + p.dst_kv : side,
+                                             pair_off, head[0], chunk[0], chunk[1], is_value[0],
+                                             is_value[0] ? div_v : div_k, p);
+      }
+      return;
+    }
   }
 #pragma unroll
   for (int m = 0; m < kUnits; ++m) {
@@ -361,23 +378,7 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
       if (slot[m] < 0 || slot[m] >= p.capacity) continue;
       locate(p, slot[m], block, off);
     }
-    if constexpr (Op::kSplitRows && kOneSlot && KVFUSE_NVFP4_PAIR_STORE) {
-      static_assert(kUnits == 2, "a unit pair");
-      char* side = p.dst + block * p.dst_block;
-      if constexpr (kPaired) {
-        Op::template store_split_pair<kFast>(raw[0].half[0], raw[1].half[0], side, off, head[0], chunk[0], chunk[1],
-                                             false, div_k, p);
-        if (p.halves == 2) {
-          Op::template store_split_pair<kFast>(raw[0].half[1], raw[1].half[1], side + p.dst_kv, off, head[0],
-                                               chunk[0], chunk[1], true, div_v, p);
-        }
-      } else {
-        Op::template store_split_pair<kFast>(raw[0].half[0], raw[1].half[0], is_value[0] ? side + p.dst_kv : side,
-                                             off, head[0], chunk[0], chunk[1], is_value[0],
-                                             is_value[0] ? div_v : div_k, p);
-      }
-      break;  // both units stored
-    } else if constexpr (Op::kSplitRows) {
+    if constexpr (Op::kSplitRows) {
       char* side = p.dst + block * p.dst_block;
       if constexpr (kPaired) {
         Op::template store_split<kFast>(raw[m].half[0], side, off, head[m], chunk[m], false, div_k, p);
