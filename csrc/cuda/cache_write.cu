@@ -179,10 +179,9 @@
 #endif
 // 1: an NVFP4 unit pair (kOneSlot) encodes both blocks, then locates their row's data and scale
 // addresses once (store_nvfp4_pair); 0: each block locates them on its own, and nvcc recomputes
-// the row's 64-bit offsets for the second block. 1 measured faster; it stays 0 until a complete
-// GPU run of the rotary write tests has passed with it (BENCHMARKS.md).
+// the row's 64-bit offsets for the second block (measured slower: BENCHMARKS.md).
 #ifndef KVFUSE_NVFP4_PAIR_STORE
-#define KVFUSE_NVFP4_PAIR_STORE 0
+#define KVFUSE_NVFP4_PAIR_STORE 1
 #endif
 // The NVFP4 encode's instruction diet (BENCHMARKS.md, eighteenth session: 16384 tokens went from
 // 77% to 85% of copy, each step an A/B build; 0 restores the form before it):
