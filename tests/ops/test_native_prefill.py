@@ -153,10 +153,10 @@ POSITIONAL_VALUES = {
 def test_fp8_e4m3_position_dependent_values_carry_no_bias(case, values):
     """Values that change with the key's position, so that O's accumulators and the row sums'
     grow differently across a long context. Each row's signed error, relative to its output's
-    magnitude, averages within 2e-3 of zero. The e4m3 products truncate at every k-step, and
-    where one product sums O (and another the row sums) across every tile, the two lose
-    different fractions here: that build failed all six cases, with mean biases of 0.6 to 1.2%
-    in magnitude for the 4099-token prompt and 1.2 to 2.6% for the 8300-key context, while the
+    magnitude, averages within 2e-3 of zero. The e4m3 products truncate at every k-step. A build
+    in which one product sums O (and another the row sums) across every tile loses different
+    fractions of the two here: it failed all six cases, with mean biases of 0.6 to 1.2% in
+    magnitude for the 4099-token prompt and 1.2 to 2.6% for the 8300-key context, while the
     two-level accumulation passes them (BENCHMARKS.md, thirty-second session). Constant values
     cannot show this: there O's columns and the row sums are the same sums."""
     seq_lens, q_lens = CONSTANT_VALUE_CASES[case][:2]
