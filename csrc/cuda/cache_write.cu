@@ -85,14 +85,6 @@
 #ifndef KVFUSE_ROPE_UNPAIRED_BELOW
 #define KVFUSE_ROPE_UNPAIRED_BELOW KVFUSE_UNPAIRED_BELOW
 #endif
-// 1: unpaired rotary launches give each block's first half of threads key units and its second
-// half the value units of the same (token, head, chunk) range (split_halves_unit). A warp's
-// scheduler is its warp index mod 4, so this puts one key warp and one value warp of a 256-thread
-// block on each scheduler. 0: units in (token, half, head, chunk) order, where with 8 heads of
-// 4 unit pairs every even warp is a key warp: two schedulers got all of the rotation's work.
-#ifndef KVFUSE_ROPE_SPLIT_HALVES
-#define KVFUSE_ROPE_SPLIT_HALVES 1
-#endif
 // 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores. Measured
 // on an H100: the load hint is faster for launches that read up to 16 MiB (1024 tokens: 4.0 vs
 // 4.2 us bf16) and ~1% slower from 64 MiB (65536 tokens: 190.4 vs 188.4 us bf16); the store hint
@@ -254,8 +246,6 @@ struct RowParams {
   Nvfp4Layout nvfp4;
   IntDivider<uint32_t> v_group;
   RopeParams rope;
-  // Split-halves launches (split_halves_unit): the divider by p.per_half.
-  IntDivider<uint32_t> half_items;
 };
 
 // Launches without a rotary embedding: the key rows are encoded as loaded.
@@ -411,31 +401,12 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
   }
 }
 
-// Whether an unpaired launch places its units by block halves (KVFUSE_ROPE_SPLIT_HALVES): rotary
-// writes only, whose key units do more work than their value units.
-template <bool kPaired, class Rot>
-constexpr bool kSplitHalves = !kPaired && Rot::kActive && KVFUSE_ROPE_SPLIT_HALVES;
-
-// The unit of thread x of block b in a split-halves launch of kBlock-thread blocks, in the
-// (token, half, head, chunk) order of the others: item i = b * kBlock / 2 + x mod kBlock / 2 of
-// the (token, head, chunk) order, its key unit for x < kBlock / 2, else its value unit. Items
-// past the launch's (p.units / 2) give units >= p.units.
-template <int kBlock>
-__device__ __forceinline__ uint32_t split_halves_unit(const RowParams& p) {
-  static_assert(kBlock % 64 == 0, "each half of a block is whole warps");
-  constexpr uint32_t kHalf = kBlock / 2;
-  const bool value = threadIdx.x >= kHalf;
-  const auto tr = p.half_items.divmod(blockIdx.x * kHalf + (threadIdx.x - (value ? kHalf : 0u)));
-  return tr.div * (2 * p.per_half) + (value ? p.per_half : 0u) + tr.mod;
-}
-
 // Units in row-major order, u < p.units: a paired unit is (token, head, chunk) and covers the
 // chunk in the key row and, with two halves, in the value row, so both share one slot lookup and
 // one address computation; an unpaired unit is (token, half, head, chunk), half the work per
 // thread for twice the threads (shorter per-thread arithmetic in small FP8 / NVFP4 launches).
 // Block b takes the kUnits * kBlock units from b * kUnits * kBlock on, thread x of it the units
-// x, x + kBlock, ..., except in unpaired rotary launches, which place units by block halves
-// (split_halves_unit). A block need not hold whole tokens, so any block size serves any row width
+// x, x + kBlock, ... A block need not hold whole tokens, so any block size serves any row width
 // without idle threads or a loop. All of a thread's row and slot loads are issued before any of
 // its stores: the loads do not depend on the slots, so both memory latencies overlap, and nothing
 // is stored for units whose slot is -1 or out of range.
@@ -453,10 +424,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
     div_v = make_divider(__ldg(p.scale[1]));
   }
   static_assert(!Rot::kPairs || kUnits == 2, "a unit pair is two units of one thread");
-  static_assert(!kSplitHalves<kPaired, Rot> || Rot::kPairs || kUnits == 1, "one unit per thread");
-  const uint32_t first = kSplitHalves<kPaired, Rot>
-                             ? split_halves_unit<kBlock>(p)
-                             : blockIdx.x * ((Rot::kPairs ? 1 : kUnits) * kBlock) + threadIdx.x;
+  const uint32_t first = blockIdx.x * ((Rot::kPairs ? 1 : kUnits) * kBlock) + threadIdx.x;
   Pair<Op> raw[kUnits];
   int64_t slot[kUnits];
   int64_t dst_row[kUnits];  // byte offset of the unit's head row within its slot's key row
@@ -1332,10 +1300,6 @@ void launch_units(RowParams p, cudaStream_t stream) {
   constexpr int64_t kPerBlock = int64_t{Rot::kPairs ? 1 : kUnits} * kBlock;
   const int64_t items = kPaired ? int64_t{p.per_half} : int64_t{p.halves} * p.per_half;
   p.items = IntDivider<uint32_t>(static_cast<uint32_t>(items));
-  if constexpr (kSplitHalves<kPaired, Rot>) {
-    TORCH_CHECK(p.halves == 2, "kvfuse: a rotary write launch has key and value rows");
-    p.half_items = IntDivider<uint32_t>(p.per_half);
-  }
   // >= 1: a token has < 2^30 paired units (check_int32_sizes); unpaired launches are small (launch()).
   const int64_t slice = (INT32_MAX - kPerBlock) / items;
   for (int64_t t = 0; t < p.num_tokens; t += slice) {
