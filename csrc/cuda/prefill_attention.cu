@@ -98,12 +98,6 @@
 #ifndef KVFUSE_PREFILL_FP8_MAX_TREE
 #define KVFUSE_PREFILL_FP8_MAX_TREE 1
 #endif
-// 1: each e4m3 tile issues S of tile t before the P V product of tile t - 1, takes S's row maxima
-// while that product runs, and adds the product to O before the exponentials; 0: the product
-// first, added to O while S runs, and the whole softmax once S is done.
-#ifndef KVFUSE_PREFILL_FP8_SCORES_FIRST
-#define KVFUSE_PREFILL_FP8_SCORES_FIRST 0
-#endif
 
 namespace kvfuse {
 namespace {
@@ -332,41 +326,20 @@ __device__ __forceinline__ uint32_t pack_out(__half*, float lo, float hi) {
 // thread's partial row sums l (summed over the quad at the end; with kSums false the caller sums
 // P on the tensor cores and l is left alone), writes P as the next P V product's A operands
 // (store_p), and returns the accumulator's rescale in alpha.
-// Score j, e of row r of the thread's tile, -inf where masked.
-template <bool kMasked>
-__device__ __forceinline__ float tile_score(const float (&s)[64], int j, int e, int r, int col0, int limit0,
-                                            int limit1) {
-  const float x = s[4 * j + 2 * r + e];
-  if constexpr (kMasked) {
-    return 8 * j + col0 + e > (r == 0 ? limit0 : limit1) ? -INFINITY : x;
-  } else {
-    return x;
-  }
-}
-
-// -inf into the scores of the thread's tile that its rows do not see (columns past limit0 /
-// limit1), as softmax_tile's masked form reads them.
-__device__ __forceinline__ void mask_scores(float (&s)[64], int limit0, int limit1, int lane) {
-  const int col0 = 2 * (lane & 3);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) s[4 * j + 2 * r + e] = tile_score<true>(s, j, e, r, col0, limit0, limit1);
-    }
-  }
-}
-
-// The first half of softmax_tile: the rows' new maxima into m, the rescale into alpha, and the
-// exponent's offset per row into offset (softmax_exponentials' input).
-template <Operand kOp, bool kMasked>
-__device__ __forceinline__ void softmax_maxima(const float (&s)[64], float (&m)[2], float (&alpha)[2],
-                                               float (&offset)[2], const float (&qk)[2], int limit0, int limit1,
-                                               int lane) {
+template <Operand kOp, bool kMasked, bool kSums>
+__device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2], float (&l)[2], uint32_t* p,
+                                             float (&alpha)[2], const float (&qk)[2], int limit0, int limit1,
+                                             int lane) {
   constexpr float kShift = kOp == Operand::kE4m3 ? kFp8PShift : 0.f;
   const int col0 = 2 * (lane & 3);
-  auto score = [&](int j, int e, int r) { return tile_score<kMasked>(s, j, e, r, col0, limit0, limit1); };
+  auto score = [&](int j, int e, int r) {
+    const float x = s[4 * j + 2 * r + e];
+    if constexpr (kMasked) {
+      return 8 * j + col0 + e > (r == 0 ? limit0 : limit1) ? -INFINITY : x;
+    } else {
+      return x;
+    }
+  };
   float mx[2] = {-INFINITY, -INFINITY};
   if constexpr (KVFUSE_PREFILL_FP8_MAX_TREE && kOp == Operand::kE4m3) {
     float chains[2][4];
@@ -394,25 +367,15 @@ __device__ __forceinline__ void softmax_maxima(const float (&s)[64], float (&m)[
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     alpha[r] = fast_exp2(m[r] - m_use);
     m[r] = m_new;
-    offset[r] = kShift - m_use;
+    mx[r] = kShift - m_use;  // the exponent's offset, reused below
   }
-}
-
-// The second half of softmax_tile: P into p (store_p) and, with kSums, the rows' sums into l
-// (rescaled by alpha first).
-template <Operand kOp, bool kMasked, bool kSums>
-__device__ __forceinline__ void softmax_exponentials(const float (&s)[64], float (&l)[2], uint32_t* p,
-                                                     const float (&alpha)[2], const float (&offset)[2],
-                                                     const float (&qk)[2], int limit0, int limit1, int lane) {
-  const int col0 = 2 * (lane & 3);
-  auto score = [&](int j, int e, int r) { return tile_score<kMasked>(s, j, e, r, col0, limit0, limit1); };
   float sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float p0 = softmax_exp2<kOp>(j, fmaf(score(j, 0, r), qk[r], offset[r]));
-      const float p1 = softmax_exp2<kOp>(j, fmaf(score(j, 1, r), qk[r], offset[r]));
+      const float p0 = softmax_exp2<kOp>(j, fmaf(score(j, 0, r), qk[r], mx[r]));
+      const float p1 = softmax_exp2<kOp>(j, fmaf(score(j, 1, r), qk[r], mx[r]));
       if constexpr (kSums) sum[r] += p0 + p1;
       store_p<kOp>(p, j, r, p0, p1);
     }
@@ -421,15 +384,6 @@ __device__ __forceinline__ void softmax_exponentials(const float (&s)[64], float
     l[0] = l[0] * alpha[0] + sum[0];
     l[1] = l[1] * alpha[1] + sum[1];
   }
-}
-
-template <Operand kOp, bool kMasked, bool kSums>
-__device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2], float (&l)[2], uint32_t* p,
-                                             float (&alpha)[2], const float (&qk)[2], int limit0, int limit1,
-                                             int lane) {
-  float offset[2];
-  softmax_maxima<kOp, kMasked>(s, m, alpha, offset, qk, limit0, limit1, lane);
-  softmax_exponentials<kOp, kMasked, kSums>(s, l, p, alpha, offset, qk, limit0, limit1, lane);
 }
 
 // S = Q K^T for one consumer. Both operands are K-major in shared memory with 8-row swizzle atoms
@@ -757,45 +711,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int st = it % kStages, pst = (it - 1) % kStages;
       const KeyTile kt = tiles[it];
       await_turn(it);
-      if constexpr (KVFUSE_PREFILL_FP8_SCORES_FIRST) {
-        issue_scores<kOp>(s, q_desc, k_tile(st));
-        wgmma_commit();
-        issue_values<kOp, kRowSums>(o, row_sums, pa, v_tile(pst), ones_desc);
-        wgmma_commit();
-        pass_turn(it);
-        wgmma_wait<1>();  // S done; P V may still run
-        fence_registers(s);
-        if (lane == 0) mbar_arrive(&sm.k_empty[st]);
-        // This tile's maxima while the previous tile's product runs; its rescale is applied to O
-        // after that product is added (add_product takes the previous softmax's).
-        // A masked tile's masked scores become -inf in place, which the unmasked softmax then
-        // reads as the masked one would: one branch without a product in it (ptxas serialises
-        // the products of a loop whose branches issue them).
-        if (masked(kt)) mask_scores(s, limit(kt, row_a), limit(kt, row_b), lane);
-        float next_alpha[2], offset[2];
-        softmax_maxima<kOp, false>(s, m, next_alpha, offset, qk, kNoMask, kNoMask, lane);
-        wgmma_wait<0>();
-        fence_registers(o);
-        if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-        add_product();
-        alpha[0] = next_alpha[0];
-        alpha[1] = next_alpha[1];
-        softmax_exponentials<kOp, false, kSums>(s, l, pa, alpha, offset, qk, kNoMask, kNoMask, lane);
-      } else {
-        issue_values<kOp, kRowSums>(o, row_sums, pa, v_tile(pst), ones_desc);
-        wgmma_commit();
-        issue_scores<kOp>(s, q_desc, k_tile(st));
-        wgmma_commit();
-        pass_turn(it);
-        wgmma_wait<1>();  // P V done; S may still run
-        fence_registers(o);
-        if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-        add_product();
-        wgmma_wait<0>();
-        fence_registers(s);
-        if (lane == 0) mbar_arrive(&sm.k_empty[st]);
-        softmax(kt, pa);
-      }
+      issue_values<kOp, kRowSums>(o, row_sums, pa, v_tile(pst), ones_desc);
+      wgmma_commit();
+      issue_scores<kOp>(s, q_desc, k_tile(st));
+      wgmma_commit();
+      pass_turn(it);
+      wgmma_wait<1>();  // P V done; S may still run
+      fence_registers(o);
+      if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
+      add_product();
+      wgmma_wait<0>();
+      fence_registers(s);
+      if (lane == 0) mbar_arrive(&sm.k_empty[st]);
+      softmax(kt, pa);
     }
     last_values(pa);
     add_product();
