@@ -98,6 +98,12 @@
 #ifndef KVFUSE_PREFILL_FP8_MAX_TREE
 #define KVFUSE_PREFILL_FP8_MAX_TREE 1
 #endif
+// 1: the warpgroup index is broadcast from lane 0, so that nvcc treats it as warp-uniform and keeps
+// the consumer's descriptors in uniform registers (0: it moved them from ordinary registers into
+// uniform ones before every product, and spilled; measured slower: BENCHMARKS.md).
+#ifndef KVFUSE_PREFILL_UNIFORM_WARPGROUP
+#define KVFUSE_PREFILL_UNIFORM_WARPGROUP 1
+#endif
 
 namespace kvfuse {
 namespace {
@@ -531,7 +537,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_key_tiles = tiles.count();
   const int context_row0 = b * p.context_stride;
 
+#if KVFUSE_PREFILL_UNIFORM_WARPGROUP
+  // What derives from it (the consumer's query, ones and tile descriptors) then stays uniform.
+  const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+#else
   const int warpgroup = tid / 128;
+#endif
   if (tid == 0) {
     mbar_init(&sm.q_full, 1);
     for (int s = 0; s < kStages; ++s) {
