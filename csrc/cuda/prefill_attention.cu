@@ -42,6 +42,9 @@
 // off the softmax and sums the same e4m3-rounded P the values are weighted with. The e4m3 softmax
 // also takes a share of its exponentials from a polynomial (poly_exp2) instead of the MUFU unit.
 // The producer gives up registers (setmaxnreg) so that the consumers hold S, O and P (240 each).
+// The 16-bit kernels' consumers store O through their query tile in shared memory, which no
+// product reads any more, with two tensor-map stores each (whole 128-byte rows instead of every
+// thread's scattered 4-byte pairs); consumers with rows past their sequence store pairs as before.
 //
 // Key tiles in order (KeyTiles): with the step's K/V, the diagonal tile of the new keys (masked:
 // key i' <= i), the other new tiles from the diagonal down, then the prefix tiles from its end
@@ -101,6 +104,17 @@
 // 1: the warpgroup index is broadcast from lane 0, so that nvcc treats it as warp-uniform and keeps
 // the consumer's descriptors in uniform registers (0: it moved them from ordinary registers into
 // uniform ones before every product, and spilled; measured slower: BENCHMARKS.md).
+// 1: a consumer whose 64 rows all belong to its sequence stores O through its (by then unread)
+// 16-bit query tile in shared memory, as two tensor-map stores of whole 128-byte rows; 0: every
+// thread stores its own 4-byte pairs straight to global memory (as rows past the sequence do).
+// 16-bit and e4m3 kernels apart: the e4m3 kernel measured slower with it at 16384 tokens
+// (BENCHMARKS.md, thirty-seventh session).
+#ifndef KVFUSE_PREFILL_TMA_STORE
+#define KVFUSE_PREFILL_TMA_STORE 1
+#endif
+#ifndef KVFUSE_PREFILL_FP8_TMA_STORE
+#define KVFUSE_PREFILL_FP8_TMA_STORE 0
+#endif
 #ifndef KVFUSE_PREFILL_UNIFORM_WARPGROUP
 #define KVFUSE_PREFILL_UNIFORM_WARPGROUP 1
 #endif
@@ -142,6 +156,7 @@ struct OperandTraits {
   static constexpr int kStages = kFp8 ? KVFUSE_PREFILL_FP8_STAGES : KVFUSE_PREFILL_STAGES;
   static constexpr int kPRegisters = kFp8 ? 16 : 32;  // P of a 64 x 128 tile as MMA A operands
   static constexpr bool kPingPong = kFp8 ? KVFUSE_PREFILL_FP8_PINGPONG : KVFUSE_PREFILL_PINGPONG;
+  static constexpr bool kTmaStore = kFp8 ? KVFUSE_PREFILL_FP8_TMA_STORE : KVFUSE_PREFILL_TMA_STORE;
 };
 
 template <Operand kOp>
@@ -485,7 +500,8 @@ template <Operand kOp, typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap ck_map,
-                             const __grid_constant__ CUtensorMap cv_map, const PrefillParams p) {
+                             const __grid_constant__ CUtensorMap cv_map, const __grid_constant__ CUtensorMap o_map,
+                             const PrefillParams p) {
 #if KVFUSE_HOPPER_MMA
   using namespace hopper;
   using Traits = OperandTraits<kOp>;
@@ -806,6 +822,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   T* out = static_cast<T*>(p.out);
   const int col0 = 2 * (lane & 3);
+  if (Traits::kTmaStore && m0 + c * kConsumerRows + kConsumerRows <= q_len) {
+    // Every product that read this consumer's 16-bit query tile has completed (its e4m3 kernel
+    // read it only to quantize), so the tile takes O in the tensor map's layout: [half][64 rows]
+    // [128 B], 16-byte chunks swizzled by the row's index mod 8.
+    uint8_t* stage_o = sm.q + c * kQConsumerBytes;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = (r == 0 ? row_a : row_b) - c * kConsumerRows;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t offset = (j / 8) * kQHalfBytes + row * 128 + (((j % 8) ^ (row % 8)) * 16) + 4 * (lane & 3);
+        *reinterpret_cast<uint32_t*>(stage_o + offset) =
+            pack_out(static_cast<T*>(nullptr), o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+      }
+    }
+    fence_shared_for_async_proxy();
+    named_barrier_sync(3 + c, 128);
+    if (ctid == 0) {
+      for (int half = 0; half < 2; ++half) {
+        tma_store_2d(&o_map, h * kHead + half * kSwizzleElems, q_start + m0 + c * kConsumerRows,
+                     stage_o + half * kQHalfBytes);
+      }
+      bulk_commit();
+      bulk_wait_read();
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = r == 0 ? row_a : row_b;
@@ -872,14 +915,15 @@ CUtensorMap head_rows_map(const at::Tensor& t, uint32_t box_rows, const char* na
 
 template <Operand kOp, typename T>
 void launch(const dim3& grid, cudaStream_t stream, const CUtensorMap& q_map, const CUtensorMap& k_map,
-            const CUtensorMap& v_map, const CUtensorMap& ck_map, const CUtensorMap& cv_map, const PrefillParams& p) {
+            const CUtensorMap& v_map, const CUtensorMap& ck_map, const CUtensorMap& cv_map, const CUtensorMap& o_map,
+            const PrefillParams& p) {
   constexpr size_t kBytes = shared_bytes<kOp>();
   static std::once_flag once;
   std::call_once(once, [] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<kOp, T>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
   });
-  prefill_attention_kernel<kOp, T><<<grid, kThreads, kBytes, stream>>>(q_map, k_map, v_map, ck_map, cv_map, p);
+  prefill_attention_kernel<kOp, T><<<grid, kThreads, kBytes, stream>>>(q_map, k_map, v_map, ck_map, cv_map, o_map, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -923,6 +967,7 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
               "prefill_attention: row counts must fit int32");
 
   const CUtensorMap q_map = head_rows_map(query, kConsumerRows, "query");
+  const CUtensorMap o_map = head_rows_map(out, kConsumerRows, "out");
   CUtensorMap k_map, v_map, ck_map, cv_map;
   if (fp8) {
     TORCH_CHECK(context_key.dim() == 3 && context_key.size(2) == kHead && context_key.stride(2) == 1 &&
@@ -972,13 +1017,13 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool half = query.scalar_type() == at::kHalf;
   if (fp8 && half) {
-    launch<Operand::kE4m3, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    launch<Operand::kE4m3, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, o_map, p);
   } else if (fp8) {
-    launch<Operand::kE4m3, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    launch<Operand::kE4m3, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, o_map, p);
   } else if (half) {
-    launch<Operand::kFp16, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    launch<Operand::kFp16, __half>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, o_map, p);
   } else {
-    launch<Operand::kBf16, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, p);
+    launch<Operand::kBf16, __nv_bfloat16>(grid, stream, q_map, k_map, v_map, ck_map, cv_map, o_map, p);
   }
   return out;
 }
