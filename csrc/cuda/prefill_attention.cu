@@ -104,6 +104,9 @@
 // 1: the warpgroup index is broadcast from lane 0, so that nvcc treats it as warp-uniform and keeps
 // the consumer's descriptors in uniform registers (0: it moved them from ordinary registers into
 // uniform ones before every product, and spilled; measured slower: BENCHMARKS.md).
+#ifndef KVFUSE_PREFILL_UNIFORM_WARPGROUP
+#define KVFUSE_PREFILL_UNIFORM_WARPGROUP 1
+#endif
 // 1: a consumer whose 64 rows all belong to its sequence stores O through its (by then unread)
 // 16-bit query tile in shared memory, as two tensor-map stores of whole 128-byte rows; 0: every
 // thread stores its own 4-byte pairs straight to global memory (as rows past the sequence do).
@@ -114,9 +117,6 @@
 #endif
 #ifndef KVFUSE_PREFILL_FP8_TMA_STORE
 #define KVFUSE_PREFILL_FP8_TMA_STORE 0
-#endif
-#ifndef KVFUSE_PREFILL_UNIFORM_WARPGROUP
-#define KVFUSE_PREFILL_UNIFORM_WARPGROUP 1
 #endif
 
 namespace kvfuse {
