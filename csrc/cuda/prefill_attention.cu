@@ -967,7 +967,9 @@ at::Tensor prefill_attention_cuda(const at::Tensor& query, const at::Tensor& key
               "prefill_attention: row counts must fit int32");
 
   const CUtensorMap q_map = head_rows_map(query, kConsumerRows, "query");
-  const CUtensorMap o_map = head_rows_map(out, kConsumerRows, "out");
+  // Encoded only for the kernels that store through it (OperandTraits::kTmaStore).
+  const bool tma_store = fp8 ? OperandTraits<Operand::kE4m3>::kTmaStore : OperandTraits<Operand::kBf16>::kTmaStore;
+  const CUtensorMap o_map = tma_store ? head_rows_map(out, kConsumerRows, "out") : CUtensorMap{};
   CUtensorMap k_map, v_map, ck_map, cv_map;
   if (fp8) {
     TORCH_CHECK(context_key.dim() == 3 && context_key.size(2) == kHead && context_key.stride(2) == 1 &&
