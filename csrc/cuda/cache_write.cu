@@ -152,11 +152,12 @@
 #endif
 // 1: NeoX rotary writes of at least KVFUSE_ROPE_PAIRS_FROM 16-element (token, head, chunk) units
 // (KVFUSE_ROPE_NVFP4_PAIRS_FROM for NVFP4), whose unrotated tail splits into pairs ((head_size - R)
-// % (2 N) == 0), run in unit pairs (PairRotation): FP8 over float32 tables in pairs of 8-element
-// units, NVFP4 in pairs of its 16-element blocks; 0: one unit per thread (Rotation) at every size.
-// Single units stay where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session):
-// smaller launches (decode), 16-bit caches, FP8 over 16-bit tables, and NVFP4 over full-width
-// float32 tables (its pairs spill).
+// % (2 N) == 0), run in unit pairs (PairRotation): FP8 over float32 tables (and, for bfloat16 keys,
+// over 16-bit ones: KVFUSE_ROPE_FP8_PAIRS_16BIT_TABLES) in pairs of 8-element units, NVFP4 in pairs
+// of its 16-element blocks; 0: one unit per thread (Rotation) at every size. Single units stay
+// where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session): smaller launches
+// (decode), 16-bit caches, FP8 of half keys over 16-bit tables, and NVFP4 over full-width float32
+// tables (its pairs spill).
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
@@ -176,6 +177,20 @@
 #endif
 #ifndef KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS 4
+#endif
+// 1: FP8 unit-pair rotary writes of bfloat16 keys hand the encode their rotated elements as
+// floats, each rounded to bfloat16 by one convert with a zero partner (PairRotation::kWidens),
+// instead of packing two rounded elements per word for the encode to widen again; 0: packed.
+// NVFP4 pairs stay packed: widened they ran level at 4096 tokens over float32 half tables and 1%
+// slower over bfloat16 tables (BENCHMARKS.md, thirty-eighth session).
+#ifndef KVFUSE_ROPE_WIDENED_OUT
+#define KVFUSE_ROPE_WIDENED_OUT 1
+#endif
+// 1: FP8 rotary writes of bfloat16 keys over 16-bit tables take unit pairs too (widened, as over
+// float32 tables); 0: single units, where pairs with packed outputs had not won on an H100. Half
+// keys keep single units there (their pairs do not widen and were not measured).
+#ifndef KVFUSE_ROPE_FP8_PAIRS_16BIT_TABLES
+#define KVFUSE_ROPE_FP8_PAIRS_16BIT_TABLES 1
 #endif
 // 1: an NVFP4 unit pair (kOneSlot) encodes both blocks, then locates their row's data and scale
 // addresses once (store_nvfp4_pair); 0: each block locates them on its own, and nvcc recomputes
@@ -252,6 +267,8 @@ struct RowParams {
 struct NoRotation {
   static constexpr bool kActive = false;
   static constexpr bool kPairs = false;
+  template <class Op>
+  static constexpr bool kWidens = false;
   struct Loaded {};
   template <class Op, bool kPaired>
   static constexpr int min_blocks() { return Op::kMinBlocks; }
@@ -320,6 +337,13 @@ __device__ __forceinline__ int64_t slot_of(const RowParams& p, int64_t tok) {
          : p.slots64        ? __ldg(static_cast<const int64_t*>(p.slots) + tok)
                             : __ldg(static_cast<const int32_t*>(p.slots) + tok);
 }
+
+// A unit's elements as float, each already a value of the key's dtype (PairRotation::kWidens).
+template <int N>
+struct Widened {
+  float v[N];
+  __device__ __forceinline__ float operator[](int k) const { return v[k]; }
+};
 
 // One unit's registers: the chunk as loaded from the key row and, in a paired unit, the value row.
 template <class Op>
@@ -397,6 +421,29 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
         // Selected by value: a reference to either would put both dividers in local memory.
         Op::template store<kFast>(raw[m].half[0], dst, chunk[m], is_value[m] ? div_v : div_k, p);
       }
+    }
+  }
+}
+
+// store_units' unit-pair path for a rotation that widens (PairRotation::kWidens, FP8): the pair's
+// first side (the key rows, or an unpaired item's rows) from `first` as floats, a paired value row
+// from raw.
+template <class Op, bool kPaired, bool kFast, int N, class Raw>
+__device__ __forceinline__ void store_widened_pair(const RowParams& p, const Widened<N> (&first)[2], const Raw (&raw)[2],
+                                                   int64_t slot, const int (&chunk)[2], bool is_value, int64_t dst_row,
+                                                   const Divider div_k, const Divider div_v) {
+  static_assert(!Op::kSplitRows, "row ops that take their row's address");
+  if (slot < 0 || slot >= p.capacity) return;
+  int64_t block, off;
+  locate(p, slot, block, off);
+  char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_row;
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    if constexpr (kPaired) {
+      Op::template store<kFast>(first[m], dst, chunk[m], div_k, p);
+      if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
+    } else {
+      Op::template store<kFast>(first[m], dst, chunk[m], is_value ? div_v : div_k, p);
     }
   }
 }
@@ -502,7 +549,16 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       }
     }
   }
-  if constexpr (Rot::kPairs) {
+  if constexpr (Rot::kPairs && Rot::template kWidens<Op>) {
+    Widened<Rot::N> key[2];
+    Rot::apply_widened(raw[0].half[0], raw[1].half[0], rot[0], key[0], key[1]);
+    if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
+      store_widened_pair<Op, kPaired, true>(p, key, raw, slot[0], chunk, is_value[0], dst_row[0], div_k, div_v);
+    } else {
+      store_widened_pair<Op, kPaired, false>(p, key, raw, slot[0], chunk, is_value[0], dst_row[0], div_k, div_v);
+    }
+    return;
+  } else if constexpr (Rot::kPairs) {
     if (slot[0] >= 0) Rot::apply(raw[0].half[0], raw[1].half[0], rot[0], p.rope);
   } else if constexpr (Rot::kActive) {
 #pragma unroll
@@ -640,8 +696,8 @@ struct EncodeOp {
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams&) { return Raw::load(s, c); }
-  template <bool kFast>
-  __device__ __forceinline__ static void store(const Raw& f, char* d, int c, const Divider div, const RowParams&) {
+  template <bool kFast, class Src>
+  __device__ __forceinline__ static void store(const Src& f, char* d, int c, const Divider div, const RowParams&) {
     if constexpr (kIsFp8<Out>) {
       uint8_t* out = reinterpret_cast<uint8_t*>(d) + static_cast<int64_t>(c) * N;
       if constexpr (N == 1) {
@@ -966,6 +1022,14 @@ __device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
   return word;
 }
 
+// v rounded to bfloat16 (c10's conversion, cvt.rn) as a float: the upper half of a bf16x2 convert
+// whose lower half converts +0.
+__device__ __forceinline__ float round_bf16(float v) {
+  uint32_t word;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(v), "f"(0.0f));
+  return __uint_as_float(word);
+}
+
 // The table row of token tok: its position, or tok itself without positions.
 __device__ __forceinline__ int64_t rope_table_row(int64_t tok, const RopeParams& r) {
   return r.positions == nullptr ? tok
@@ -1014,6 +1078,8 @@ template <typename In, typename Table, bool kNeox, bool kShuffle = false, int kN
 struct Rotation {
   static constexpr bool kActive = true;
   static constexpr bool kPairs = false;
+  template <class Op>
+  static constexpr bool kWidens = false;
   static constexpr int N = kN;
   using Run = Elements<In, N, true>;
   using Cols = TableRun<Table, N>;
@@ -1189,6 +1255,11 @@ struct PairRotation {
   using Run = Elements<In, N, true>;
   using Cols = TableRun<Table, N>;
   static constexpr int kRuns = kHalfTable ? 1 : 2;
+  // Whether an op over this rotation's output takes it widened (apply_widened): FP8 encodes float
+  // elements, and a bfloat16 value is a float whose low 16 bits are zero.
+  template <class Op>
+  static constexpr bool kWidens = KVFUSE_ROPE_WIDENED_OUT && Op::kUsesScale && !Op::kSplitRows &&
+                                  std::is_same_v<In, c10::BFloat16>;
   // The pair's columns: [0] the lower chunk's, [1] the upper chunk's (full-width tables only).
   struct Loaded {
     bool rotated = false;
@@ -1251,6 +1322,35 @@ struct PairRotation {
     }
     lo = ylo;
     hi = yhi;
+  }
+
+  // apply's values as floats (kWidens): a rotated element rounded to bfloat16 is the upper half of
+  // a bf16x2 convert with a zero partner (one instruction, where a packed pair takes one per two
+  // elements and the encode's widening one per element); an unrotated one is widened.
+  __device__ __forceinline__ static void apply_widened(const Run& lo, const Run& hi, const Loaded& l,
+                                                       Widened<N>& ylo, Widened<N>& yhi) {
+    if (!l.rotated) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        ylo.v[k] = widen(lo.e, k);
+        yhi.v[k] = widen(hi.e, k);
+      }
+      return;
+    }
+    constexpr int kUpper = kRuns - 1;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float x1 = widen(lo.e, k), x2 = widen(hi.e, k);
+      const float c1 = widen(l.cos[0].e, k), s1 = widen(l.sin[0].e, k);
+      const float c2 = widen(l.cos[kUpper].e, k), s2 = widen(l.sin[kUpper].e, k);
+#if KVFUSE_ROPE_CONTRACT
+      ylo.v[k] = round_bf16(__fmaf_rn(x1, c1, __fmul_rn(-x2, s1)));
+      yhi.v[k] = round_bf16(__fmaf_rn(x2, c2, __fmul_rn(x1, s2)));
+#else
+      ylo.v[k] = round_bf16(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1)));
+      yhi.v[k] = round_bf16(__fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2)));
+#endif
+    }
   }
 };
 
@@ -1523,7 +1623,8 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
 }
 
 // FP8 and NVFP4 NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units for
-// FP8 over float32 tables, of 16-element blocks for NVFP4 over any but full-width float32 tables,
+// FP8 over float32 tables (and bfloat16 keys' over 16-bit ones), of 16-element blocks for NVFP4
+// over any but full-width float32 tables,
 // from KVFUSE_ROPE_(NVFP4_)PAIRS_FROM units on. False (nothing launched) for other formats, table
 // types and smaller launches, and where the unrotated tail of a head does not split into pairs.
 template <typename In, typename Table>
@@ -1537,7 +1638,7 @@ bool launch_rope_pairs(const RowParams& p, KVQuantMode mode, cudaStream_t stream
   // Which table types take pairs is decided here at compile time: the others are never instantiated.
   const auto go = [&](auto half_table) {
     constexpr bool kHalf = decltype(half_table)::value;
-    if constexpr (sizeof(Table) > 2) {
+    if constexpr (sizeof(Table) > 2 || (KVFUSE_ROPE_FP8_PAIRS_16BIT_TABLES && std::is_same_v<In, c10::BFloat16>)) {
       if (mode == KVQuantMode::FP8_E4M3) {
         launch_pairs<EncodeOp<In, E4M3, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
         return true;

@@ -638,10 +638,11 @@ def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_ap
     ids=["bf16", "bf16-half", "f32", "f32-half", "f32-half-pos"])
 @pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
 def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mode, cache_dtype):
-    """NeoX launches of 65536 16-element units and more for FP8 over float32 tables, of 131072 and
-    more for NVFP4 (KVFUSE_ROPE_PAIRS_FROM, KVFUSE_ROPE_NVFP4_PAIRS_FROM), hold a unit and its
-    rotation partner in one thread (PairRotation), paired with the value row or not by size; FP8
-    over 16-bit tables takes single units. Every table form (full / half width, bf16 / float32,
+    """NeoX launches of 65536 16-element units and more for FP8 (over float32 tables, and over
+    16-bit ones for these bfloat16 keys), of 131072 and more for NVFP4 (KVFUSE_ROPE_PAIRS_FROM,
+    KVFUSE_ROPE_NVFP4_PAIRS_FROM), hold a unit and its rotation partner in one thread
+    (PairRotation), paired with the value row or not by size; FP8 hands its rotated elements to the
+    encode as floats (KVFUSE_ROPE_WIDENED_OUT). Every table form (full / half width, bf16 / float32,
     read at positions), an unrotated tail of pairs (d256-r192) and one that does not split into
     NVFP4 pairs (d80-r64: single units), odd token counts, a sentinel cache and a slot of -1."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
