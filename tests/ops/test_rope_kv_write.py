@@ -535,9 +535,9 @@ NATIVE_FORMAT_IDS = ["e4m3", "e5m2", "nvfp4"]
 @pytest.mark.parametrize("T", [1, 7, 64, 533, 1100])
 def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_dim, table_dtype, T):
     """Every rotary setup against the reference; FP8 takes 8-element units up to 533 tokens and
-    16-element ones at 1100 (KVFUSE_ROPE_FP8_NARROW_BELOW in csrc/cuda/cache_write.cu), or, at
-    1100 over float32 NeoX tables, unit pairs (KVFUSE_ROPE_PAIRS_FROM; NVFP4 keeps single units up
-    to 2047 tokens of 8 heads, test_gpu_native_unit_pairs)."""
+    16-element ones at 1100 (KVFUSE_ROPE_FP8_NARROW_BELOW in csrc/cuda/cache_write.cu), or, in
+    NeoX launches at 1100, unit pairs (KVFUSE_ROPE_PAIRS_FROM; over any table for these bfloat16
+    keys; NVFP4 keeps single units up to 2047 tokens of 8 heads, test_gpu_native_unit_pairs)."""
     c = _case(T, 32, 8, 128, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + rotary_dim,
               device="cuda", num_blocks=T // BLOCK + 8)
     c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
