@@ -1297,26 +1297,30 @@ struct PairRotation {
     return l;
   }
 
+  // Element k of the pair rotated, in float32: the lower chunk's y and the upper chunk's y'.
+  __device__ __forceinline__ static void rotate(const Run& lo, const Run& hi, const Loaded& l, int k, float& y,
+                                                float& y_upper) {
+    constexpr int kUpper = kRuns - 1;
+    const float x1 = widen(lo.e, k), x2 = widen(hi.e, k);
+    const float c1 = widen(l.cos[0].e, k), s1 = widen(l.sin[0].e, k);
+    const float c2 = widen(l.cos[kUpper].e, k), s2 = widen(l.sin[kUpper].e, k);
+#if KVFUSE_ROPE_CONTRACT
+    y = __fmaf_rn(x1, c1, __fmul_rn(-x2, s1));
+    y_upper = __fmaf_rn(x2, c2, __fmul_rn(x1, s2));
+#else
+    y = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1));
+    y_upper = __fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2));
+#endif
+  }
+
   __device__ __forceinline__ static void apply(Run& lo, Run& hi, const Loaded& l, const RopeParams&) {
     if (!l.rotated) return;
-    constexpr int kUpper = kRuns - 1;
     Run ylo, yhi;
 #pragma unroll
     for (int k = 0; k < N; k += 2) {
       float y[2][2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float x1 = widen(lo.e, k + i), x2 = widen(hi.e, k + i);
-        const float c1 = widen(l.cos[0].e, k + i), s1 = widen(l.sin[0].e, k + i);
-        const float c2 = widen(l.cos[kUpper].e, k + i), s2 = widen(l.sin[kUpper].e, k + i);
-#if KVFUSE_ROPE_CONTRACT
-        y[0][i] = __fmaf_rn(x1, c1, __fmul_rn(-x2, s1));
-        y[1][i] = __fmaf_rn(x2, c2, __fmul_rn(x1, s2));
-#else
-        y[0][i] = __fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1));
-        y[1][i] = __fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2));
-#endif
-      }
+      for (int i = 0; i < 2; ++i) rotate(lo, hi, l, k + i, y[0][i], y[1][i]);
       reinterpret_cast<uint32_t*>(ylo.words)[k / 2] = round_pair<In>(y[0][0], y[0][1]);
       reinterpret_cast<uint32_t*>(yhi.words)[k / 2] = round_pair<In>(y[1][0], y[1][1]);
     }
@@ -1337,19 +1341,12 @@ struct PairRotation {
       }
       return;
     }
-    constexpr int kUpper = kRuns - 1;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      const float x1 = widen(lo.e, k), x2 = widen(hi.e, k);
-      const float c1 = widen(l.cos[0].e, k), s1 = widen(l.sin[0].e, k);
-      const float c2 = widen(l.cos[kUpper].e, k), s2 = widen(l.sin[kUpper].e, k);
-#if KVFUSE_ROPE_CONTRACT
-      ylo.v[k] = round_bf16(__fmaf_rn(x1, c1, __fmul_rn(-x2, s1)));
-      yhi.v[k] = round_bf16(__fmaf_rn(x2, c2, __fmul_rn(x1, s2)));
-#else
-      ylo.v[k] = round_bf16(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1)));
-      yhi.v[k] = round_bf16(__fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2)));
-#endif
+      float y, y_upper;
+      rotate(lo, hi, l, k, y, y_upper);
+      ylo.v[k] = round_bf16(y);
+      yhi.v[k] = round_bf16(y_upper);
     }
   }
 };
@@ -1623,10 +1620,10 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
 }
 
 // FP8 and NVFP4 NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units for
-// FP8 over float32 tables (and bfloat16 keys' over 16-bit ones), of 16-element blocks for NVFP4
-// over any but full-width float32 tables,
-// from KVFUSE_ROPE_(NVFP4_)PAIRS_FROM units on. False (nothing launched) for other formats, table
-// types and smaller launches, and where the unrotated tail of a head does not split into pairs.
+// FP8 over float32 tables (and over 16-bit ones for bfloat16 keys), of 16-element blocks for
+// NVFP4 over any but full-width float32 tables, from KVFUSE_ROPE_(NVFP4_)PAIRS_FROM units on.
+// False (nothing launched) for other formats, table types and smaller launches, and where the
+// unrotated tail of a head does not split into pairs.
 template <typename In, typename Table>
 bool launch_rope_pairs(const RowParams& p, KVQuantMode mode, cudaStream_t stream) {
   constexpr int F = kRopeNarrowUnit, W = kRopeUnit;
