@@ -179,6 +179,18 @@ def _loaded_libstdcxx() -> Optional[str]:
     return None
 
 
+def _clear_stale_baton(build_dir: Path) -> None:
+    """Removes the ``lock`` file torch's ``cpp_extension.load`` leaves in ``build_dir`` when a build
+    is killed (Ctrl-C, an OOM kill): torch takes that file's existence to mean "another process is
+    building" and waits on it forever, so every later import would hang. Called only under
+    ``_compile``'s file lock, which the OS releases when its holder dies and which every kvfuse
+    build of ``build_dir`` takes, so a baton found then has no live owner."""
+    baton = build_dir / "lock"
+    if baton.exists():
+        logger.warning("removing %s, left by a native build that did not finish", baton)
+        baton.unlink(missing_ok=True)
+
+
 def _compile(csrc: Path, gencode: Optional[str]) -> tuple[str, Path]:
     from filelock import FileLock
     from torch.utils import cpp_extension
@@ -194,6 +206,7 @@ def _compile(csrc: Path, gencode: Optional[str]) -> tuple[str, Path]:
         cflags.append("-DKVFUSE_WITH_CUDA")
         cuda_flags = ["-DKVFUSE_WITH_CUDA", gencode, *_NVCC_FLAGS, *_extra_cuda_flags()]
     with FileLock(str(build_dir) + ".lock"):
+        _clear_stale_baton(build_dir)
         library = cpp_extension.load(
             name=name,
             sources=sources,

@@ -11,15 +11,19 @@ read the slots' logical rows.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from kvfuse.kv_cache import (KVQuantMode, logical_cache_rows, nvfp4_v_scales_swizzled, read_cache_rows, row_dim_for,
                              storage_dtype)
+from kvfuse import envs
 from kvfuse import ops as kv_ops
 from kvfuse.ops import registry as backends
 from kvfuse.ops import native
@@ -346,6 +350,43 @@ def test_disabled_by_env(monkeypatch):
         assert backends.select("encode_kv", "cpu", 0)[0] == "reference"
     finally:
         backends.clear_cache()
+
+
+def test_build_after_a_killed_build_does_not_wait_on_its_baton(monkeypatch, tmp_path, caplog):
+    """A build killed mid-way leaves torch's ``lock`` baton in its directory; the next build must
+    remove it (under kvfuse's own file lock) before torch's loader would wait on it forever."""
+    from filelock import FileLock, Timeout
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("KVFUSE_NATIVE_BUILD_DIR", str(tmp_path))
+    envs.reload(_clear_registry=False)
+    try:
+        build_dir = tmp_path / f"kvfuse_native_{native._tag(None)}"
+        build_dir.mkdir()
+        (build_dir / "lock").touch()
+        (build_dir / "build.ninja").write_text("kept")
+        seen = {}
+
+        def load(**kwargs):
+            seen["baton"] = (Path(kwargs["build_directory"]) / "lock").exists()
+            try:  # kvfuse's own lock is held by _compile: another holder cannot take it
+                FileLock(str(build_dir) + ".lock", timeout=0).acquire()
+                seen["lock_held"] = False
+            except Timeout:
+                seen["lock_held"] = True
+            return str(build_dir / "lib.so")
+
+        monkeypatch.setattr(cpp_extension, "load", load)
+        with caplog.at_level(logging.WARNING, logger=native.__name__):
+            library, where = native._compile(Path(native.__file__).parent, None)
+        assert seen == {"baton": False, "lock_held": True}
+        assert where == build_dir and library == str(build_dir / "lib.so")
+        assert (build_dir / "build.ninja").read_text() == "kept"
+        assert any("did not finish" in r.getMessage() and str(build_dir / "lock") in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        monkeypatch.delenv("KVFUSE_NATIVE_BUILD_DIR")
+        envs.reload(_clear_registry=False)
 
 
 def test_failed_build_falls_back_with_reason(monkeypatch):
