@@ -552,7 +552,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
   if constexpr (Rot::kPairs && Rot::template kWidens<Op>) {
     Widened<Rot::N> key[2];
     Rot::apply_widened(raw[0].half[0], raw[1].half[0], rot[0], key[0], key[1]);
-    if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
+    if (div_k.fast && div_v.fast) {  // kWidens ops use their scales
       store_widened_pair<Op, kPaired, true>(p, key, raw, slot[0], chunk, is_value[0], dst_row[0], div_k, div_v);
     } else {
       store_widened_pair<Op, kPaired, false>(p, key, raw, slot[0], chunk, is_value[0], dst_row[0], div_k, div_v);
