@@ -71,19 +71,26 @@
 #ifndef KVFUSE_WIDE_GRID
 #define KVFUSE_WIDE_GRID 2048
 #endif
-// Threads per block of one-unit launches (grids below the wide ones).
+// Threads per block of one-unit launches (grids below the wide ones). 128: on an H200 the writes
+// and rotary writes ran faster than at 256 from 4096 tokens on, and mostly level or faster below
+// (BENCHMARKS.md, thirty-ninth session).
 #ifndef KVFUSE_SMALL_THREADS
-#define KVFUSE_SMALL_THREADS 256
+#define KVFUSE_SMALL_THREADS 128
 #endif
-// FP8 / NVFP4 launches of fewer blocks than this (of one paired unit per thread) take unpaired
-// units instead: twice the threads, each with half the arithmetic.
-#ifndef KVFUSE_UNPAIRED_BELOW
-#define KVFUSE_UNPAIRED_BELOW 1024
+// The same for FP8 rotary writes in 8-element units (Rotation with kN == kRopeNarrowUnit, small
+// launches): at 128 threads they were slower at 64 and 256 tokens, where 16-bit caches' were faster.
+#ifndef KVFUSE_ROPE_FP8_NARROW_THREADS
+#define KVFUSE_ROPE_FP8_NARROW_THREADS 256
+#endif
+// FP8 / NVFP4 launches of fewer paired items than this (one paired unit, or unit pair, per
+// thread) take unpaired units instead: twice the threads, each with half the arithmetic.
+#ifndef KVFUSE_UNPAIRED_BELOW_ITEMS
+#define KVFUSE_UNPAIRED_BELOW_ITEMS 262144
 #endif
 // The same threshold for rotary writes, whose key units carry the rotation's work and whose value
 // units do not.
-#ifndef KVFUSE_ROPE_UNPAIRED_BELOW
-#define KVFUSE_ROPE_UNPAIRED_BELOW KVFUSE_UNPAIRED_BELOW
+#ifndef KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS
+#define KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS KVFUSE_UNPAIRED_BELOW_ITEMS
 #endif
 // 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores. Measured
 // on an H100: the load hint is faster for launches that read up to 16 MiB (1024 tokens: 4.0 vs
@@ -1417,14 +1424,22 @@ void set_items(RowParams& p, int per_head) {
 }
 
 constexpr int64_t kWideGrid = KVFUSE_WIDE_GRID;
-constexpr int64_t kUnpairedBelow = KVFUSE_UNPAIRED_BELOW;
+
+// Threads per block of a launch of one unit (or unit pair) per thread.
+template <class Op, class Rot>
+constexpr int small_block() {
+  if constexpr (Rot::kActive && !Rot::kPairs && Op::kUsesScale) {
+    if constexpr (Rot::N == kRopeNarrowUnit) return KVFUSE_ROPE_FP8_NARROW_THREADS;
+  }
+  return KVFUSE_SMALL_THREADS;
+}
 
 // Rows cut into `chunks` units per head: sets up the dividers and picks the launch shape. Large
 // grids: kThreads-thread blocks of paired units, as many per thread (up to Op::kUnits) as still
 // leave kWideGrid blocks, so each thread keeps several loads in flight. Below that,
-// KVFUSE_SMALL_THREADS-thread blocks of one unit per thread, and in the smallest FP8 / NVFP4
-// launches, which are mostly latency, unpaired units: the per-thread arithmetic is the critical
-// path there. All measured on an H100 (benchmarks/native_sweep.py, BENCHMARKS.md).
+// small_block()-thread blocks of one unit per thread, and in the smallest FP8 / NVFP4 launches,
+// which are mostly latency, unpaired units: the per-thread arithmetic is the critical path there.
+// Measured on an H100, the block size since on an H200 (benchmarks/native_sweep.py, BENCHMARKS.md).
 template <class Op, bool kMultiUnit = true, class Rot = NoRotation>
 void launch(RowParams p, int chunks, cudaStream_t stream) {
   set_items(p, chunks);
@@ -1435,12 +1450,13 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
   if constexpr (kMultiUnit && Op::kUnits >= 2) {
     if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true, Rot>(p, stream);
   }
+  constexpr int kBlock = small_block<Op, Rot>();
   if constexpr (Op::kUsesScale) {
-    if (pairs / KVFUSE_SMALL_THREADS < (Rot::kActive ? int64_t{KVFUSE_ROPE_UNPAIRED_BELOW} : kUnpairedBelow)) {
-      return launch_units<Op, 1, KVFUSE_SMALL_THREADS, false, Rot>(p, stream);
+    if (pairs < (Rot::kActive ? int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS} : int64_t{KVFUSE_UNPAIRED_BELOW_ITEMS})) {
+      return launch_units<Op, 1, kBlock, false, Rot>(p, stream);
     }
   }
-  launch_units<Op, 1, KVFUSE_SMALL_THREADS, true, Rot>(p, stream);
+  launch_units<Op, 1, kBlock, true, Rot>(p, stream);
 }
 
 // NeoX rotary writes in unit pairs (PairRotation): a token's items are (head, pair), one per
@@ -1449,12 +1465,11 @@ template <class Op, class Rot>
 void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   set_items(p, chunks / 2);
   const int64_t items = int64_t{p.num_tokens} * p.per_half;
+  constexpr int kBlock = small_block<Op, Rot>();
   if constexpr (Op::kUsesScale) {
-    if (items / KVFUSE_SMALL_THREADS < KVFUSE_ROPE_UNPAIRED_BELOW) {
-      return launch_units<Op, 2, KVFUSE_SMALL_THREADS, false, Rot>(p, stream);
-    }
+    if (items < int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS}) return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
   }
-  launch_units<Op, 2, KVFUSE_SMALL_THREADS, true, Rot>(p, stream);
+  launch_units<Op, 2, kBlock, true, Rot>(p, stream);
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
