@@ -72,8 +72,8 @@
 #define KVFUSE_WIDE_GRID 2048
 #endif
 // Threads per block of one-unit launches (grids below the wide ones). 128: on an H200 the writes
-// and rotary writes ran faster than at 256 from 4096 tokens on, and mostly level or faster below
-// (BENCHMARKS.md, thirty-ninth session).
+// and rotary writes ran faster than at 256 or level from 4096 tokens on, and mostly level or
+// faster below (BENCHMARKS.md, thirty-ninth session).
 #ifndef KVFUSE_SMALL_THREADS
 #define KVFUSE_SMALL_THREADS 128
 #endif
