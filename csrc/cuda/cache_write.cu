@@ -370,15 +370,36 @@ __device__ __forceinline__ void locate(const RowParams& p, int64_t slot, int64_t
   }
 }
 
+// The first side of a unit (its key row, or an unpaired unit's only row) as loaded.
+struct LoadedFirst {
+  template <class Op, int kUnits>
+  __device__ __forceinline__ const typename Op::Raw& operator()(const Pair<Op> (&raw)[kUnits], int m) const {
+    return raw[m].half[0];
+  }
+};
+
+// The first side of a unit pair from a rotation that widens (PairRotation::kWidens, FP8), as floats.
+template <int N>
+struct WidenedFirst {
+  const Widened<N> (&key)[2];
+  template <class Op, int kUnits>
+  __device__ __forceinline__ const Widened<N>& operator()(const Pair<Op> (&)[kUnits], int m) const {
+    return key[m];
+  }
+};
+
 // Ops with kSplitRows (NVFP4) place a row's bytes themselves (Op::store_split, from the base of
 // the row's side); the others get the address of their row. kOneSlot: every unit has slot[0] (a
 // unit pair), whose page is located once; nvcc does not merge the per-unit divisions itself.
-template <class Op, int kUnits, bool kPaired, bool kFast, bool kOneSlot>
+// `first(raw, m)` is unit m's first side (LoadedFirst, or WidenedFirst for ops that take their
+// row's address); a paired unit's value row is raw[m].half[1].
+template <class Op, int kUnits, bool kPaired, bool kFast, bool kOneSlot, class First = LoadedFirst>
 __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
                                             const int64_t (&slot)[kUnits], const int64_t (&dst_row)[kUnits],
                                             const int (&head)[kUnits], const int (&chunk)[kUnits],
                                             const bool (&is_value)[kUnits], const Divider div_k,
-                                            const Divider div_v) {
+                                            const Divider div_v, const First first = {}) {
+  static_assert(std::is_same_v<First, LoadedFirst> || !Op::kSplitRows, "split-row ops store the rows as loaded");
   int64_t pair_block = 0, pair_off = 0;
   if constexpr (kOneSlot) {
     if (slot[0] < 0 || slot[0] >= p.capacity) return;
@@ -422,35 +443,12 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
     } else {
       char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_row[m];
       if constexpr (kPaired) {
-        Op::template store<kFast>(raw[m].half[0], dst, chunk[m], div_k, p);
+        Op::template store<kFast>(first(raw, m), dst, chunk[m], div_k, p);
         if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
       } else {
         // Selected by value: a reference to either would put both dividers in local memory.
-        Op::template store<kFast>(raw[m].half[0], dst, chunk[m], is_value[m] ? div_v : div_k, p);
+        Op::template store<kFast>(first(raw, m), dst, chunk[m], is_value[m] ? div_v : div_k, p);
       }
-    }
-  }
-}
-
-// store_units' unit-pair path for a rotation that widens (PairRotation::kWidens, FP8): the pair's
-// first side (the key rows, or an unpaired item's rows) from `first` as floats, a paired value row
-// from raw.
-template <class Op, bool kPaired, bool kFast, int N, class Raw>
-__device__ __forceinline__ void store_widened_pair(const RowParams& p, const Widened<N> (&first)[2], const Raw (&raw)[2],
-                                                   int64_t slot, const int (&chunk)[2], bool is_value, int64_t dst_row,
-                                                   const Divider div_k, const Divider div_v) {
-  static_assert(!Op::kSplitRows, "row ops that take their row's address");
-  if (slot < 0 || slot >= p.capacity) return;
-  int64_t block, off;
-  locate(p, slot, block, off);
-  char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_row;
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-    if constexpr (kPaired) {
-      Op::template store<kFast>(first[m], dst, chunk[m], div_k, p);
-      if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
-    } else {
-      Op::template store<kFast>(first[m], dst, chunk[m], is_value ? div_v : div_k, p);
     }
   }
 }
@@ -559,10 +557,11 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
   if constexpr (Rot::kPairs && Rot::template kWidens<Op>) {
     Widened<Rot::N> key[2];
     Rot::apply_widened(raw[0].half[0], raw[1].half[0], rot[0], key[0], key[1]);
+    const WidenedFirst<Rot::N> first{key};
     if (div_k.fast && div_v.fast) {  // kWidens ops use their scales
-      store_widened_pair<Op, kPaired, true>(p, key, raw, slot[0], chunk, is_value[0], dst_row[0], div_k, div_v);
+      store_units<Op, kUnits, kPaired, true, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v, first);
     } else {
-      store_widened_pair<Op, kPaired, false>(p, key, raw, slot[0], chunk, is_value[0], dst_row[0], div_k, div_v);
+      store_units<Op, kUnits, kPaired, false, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v, first);
     }
     return;
   } else if constexpr (Rot::kPairs) {
