@@ -554,16 +554,20 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       }
     }
   }
+  // One branch per block instead of one per value: the division's fast path is a template.
+  const auto store = [&](auto first) {
+    if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
+      store_units<Op, kUnits, kPaired, true, Rot::kPairs>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v,
+                                                          first);
+    } else {
+      store_units<Op, kUnits, kPaired, false, Rot::kPairs>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v,
+                                                           first);
+    }
+  };
   if constexpr (Rot::kPairs && Rot::template kWidens<Op>) {
     Widened<Rot::N> key[2];
     Rot::apply_widened(raw[0].half[0], raw[1].half[0], rot[0], key[0], key[1]);
-    const WidenedFirst<Rot::N> first{key};
-    if (div_k.fast && div_v.fast) {  // kWidens ops use their scales
-      store_units<Op, kUnits, kPaired, true, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v, first);
-    } else {
-      store_units<Op, kUnits, kPaired, false, true>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v, first);
-    }
-    return;
+    return store(WidenedFirst<Rot::N>{key});
   } else if constexpr (Rot::kPairs) {
     if (slot[0] >= 0) Rot::apply(raw[0].half[0], raw[1].half[0], rot[0], p.rope);
   } else if constexpr (Rot::kActive) {
@@ -573,12 +577,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       if (slot[m] >= 0) Rot::apply(raw[m].half[0], rot[m], p.rope);
     }
   }
-  // One branch per block instead of one per value: the division's fast path is a template.
-  if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
-    store_units<Op, kUnits, kPaired, true, Rot::kPairs>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
-  } else {
-    store_units<Op, kUnits, kPaired, false, Rot::kPairs>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v);
-  }
+  store(LoadedFirst{});
 }
 
 // ----------------------------------------------------------------------------- row ops
