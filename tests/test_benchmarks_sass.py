@@ -192,6 +192,27 @@ def test_sass_native_sets_aside_what_a_rebuild_renames():
     assert sorted(status.values()) == [("differs", 2), ("same", 0)]  # one FMUL out, one FADD in
 
 
+def test_sass_native_sets_aside_the_namespace_hash_in_a_return_target():
+    """nvcc 13.0 names the anonymous namespace `_GLOBAL__N__<file>_<hash>_<number>` in mangled
+    targets; two builds of an unchanged kernel differ only there (prefill_attention.cu's kernels
+    end in such a return)."""
+    from benchmarks.sass_native import compare, kernels
+
+    target = "_ZN6kvfuse59_GLOBAL__N__20_prefill_attention_cu_{hash}_{number}24prefill_attention_kernelILNS0_7OperandE0EEEv"
+    listing = """\
+.text.{name}:
+{name}:
+        /*0000*/                   RET.REL.NODEC R2 `({name}) ;
+"""
+
+    def build(hash_, number, register="R2"):
+        return kernels(listing.format(name=target.format(hash=hash_, number=number)).replace("R2", register))
+
+    rows = compare(build("024f6148", 12725), build("8331993d", 12737))
+    assert [r.status for r in rows] == ["same"]
+    assert [r.status for r in compare(build("024f6148", 12725), build("8331993d", 9, "R4"))] == ["differs"]
+
+
 def test_sass_native_reports_order_kernels_of_one_build_and_filters():
     from benchmarks.sass_native import compare, kernels
 
