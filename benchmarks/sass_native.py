@@ -39,10 +39,10 @@ from .sass_count import _nvdisasm
 _FUNCTION = re.compile(r"^\.text\.(\S+):$", re.MULTILINE)
 _INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", re.MULTILINE)
 # Names a rebuild renames without changing the code: the anonymous namespace's per-file hash,
-# nvdisasm's labels, the numbering of nvcc's internal subroutines. The namespace's mangled name
-# (in a call's or return's target) runs up to an 8-digit hash and, as nvcc 13.0 writes it, a number after it
-# (`_GLOBAL__N__20_prefill_attention_cu_024f6148_12725`); the number's digits run into the next
-# name's length, which both builds share, so taking them all with it still compares equal.
+# nvdisasm's labels, the numbering of nvcc's internal subroutines. The namespace's mangled name (in
+# a call's or return's target) runs up to an 8-digit hash and, as nvcc 13.0 writes it, a number
+# after it (`_GLOBAL__N__20_prefill_attention_cu_024f6148_12725`); the number's digits run into the
+# next name's length, which both builds share, so taking them all with it still compares equal.
 _RENAMED = ((re.compile(r"_GLOBAL__N__\w*?_[0-9a-f]{8}(?:_\d+)?"), "_GLOBAL__N__"),
             (re.compile(r"\.L_x_\d+"), ".L_x"), (re.compile(r"__internal_\d+"), "__internal"))
 
