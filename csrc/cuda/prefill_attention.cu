@@ -29,18 +29,21 @@
 // from registers: the accumulator layout of S is the 16-bit A-operand layout, so P needs no
 // shuffle; for e4m3 the values' column order absorbs the difference). Within a consumer, the
 // P V product of tile t - 1 is issued together with S of tile t and runs while the softmax of
-// tile t waits for S. The e4m3 kernel instead issues the P V product of tile t - 1 ahead of S of
-// tile t, starting it afresh, and adds it to O in fp32 while S runs ("two-level accumulation"):
-// Hopper's e4m3 products accumulate with fewer bits than fp32 and drop low bits at every k-step,
-// so a product summing O over every tile of a long context comes out low (9% at 8300 keys:
-// BENCHMARKS.md); one tile per product bounds the loss to one tile's. The fp32 O takes the
-// registers that the second P buffer of the overlap would need. The consumers take turns issuing
-// their products (named barriers, "ping-pong"), so that one warpgroup's softmax overlaps the
-// other's MMAs.
+// tile t waits for S. The e4m3 kernel overlaps the same way, but starts each P V product afresh
+// and adds it to O in fp32 after the softmax ("two-level accumulation"): Hopper's e4m3 products
+// accumulate with fewer bits than fp32 and drop low bits at every k-step, so a product summing O
+// over every tile of a long context comes out low (9% at 8300 keys: BENCHMARKS.md); one tile per
+// product bounds the loss to one tile's. The fp32 O fits beside the product and two P buffers
+// because the e4m3 S accumulates in f16 (32 registers instead of 64): the query's row multiplier
+// keeps |S| inside f16's range for any e4m3 keys and makes each row's score scale a power of two,
+// and the softmax runs on f16 pairs (KVFUSE_PREFILL_FP8_SCORES_F16). The consumers take turns
+// issuing their products (named barriers, "ping-pong"), so that one warpgroup's softmax overlaps
+// the other's MMAs.
 // The softmax's row sums of P are additions, except in the e4m3 kernel over long contexts: there an
 // m64n8 product of P with a tile of ones rides along each P V product, which takes the additions
-// off the softmax and sums the same e4m3-rounded P the values are weighted with. The e4m3 softmax
-// also takes a share of its exponentials from a polynomial (poly_exp2) instead of the MUFU unit.
+// off the softmax and sums the same e4m3-rounded P the values are weighted with. With fp32 scores,
+// the e4m3 softmax also takes a share of its exponentials from a polynomial (poly_exp2) instead of
+// the MUFU unit.
 // The producer gives up registers (setmaxnreg) so that the consumers hold S, O and P (240 each).
 // The 16-bit kernels' consumers store O through their query tile in shared memory, which no
 // product reads any more, with two tensor-map stores each (whole 128-byte rows instead of every
@@ -87,7 +90,8 @@
 #ifndef KVFUSE_PREFILL_FP8_PINGPONG
 #define KVFUSE_PREFILL_FP8_PINGPONG 1
 #endif
-// The e4m3 softmax takes the exponentials of every this many of its 8-column groups from a
+// fp32 scores (KVFUSE_PREFILL_FP8_SCORES_F16=0): the e4m3 softmax takes the exponentials of every
+// this many of its 8-column groups from a
 // polynomial on the FMA pipe (poly_exp2) instead of the MUFU unit, which the two consumers'
 // softmaxes share where they overlap; 0: none. The e4m3 kernel sums P's rows on the tensor cores
 // (an m64n8 product of P with a tile of ones beside each P V product), so its softmax has no
@@ -95,7 +99,8 @@
 #ifndef KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY
 #define KVFUSE_PREFILL_FP8_TC_ROWSUM_POLY_EXP2_EVERY 8
 #endif
-// 1: the e4m3 softmax's row maxima by four independent chains per row, 0: one chain per row. The
+// 1: the e4m3 softmax's row maxima by four independent chains per row (fp32 scores; the f16
+// softmax always takes four), 0: one chain per row. The
 // maximum is the same either way; four chains shorten the dependent FMNMX sequence that every
 // tile's exponentials wait for, and the e4m3 kernels' softmax is latency-bound (BENCHMARKS.md).
 #ifndef KVFUSE_PREFILL_FP8_MAX_TREE
@@ -118,6 +123,21 @@
 #ifndef KVFUSE_PREFILL_FP8_TMA_STORE
 #define KVFUSE_PREFILL_FP8_TMA_STORE 0
 #endif
+// 1: the e4m3 kernel's S = Q K^T accumulates in f16 (32 registers instead of 64) and its softmax
+// runs on f16x2 pairs. The query's row multiplier is then chosen so that |S| stays below f16's
+// range for any e4m3 keys (|q| <= kF16QueryMax) and the score scale is a power of two (exact in
+// f16). 0: S in fp32, the multiplier 448 / max |q_row|.
+#ifndef KVFUSE_PREFILL_FP8_SCORES_F16
+#define KVFUSE_PREFILL_FP8_SCORES_F16 1
+#endif
+// 1 (needs f16 scores): each e4m3 consumer's softmax of tile t runs while its own P V product of
+// tile t - 1 does (two P buffers), the product still started afresh and added to the fp32 O after
+// the softmax. 0: the product is issued ahead of S and added while S runs, and the softmax waits
+// for both (the only order whose registers fit with fp32 scores). Measured: BENCHMARKS.md,
+// forty-second session.
+#ifndef KVFUSE_PREFILL_FP8_OVERLAP
+#define KVFUSE_PREFILL_FP8_OVERLAP 1
+#endif
 
 namespace kvfuse {
 namespace {
@@ -137,6 +157,9 @@ constexpr uint32_t kProducerRegisters = 24;
 constexpr uint32_t kConsumerRegisters = 240;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kE4m3Max = 448.f;
+// f16 scores: the query row's largest magnitude after its multiplier, at most. 128 products of
+// |q| <= 1.125 with e4m3 keys (|k| <= 448) sum to at most 64512, inside f16's 65504.
+constexpr float kF16QueryMax = 1.125f;
 // P enters FP8 products as e4m3(2^8 p): e4m3's normal range then covers p >= 2^-14, and the
 // denominator sums the same 2^8 p, so the factor cancels (as in kvfuse.ops.triton.prefill).
 constexpr float kFp8PShift = 8.f;
@@ -407,6 +430,93 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&m)[2]
   }
 }
 
+// softmax_tile's step for the e4m3 kernel with f16 scores (KVFUSE_PREFILL_FP8_SCORES_F16): s holds
+// the tile's scores as f16x2 pairs (s[2j + r]: row r's columns 8j + 2t, + 1), qk[r] is a power of
+// two. The exponent 2^(s qk - m + 8) is one f16x2 FMA, ex2 and e4m3 conversion per pair. The max
+// that P is taken against is m rounded up so that 8 - m is an f16 value (the offset of that FMA);
+// O, the row sums, alpha and the epilogue all use that same m, so the rounding changes no result,
+// only P's scale: by 2^-d with d < 2^-10 |8 - m| (P's largest term stays above 2^7 while |m| <
+// 1000). P's row sums are the tensor cores' (kRowSums). Scores must stay within f16's range
+// (|s qk| < 65504 in log2 units).
+template <bool kMasked>
+__device__ __forceinline__ void softmax_tile_f16(const uint32_t (&s)[32], float (&m)[2], uint32_t* p, float (&alpha)[2],
+                                                 const float (&qk)[2], int limit0, int limit1, int lane) {
+  using namespace hopper;
+  constexpr uint32_t kNegInfPair = 0xFC00FC00u;
+  const int col0 = 2 * (lane & 3);
+  auto score = [&](int j, int r) {
+    uint32_t x = s[2 * j + r];
+    if constexpr (kMasked) {
+      const int lim = r == 0 ? limit0 : limit1;
+      if (8 * j + col0 > lim) {
+        x = kNegInfPair;
+      } else if (8 * j + col0 + 1 > lim) {
+        x = (x & 0xFFFFu) | (kNegInfPair & 0xFFFF0000u);
+      }
+    }
+    return x;
+  };
+  uint32_t offset[2], scale[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    uint32_t chains[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) chains[c] = score(c, r);
+#pragma unroll
+    for (int j = 4; j < 16; ++j) chains[j % 4] = hmax2(chains[j % 4], score(j, r));
+    const uint32_t both = hmax2(hmax2(chains[0], chains[1]), hmax2(chains[2], chains[3]));
+    const __half2 pair = *reinterpret_cast<const __half2*>(&both);
+    float mx = fmaxf(__low2float(pair), __high2float(pair));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[r], mx * qk[r]);
+    __half off = __float2half_rn(kFp8PShift);
+    if (m_new == -INFINITY) {
+      alpha[r] = 1.f;  // nothing seen yet: O and the row sums are zeros
+    } else {
+      off = __float2half_rd(fmaxf(kFp8PShift - m_new, -65504.f));
+      const float m_use = kFp8PShift - __half2float(off);  // >= m_new
+      alpha[r] = fast_exp2(m[r] - m_use);
+      m[r] = m_use;
+    }
+    const __half2 off2 = __half2half2(off);
+    const __half2 scale2 = __float2half2_rn(qk[r]);
+    offset[r] = *reinterpret_cast<const uint32_t*>(&off2);
+    scale[r] = *reinterpret_cast<const uint32_t*>(&scale2);
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t pair = e4m3x2_from_f16x2(hexp2(hfma2(score(j, r), scale[r], offset[r])));
+      uint32_t& reg = p[4 * (j / 4) + 2 * ((j % 4) / 2) + r];
+      reg = (j % 2 == 0) ? pair : (reg | (pair << 16));
+    }
+  }
+}
+
+// S = Q K^T for one consumer, accumulated in f16 (e4m3 operands as issue_scores').
+__device__ __forceinline__ void issue_scores_f16(uint32_t (&s)[32], hopper::SmemDesc q, hopper::SmemDesc k) {
+#pragma unroll
+  for (int kk = 0; kk < kHead / 32; ++kk) {
+    hopper::wgmma_m64n128k32_e4m3_ss_f16(s, (q + kk * 32).get(), (k + kk * 32).get(), kk > 0);
+  }
+}
+
+// The e4m3 kernel's f16 scores through the same names as fp32 ones (the kernel's S is either).
+template <Operand kOp, bool kMasked, bool kSums>
+__device__ __forceinline__ void softmax_tile(const uint32_t (&s)[32], float (&m)[2], float (&)[2], uint32_t* p,
+                                             float (&alpha)[2], const float (&qk)[2], int limit0, int limit1,
+                                             int lane) {
+  static_assert(kOp == Operand::kE4m3 && !kSums, "f16 scores: e4m3 kernels with tensor-core row sums only");
+  softmax_tile_f16<kMasked>(s, m, p, alpha, qk, limit0, limit1, lane);
+}
+
+template <Operand kOp>
+__device__ __forceinline__ void issue_scores(uint32_t (&s)[32], hopper::SmemDesc q, hopper::SmemDesc k) {
+  issue_scores_f16(s, q, k);
+}
+
 // S = Q K^T for one consumer. Both operands are K-major in shared memory with 8-row swizzle atoms
 // 1024 bytes apart. 16-bit: a k-step of 16 columns starts 32 bytes further into the 128-byte
 // rows, and the head's second 64 columns are each tile's second box. e4m3: a k-step is 32
@@ -458,10 +568,11 @@ __device__ __forceinline__ void issue_values(float (&o)[64], float (&row_sums)[4
 }
 
 // e4m3: consumer c's 64 query rows, loaded in 16-bit, scaled row by row onto e4m3's range
-// (448 / max |q_row|, the multiplier kept in q_scale) and rounded into its e4m3 box. Two threads
-// per row, 64 columns each.
+// (448 / max |q_row|, the multiplier kept in q_scale; with f16 scores, see there, the row's score
+// scale kept instead) and rounded into its e4m3 box. Two threads per row, 64 columns each.
 template <typename T>
-__device__ __forceinline__ void quantize_query(const uint8_t* q16, uint8_t* q8, float* q_scale, int ctid) {
+__device__ __forceinline__ void quantize_query(const uint8_t* q16, uint8_t* q8, float* q_scale, float qk_scale,
+                                               int ctid) {
   const int r = ctid / 2, half = ctid % 2;
   const uint8_t* src = q16 + half * kQHalfBytes + r * 128;
   float x[64];
@@ -477,7 +588,20 @@ __device__ __forceinline__ void quantize_query(const uint8_t* q16, uint8_t* q8, 
     }
   }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+#if KVFUSE_PREFILL_FP8_SCORES_F16
+  // The row's score scale becomes 2^e (q_scale keeps it): e = ceil(log2(|qk_scale| amax /
+  // kF16QueryMax)), so the multiplier qk_scale 2^-e takes |q| to at most kF16QueryMax (and above
+  // half of it). e is clamped to f16's exponents (2^-24..2^15): a scale so small that every score
+  // is below 2^-8 rounds toward a uniform softmax; one above 2^15 is outside what f16 scores hold.
+  int e;
+  const float fraction = frexpf(fabsf(qk_scale) * amax / kF16QueryMax, &e);
+  if (fraction == 0.5f) --e;
+  e = min(max(e, -24), 15);
+  const float mult = qk_scale * __int_as_float((127 - e) << 23);  // exact: 2^-e
+  const float row_scale = __int_as_float((127 + e) << 23);
+#else
   const float mult = amax > 0.f ? kE4m3Max / amax : 1.f;
+#endif
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     uint32_t w[4];
@@ -489,7 +613,11 @@ __device__ __forceinline__ void quantize_query(const uint8_t* q16, uint8_t* q8, 
     const int chunk = 4 * half + k;
     *reinterpret_cast<uint4*>(q8 + r * 128 + ((chunk ^ (r % 8)) * 16)) = make_uint4(w[0], w[1], w[2], w[3]);
   }
+#if KVFUSE_PREFILL_FP8_SCORES_F16
+  if (half == 0) q_scale[r] = row_scale;
+#else
   if (half == 0) q_scale[r] = mult;
+#endif
   hopper::fence_shared_for_async_proxy();
 }
 #endif
@@ -638,10 +766,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     ones_base = smem_addr(sm.ones[c]);
   }
   if constexpr (Traits::kFp8) {
-    quantize_query<T>(sm.q + c * kQConsumerBytes, sm.q8 + c * kQ8ConsumerBytes, sm.q_scale + c * kConsumerRows, ctid);
+    quantize_query<T>(sm.q + c * kQConsumerBytes, sm.q8 + c * kQ8ConsumerBytes, sm.q_scale + c * kConsumerRows,
+                      qk_scale, ctid);
     named_barrier_sync(3 + c, 128);
+#if KVFUSE_PREFILL_FP8_SCORES_F16
+    qk[0] = sm.q_scale[row_a];
+    qk[1] = sm.q_scale[row_b];
+#else
     qk[0] = qk_scale / sm.q_scale[row_a];
     qk[1] = qk_scale / sm.q_scale[row_b];
+#endif
     q_base = smem_addr(sm.q8 + c * kQ8ConsumerBytes);
   } else {
     q_base = smem_addr(sm.q + c * kQConsumerBytes);
@@ -658,7 +792,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[64];  // 16-bit: O (in units of the running max); e4m3: one tile's P V product
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  float s[64];
+  // S: fp32, or f16 pairs in the e4m3 kernel with KVFUSE_PREFILL_FP8_SCORES_F16.
+  constexpr bool kF16Scores = Traits::kFp8 && KVFUSE_PREFILL_FP8_SCORES_F16;
+  std::conditional_t<kF16Scores, uint32_t[32], float[64]> s;
   uint32_t pa[Traits::kPRegisters];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   constexpr bool kSums = !kRowSums;  // the softmax sums P itself
@@ -732,6 +868,49 @@ __global__ void __launch_bounds__(kThreads, 1)
         l[1] = fmaf(l[1], alpha[1], row_sums[2]);
       }
     };
+#if KVFUSE_PREFILL_FP8_OVERLAP
+    static_assert(kF16Scores, "KVFUSE_PREFILL_FP8_OVERLAP needs KVFUSE_PREFILL_FP8_SCORES_F16");
+    // Key tile `it` >= 1: S of this tile, then P V of the previous one (P in `p_in`); this tile's
+    // softmax writes `p_out` while the product runs, and the product is added to O after it, with
+    // the rescale of the softmax before (the two P buffers alternate: the loop runs two tiles per
+    // trip).
+    auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
+      const int st = it % kStages, pst = (it - 1) % kStages;
+      const KeyTile kt = tiles[it];
+      await_turn(it);
+      issue_scores<kOp>(s, q_desc, k_tile(st));
+      wgmma_commit();
+      issue_values<kOp, kRowSums>(o, row_sums, p_in, v_tile(pst), ones_desc);
+      wgmma_commit();
+      pass_turn(it);
+      wgmma_wait<1>();  // S done; P V may still run
+      fence_registers(s);
+      if (lane == 0) mbar_arrive(&sm.k_empty[st]);
+      const float owed[2] = {alpha[0], alpha[1]};
+      softmax(kt, p_out);
+      wgmma_wait<0>();
+      fence_registers(o);
+      if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
+      const float next[2] = {alpha[0], alpha[1]};
+      alpha[0] = owed[0];
+      alpha[1] = owed[1];
+      add_product();
+      alpha[0] = next[0];
+      alpha[1] = next[1];
+    };
+    uint32_t pb[Traits::kPRegisters];
+    int it = 1;
+    for (; it + 1 < num_key_tiles; it += 2) {
+      step(it, pa, pb);
+      step(it + 1, pb, pa);
+    }
+    if (it < num_key_tiles) {
+      step(it, pa, pb);
+      last_values(pb);
+    } else {
+      last_values(pa);
+    }
+#else
     // Key tile `it` >= 1: P V of the previous tile, then S of this one; the product is added to
     // O while S runs, and this tile's softmax writes P once both are done.
     for (int it = 1; it < num_key_tiles; ++it) {
@@ -753,6 +932,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       softmax(kt, pa);
     }
     last_values(pa);
+#endif
     add_product();
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = total[i];  // the epilogue's O

@@ -177,6 +177,20 @@ def test_fp8_e4m3_position_dependent_values_carry_no_bias(case, values):
     assert torch.all(out[covered:] == 0), "padding rows must be zeros"
 
 
+@pytest.mark.parametrize("query_mult, k_scale", [(1e-3, 0.5), (40.0, 0.5), (1.0, 2e-3), (1.0, 30.0)], ids=str)
+def test_fp8_e4m3_f16_scores_at_extreme_scales(query_mult, k_scale):
+    """The e4m3 kernel accumulates S in f16. Each query row's multiplier keeps |S| under f16's
+    range whatever the query's and the keys' scales (a multiplier onto e4m3's own range, 448 / max
+    |q|, would allow |S| up to 128 * 448 * 448), and the score scale it leaves is a power of two.
+    Tiny and large queries and key scales stay finite and within the stated bound, on a long
+    context beside a shorter chunk."""
+    args = make_case([8300, 900], [700, 533], 8, 2, 128, KVQuantMode.FP8_E4M3, pad_rows=3, seed=89)
+    args["query"] = args["query"] * query_mult
+    args["k_scale"] = torch.tensor(k_scale, device="cuda")
+    out = check(args)
+    assert torch.isfinite(out).all()
+
+
 def test_fp8_e4m3_no_less_accurate_than_triton_fp8_dots():
     """Both kernels round the query row-wise and P as 2^8 p to e4m3 (P against each one's own
     running max, so their roundings differ): the native kernel's error against the reference is

@@ -1,6 +1,7 @@
 """Arithmetic of csrc/cuda/prefill_attention.cu that the CPU can check: poly_exp2, the e4m3
 softmax's 2^x off the MUFU unit, emulated in float32 with the constants read from the kernel's
-own source, against its stated relative error, and its behaviour down to -inf.
+own source, against its stated relative error, and its behaviour down to -inf; and the bound that
+keeps the e4m3 kernel's f16 scores finite.
 """
 
 from __future__ import annotations
@@ -63,3 +64,15 @@ def test_underflow_stays_tiny_finite_and_non_negative(x):
     """Masked keys (-inf) and far-below-max scores: below 2^-125, zero once rounded to e4m3."""
     got = poly_exp2(np.array([x], dtype=np.float32))[0]
     assert np.isfinite(got) and 0.0 <= got < 2.0 ** -125
+
+
+def test_f16_scores_hold_any_e4m3_keys():
+    """The e4m3 kernel's S accumulates in f16: 128 products of a query scaled to at most
+    kF16QueryMax with e4m3's largest key (448) must stay inside f16's largest finite value."""
+    text = SOURCE.read_text()
+    query_max = float(re.search(r"constexpr float kF16QueryMax = ([0-9.]+)f;", text).group(1))
+    head = int(re.search(r"constexpr int kHead = ([0-9]+);", text).group(1))
+    assert head * query_max * 448.0 <= 65504.0
+    # Within a factor of two of it: a smaller bound would push one more binade of the query's
+    # small elements below e4m3's normal range for nothing.
+    assert head * query_max * 448.0 > 65504.0 / 2
