@@ -36,18 +36,18 @@
 // product bounds the loss to one tile's. The fp32 O fits beside the product and two P buffers
 // because the e4m3 S accumulates in f16 (32 registers instead of 64): the query's row multiplier
 // keeps |S| inside f16's range for any e4m3 keys and makes each row's score scale a power of two,
-// and the softmax runs on f16 pairs (KVFUSE_PREFILL_FP8_SCORES_F16). The consumers take turns
-// issuing their products (named barriers, "ping-pong"), so that one warpgroup's softmax overlaps
-// the other's MMAs.
+// and the softmax runs on f16 pairs (KVFUSE_PREFILL_FP8_SCORES_F16). The 16-bit kernels'
+// consumers take turns issuing their products (named barriers, "ping-pong"), so that one
+// warpgroup's softmax overlaps the other's MMAs; the e4m3 consumers issue when ready.
 // The softmax's row sums of P are additions, except in the e4m3 kernel over long contexts: there an
 // m64n8 product of P with a tile of ones rides along each P V product, which takes the additions
 // off the softmax and sums the same e4m3-rounded P the values are weighted with. With fp32 scores,
 // the e4m3 softmax also takes a share of its exponentials from a polynomial (poly_exp2) instead of
 // the MUFU unit.
 // The producer gives up registers (setmaxnreg) so that the consumers hold S, O and P (240 each).
-// The 16-bit kernels' consumers store O through their query tile in shared memory, which no
-// product reads any more, with two tensor-map stores each (whole 128-byte rows instead of every
-// thread's scattered 4-byte pairs); consumers with rows past their sequence store pairs as before.
+// Consumers store O through their 16-bit query tile in shared memory, which no product reads any
+// more, with two tensor-map stores each (whole 128-byte rows instead of every thread's scattered
+// 4-byte pairs); consumers with rows past their sequence store pairs.
 //
 // Key tiles in order (KeyTiles): with the step's K/V, the diagonal tile of the new keys (masked:
 // key i' <= i), the other new tiles from the diagonal down, then the prefix tiles from its end
@@ -83,12 +83,14 @@
 #define KVFUSE_PREFILL_FP8_STAGES 3
 #endif
 // 1: the consumers take turns issuing their MMAs (named barriers); 0: each issues when ready.
-// 16-bit and e4m3 kernels apart (both measured faster with turns: BENCHMARKS.md).
+// 16-bit and e4m3 kernels apart: the 16-bit kernels measured faster with turns; the e4m3 kernel
+// too until its softmax overlapped its own P V product (KVFUSE_PREFILL_FP8_OVERLAP), and faster
+// without them since (BENCHMARKS.md, forty-second session).
 #ifndef KVFUSE_PREFILL_PINGPONG
 #define KVFUSE_PREFILL_PINGPONG 1
 #endif
 #ifndef KVFUSE_PREFILL_FP8_PINGPONG
-#define KVFUSE_PREFILL_FP8_PINGPONG 1
+#define KVFUSE_PREFILL_FP8_PINGPONG 0
 #endif
 // fp32 scores (KVFUSE_PREFILL_FP8_SCORES_F16=0): the e4m3 softmax takes the exponentials of every
 // this many of its 8-column groups from a
@@ -116,12 +118,13 @@
 // 16-bit query tile in shared memory, as two tensor-map stores of whole 128-byte rows; 0: every
 // thread stores its own 4-byte pairs straight to global memory (as rows past the sequence do).
 // 16-bit and e4m3 kernels apart: the e4m3 kernel measured slower with it at 16384 tokens
-// (BENCHMARKS.md, thirty-seventh session).
+// (thirty-seventh session), and faster at every size once its softmax overlapped its own P V
+// product (BENCHMARKS.md, forty-second session).
 #ifndef KVFUSE_PREFILL_TMA_STORE
 #define KVFUSE_PREFILL_TMA_STORE 1
 #endif
 #ifndef KVFUSE_PREFILL_FP8_TMA_STORE
-#define KVFUSE_PREFILL_FP8_TMA_STORE 0
+#define KVFUSE_PREFILL_FP8_TMA_STORE 1
 #endif
 // 1: the e4m3 kernel's S = Q K^T accumulates in f16 (32 registers instead of 64) and its softmax
 // runs on f16x2 pairs. The query's row multiplier is then chosen so that |S| stays below f16's
