@@ -851,32 +851,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(o);
   };
 
-  if constexpr (Traits::kFp8) {
-    // O in fp32, in units of the max before the last softmax (whose rescale is `alpha`).
-    float total[64];
+  // e4m3: O in fp32, in units of the max before the softmax whose rescale `rescale` is (`o` holds
+  // one tile's P V product); 16-bit kernels: unused, O is `o`.
+  float total[Traits::kFp8 ? 64 : 1];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) total[i] = 0.f;
-    // O and l move to the last softmax's max and take the finished product of its tile.
-    auto add_product = [&]() {
+  for (int i = 0; i < (Traits::kFp8 ? 64 : 1); ++i) total[i] = 0.f;
+  // e4m3: O and l move to that softmax's max and take the finished product of its tile.
+  auto add_product = [&](const float (&rescale)[2]) {
+    if constexpr (Traits::kFp8) {
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        total[4 * j] = fmaf(total[4 * j], alpha[0], o[4 * j]);
-        total[4 * j + 1] = fmaf(total[4 * j + 1], alpha[0], o[4 * j + 1]);
-        total[4 * j + 2] = fmaf(total[4 * j + 2], alpha[1], o[4 * j + 2]);
-        total[4 * j + 3] = fmaf(total[4 * j + 3], alpha[1], o[4 * j + 3]);
+        total[4 * j] = fmaf(total[4 * j], rescale[0], o[4 * j]);
+        total[4 * j + 1] = fmaf(total[4 * j + 1], rescale[0], o[4 * j + 1]);
+        total[4 * j + 2] = fmaf(total[4 * j + 2], rescale[1], o[4 * j + 2]);
+        total[4 * j + 3] = fmaf(total[4 * j + 3], rescale[1], o[4 * j + 3]);
       }
       if constexpr (kRowSums) {
         fence_registers(row_sums);
-        l[0] = fmaf(l[0], alpha[0], row_sums[0]);
-        l[1] = fmaf(l[1], alpha[1], row_sums[2]);
+        l[0] = fmaf(l[0], rescale[0], row_sums[0]);
+        l[1] = fmaf(l[1], rescale[1], row_sums[2]);
       }
-    };
-#if KVFUSE_PREFILL_FP8_OVERLAP
-    static_assert(kF16Scores, "KVFUSE_PREFILL_FP8_OVERLAP needs KVFUSE_PREFILL_FP8_SCORES_F16");
-    // Key tile `it` >= 1: S of this tile, then P V of the previous one (P in `p_in`); this tile's
-    // softmax writes `p_out` while the product runs, and the product is added to O after it, with
-    // the rescale of the softmax before (the two P buffers alternate: the loop runs two tiles per
-    // trip).
+    }
+  };
+
+  if constexpr (!Traits::kFp8 || KVFUSE_PREFILL_FP8_OVERLAP) {
+    static_assert(!Traits::kFp8 || kF16Scores, "KVFUSE_PREFILL_FP8_OVERLAP needs KVFUSE_PREFILL_FP8_SCORES_F16");
+    // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
+    // then this tile's softmax into `p_out` while the product runs. The two P buffers alternate
+    // (the loop runs two tiles per trip) so that the softmax never writes registers the running
+    // P V product reads. Once the product is done, the 16-bit kernels move O to the new max; the
+    // e4m3 kernel adds the product to its fp32 O with the rescale owed from the softmax before.
     auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
       const int st = it % kStages, pst = (it - 1) % kStages;
       const KeyTile kt = tiles[it];
@@ -894,77 +898,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_registers(o);
       if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-      const float next[2] = {alpha[0], alpha[1]};
-      alpha[0] = owed[0];
-      alpha[1] = owed[1];
-      add_product();
-      alpha[0] = next[0];
-      alpha[1] = next[1];
-    };
-    uint32_t pb[Traits::kPRegisters];
-    int it = 1;
-    for (; it + 1 < num_key_tiles; it += 2) {
-      step(it, pa, pb);
-      step(it + 1, pb, pa);
-    }
-    if (it < num_key_tiles) {
-      step(it, pa, pb);
-      last_values(pb);
-    } else {
-      last_values(pa);
-    }
-#else
-    // Key tile `it` >= 1: P V of the previous tile, then S of this one; the product is added to
-    // O while S runs, and this tile's softmax writes P once both are done.
-    for (int it = 1; it < num_key_tiles; ++it) {
-      const int st = it % kStages, pst = (it - 1) % kStages;
-      const KeyTile kt = tiles[it];
-      await_turn(it);
-      issue_values<kOp, kRowSums>(o, row_sums, pa, v_tile(pst), ones_desc);
-      wgmma_commit();
-      issue_scores<kOp>(s, q_desc, k_tile(st));
-      wgmma_commit();
-      pass_turn(it);
-      wgmma_wait<1>();  // P V done; S may still run
-      fence_registers(o);
-      if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-      add_product();
-      wgmma_wait<0>();
-      fence_registers(s);
-      if (lane == 0) mbar_arrive(&sm.k_empty[st]);
-      softmax(kt, pa);
-    }
-    last_values(pa);
-#endif
-    add_product();
+      if constexpr (Traits::kFp8) {
+        add_product(owed);
+      } else {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = total[i];  // the epilogue's O
-  } else {
-    // Key tile `it` >= 1: S of this tile together with P V of the previous one (P in `p_in`),
-    // then this tile's softmax into `p_out`. The two P buffers alternate (the loop runs two
-    // tiles per trip) so that the softmax never writes registers the running P V product reads.
-    auto step = [&](int it, const uint32_t* p_in, uint32_t* p_out) {
-      const int st = it % kStages, pst = (it - 1) % kStages;
-      const KeyTile kt = tiles[it];
-      await_turn(it);
-      issue_scores<kOp>(s, q_desc, k_tile(st));
-      wgmma_commit();
-      issue_values<kOp, kRowSums>(o, row_sums, p_in, v_tile(pst), ones_desc);
-      wgmma_commit();
-      pass_turn(it);
-      wgmma_wait<1>();  // S done; P V may still run
-      fence_registers(s);
-      if (lane == 0) mbar_arrive(&sm.k_empty[st]);
-      softmax(kt, p_out);
-      wgmma_wait<0>();
-      fence_registers(o);
-      if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[4 * j] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
+        for (int j = 0; j < 16; ++j) {
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
       }
     };
     uint32_t pb[Traits::kPRegisters];
@@ -979,6 +922,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       last_values(pa);
     }
+  } else {
+    // e4m3 without the overlap: key tile `it` >= 1: P V of the previous tile, then S of this one;
+    // the product is added to O while S runs, and this tile's softmax writes P once both are done.
+    for (int it = 1; it < num_key_tiles; ++it) {
+      const int st = it % kStages, pst = (it - 1) % kStages;
+      const KeyTile kt = tiles[it];
+      await_turn(it);
+      issue_values<kOp, kRowSums>(o, row_sums, pa, v_tile(pst), ones_desc);
+      wgmma_commit();
+      issue_scores<kOp>(s, q_desc, k_tile(st));
+      wgmma_commit();
+      pass_turn(it);
+      wgmma_wait<1>();  // P V done; S may still run
+      fence_registers(o);
+      if (lane == 0) mbar_arrive(&sm.v_empty[pst]);
+      add_product(alpha);
+      wgmma_wait<0>();
+      fence_registers(s);
+      if (lane == 0) mbar_arrive(&sm.k_empty[st]);
+      softmax(kt, pa);
+    }
+    last_values(pa);
+  }
+  if constexpr (Traits::kFp8) {
+    add_product(alpha);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = total[i];  // the epilogue's O
   }
 
   // Epilogue: the quad's partial sums, the sink, the normalisation; rows past the sequence's
