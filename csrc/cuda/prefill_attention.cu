@@ -594,8 +594,9 @@ __device__ __forceinline__ void quantize_query(const uint8_t* q16, uint8_t* q8, 
 #if KVFUSE_PREFILL_FP8_SCORES_F16
   // The row's score scale becomes 2^e (q_scale keeps it): e = ceil(log2(|qk_scale| amax /
   // kF16QueryMax)), so the multiplier qk_scale 2^-e takes |q| to at most kF16QueryMax (and above
-  // half of it). e is clamped to f16's exponents (2^-24..2^15): a scale so small that every score
-  // is below 2^-8 rounds toward a uniform softmax; one above 2^15 is outside what f16 scores hold.
+  // half of it). e is clamped to f16's exponents (2^-24..2^15). At the low end every |score| is
+  // below 2^-9 (log2 units), so the softmax is uniform to within 0.3% anyway; a scale past the
+  // high end gives scores outside what f16 holds.
   int e;
   const float fraction = frexpf(fabsf(qk_scale) * amax / kF16QueryMax, &e);
   if (fraction == 0.5f) --e;
