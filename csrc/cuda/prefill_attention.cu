@@ -333,6 +333,12 @@ __device__ __forceinline__ float softmax_exp2(int j, float x) {
 }
 
 #if KVFUSE_HOPPER_MMA
+// e4m3: a converted pair (lo in the low byte) into its place in store_p's e4m3 layout (below).
+__device__ __forceinline__ void store_e4m3_pair(uint32_t* p, int j, int r, uint32_t pair) {
+  uint32_t& reg = p[4 * (j / 4) + 2 * ((j % 4) / 2) + r];
+  reg = (j % 2 == 0) ? pair : (reg | (pair << 16));
+}
+
 // P's probabilities of the pair (column 8j + 2t, + 1) of the thread's row r (0: 16w + g, 1: + 8)
 // into the A operands of the P V product. 16-bit: one register per pair, k-step j / 2 (the
 // accumulator layout is the A layout). e4m3: two pairs per register (j even: low half), k-step
@@ -341,9 +347,7 @@ __device__ __forceinline__ float softmax_exp2(int j, float x) {
 template <Operand kOp>
 __device__ __forceinline__ void store_p(uint32_t* p, int j, int r, float lo, float hi) {
   if constexpr (kOp == Operand::kE4m3) {
-    const uint32_t pair = hopper::e4m3x2(lo, hi);
-    uint32_t& reg = p[4 * (j / 4) + 2 * ((j % 4) / 2) + r];
-    reg = (j % 2 == 0) ? pair : (reg | (pair << 16));
+    store_e4m3_pair(p, j, r, hopper::e4m3x2(lo, hi));
   } else if constexpr (kOp == Operand::kFp16) {
     __half2 v = __floats2half2_rn(lo, hi);
     p[2 * j + r] = *reinterpret_cast<uint32_t*>(&v);
@@ -491,9 +495,7 @@ __device__ __forceinline__ void softmax_tile_f16(const uint32_t (&s)[32], float 
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint32_t pair = e4m3x2_from_f16x2(hexp2(hfma2(score(j, r), scale[r], offset[r])));
-      uint32_t& reg = p[4 * (j / 4) + 2 * ((j % 4) / 2) + r];
-      reg = (j % 2 == 0) ? pair : (reg | (pair << 16));
+      store_e4m3_pair(p, j, r, e4m3x2_from_f16x2(hexp2(hfma2(score(j, r), scale[r], offset[r]))));
     }
   }
 }
