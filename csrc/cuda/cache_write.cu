@@ -105,6 +105,19 @@
 #ifndef KVFUSE_NARROW_STORE_HINT
 #define KVFUSE_NARROW_STORE_HINT 1
 #endif
+// 1: a write's two scale dividers (make_divider: a reciprocal whose slow path is a branch on the
+// loaded scale) are built once the thread's row, slot and table loads are issued; 0: right after
+// the scale loads, so that every thread waited out both scale loads, one after the other, before
+// it issued any row load (BENCHMARKS.md, forty-third session).
+#ifndef KVFUSE_WRITE_DIVIDERS_AFTER_LOADS
+#define KVFUSE_WRITE_DIVIDERS_AFTER_LOADS 1
+#endif
+// 1: unpaired launches (a unit or a unit pair per thread, key and value rows in separate
+// threads) compute their indices and row addresses before they wait for the grids before them (a
+// dependent launch's prologue); 0: after (rows_kernel's kIndexFirst).
+#ifndef KVFUSE_WRITE_INDEX_BEFORE_WAIT
+#define KVFUSE_WRITE_INDEX_BEFORE_WAIT 1
+#endif
 #ifndef KVFUSE_NVFP4_MIN_BLOCKS
 #define KVFUSE_NVFP4_MIN_BLOCKS 5
 #endif
@@ -274,6 +287,7 @@ struct RowParams {
 struct NoRotation {
   static constexpr bool kActive = false;
   static constexpr bool kPairs = false;
+  static constexpr bool kLoadsPartner = false;
   template <class Op>
   static constexpr bool kWidens = false;
   struct Loaded {};
@@ -469,11 +483,32 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
 template <class Op, int kUnits, int kBlock, bool kPaired, class Rot = NoRotation>
 __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>() * kThreads / kBlock)
     rows_kernel(const RowParams p) {
-  start_after_prior_grids<KVFUSE_WRITE_PDL>();
+  // Unpaired launches (the small ones: decode steps) work out where their unit or unit pair is
+  // read and written from the launch's parameters alone, before the wait (kIndexFirst): a
+  // dependent launch does that under the tail of the grid before it, and only the loads follow
+  // the wait. In paired launches it was slower (the NVFP4 write at 4096 tokens: BENCHMARKS.md,
+  // forty-third session).
+  constexpr bool kIndexFirst = KVFUSE_WRITE_INDEX_BEFORE_WAIT && !kPaired && (Rot::kPairs || kUnits == 1);
+  // Where the scale dividers are built after the loads: the writes, and rotary writes that hold
+  // neither a value row beside the key nor a loaded partner chunk (in those the scales' registers
+  // across the loads spill).
+  constexpr bool kLateDividers =
+      KVFUSE_WRITE_DIVIDERS_AFTER_LOADS && (!Rot::kActive || (!kPaired && !Rot::kLoadsPartner));
   Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
-  if constexpr (Op::kUsesScale) {
-    div_k = make_divider(__ldg(p.scale[0]));
-    div_v = make_divider(__ldg(p.scale[1]));
+  float scale_k = 1.0f, scale_v = 1.0f;
+  const auto load_scales = [&] {
+    if constexpr (Op::kUsesScale) {
+      scale_k = __ldg(p.scale[0]);
+      scale_v = __ldg(p.scale[1]);
+      if constexpr (!kLateDividers) {
+        div_k = make_divider(scale_k);
+        div_v = make_divider(scale_v);
+      }
+    }
+  };
+  if constexpr (!kIndexFirst) {
+    start_after_prior_grids<KVFUSE_WRITE_PDL>();
+    load_scales();
   }
   static_assert(!Rot::kPairs || kUnits == 2, "a unit pair is two units of one thread");
   const uint32_t first = blockIdx.x * ((Rot::kPairs ? 1 : kUnits) * kBlock) + threadIdx.x;
@@ -484,7 +519,39 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
   int chunk[kUnits];
   bool is_value[kUnits];
   typename Rot::Loaded rot[kUnits];
-  if constexpr (Rot::kPairs) {
+  if constexpr (Rot::kPairs && kIndexFirst) {
+    // The unpaired unit pairs of the next branch, with their indices before the wait.
+    slot[0] = slot[1] = -1;
+    const bool live = first < p.units;
+    int64_t tok = 0;
+    int pair = 0;
+    const char* src = nullptr;
+    if (live) {
+      const auto tr = p.items.divmod(first);
+      tok = p.first_token + tr.div;
+      const bool value = tr.mod >= p.per_half;
+      const auto hc = p.chunks.divmod(value ? tr.mod - p.per_half : tr.mod);
+      const int h = static_cast<int>(hc.div);
+      pair = static_cast<int>(hc.mod);
+      src = value ? p.src[1] + tok * p.src_tok[1] + h * p.src_head[1] : p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        head[m] = h;
+        chunk[m] = Rot::chunk(pair, m, p.rope);
+        is_value[m] = value;
+        dst_row[m] = h * p.dst_head + (value ? p.dst_kv : 0);
+      }
+      if (value) pair = -1;
+    }
+    start_after_prior_grids<KVFUSE_WRITE_PDL>();
+    load_scales();
+    if (live) {
+      slot[0] = slot[1] = slot_of(p, tok);
+      rot[0] = Rot::load(tok, pair, p.rope);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) raw[m].half[0] = Op::load(src, chunk[m], p);
+    }
+  } else if constexpr (Rot::kPairs) {
     // One item per thread, (token, head, pair) or, unpaired, (token, half, head, pair): the
     // pair's two chunks (PairRotation::chunk) are its units 0 and 1, one token, one slot.
     slot[0] = slot[1] = -1;
@@ -512,6 +579,35 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
         }
         dst_row[m] = h * p.dst_head + (value ? p.dst_kv : 0);
       }
+    }
+  } else if constexpr (kIndexFirst) {
+    static_assert(kUnits == 1, "unpaired launches take one unit per thread");
+    const bool live = first < p.units;
+    int64_t tok = 0;
+    const char* src = nullptr;
+    slot[0] = -1;
+    if (live) {
+      const auto tr = p.items.divmod(first);
+      tok = p.first_token + tr.div;
+      is_value[0] = tr.mod >= p.per_half;
+      const auto hc = p.chunks.divmod(is_value[0] ? tr.mod - p.per_half : tr.mod);
+      head[0] = static_cast<int>(hc.div);
+      chunk[0] = static_cast<int>(hc.mod);
+      src = is_value[0] ? p.src[1] + tok * p.src_tok[1] + head[0] * p.src_head[1]
+                        : p.src[0] + tok * p.src_tok[0] + head[0] * p.src_head[0];
+      dst_row[0] = head[0] * p.dst_head + (is_value[0] ? p.dst_kv : 0);
+    }
+    start_after_prior_grids<KVFUSE_WRITE_PDL>();
+    load_scales();
+    if (live) {
+      slot[0] = slot_of(p, tok);
+      raw[0].half[0] = Op::load(src, chunk[0], p);
+      if constexpr (Rot::kActive) {
+        rot[0] = Rot::template load<Op::kRopeCheckFirst>(src, tok, is_value[0] ? -1 : chunk[0], p.rope);
+      }
+    } else if constexpr (Rot::kActive) {
+#pragma unroll
+      for (int w = 0; w < Rot::Run::kWords; ++w) raw[0].half[0].words[w] = make_uint4(0, 0, 0, 0);
     }
   } else {
 #pragma unroll
@@ -553,6 +649,10 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
         for (int w = 0; w < Rot::Run::kWords; ++w) raw[m].half[0].words[w] = make_uint4(0, 0, 0, 0);
       }
     }
+  }
+  if constexpr (Op::kUsesScale && kLateDividers) {
+    div_k = make_divider(scale_k);
+    div_v = make_divider(scale_v);
   }
   // One branch per block instead of one per value: the division's fast path is a template.
   const auto store = [&](auto first) {
@@ -1083,6 +1183,7 @@ template <typename In, typename Table, bool kNeox, bool kShuffle = false, int kN
 struct Rotation {
   static constexpr bool kActive = true;
   static constexpr bool kPairs = false;
+  static constexpr bool kLoadsPartner = kNeox && !kShuffle;  // Loaded::partner holds a loaded chunk
   template <class Op>
   static constexpr bool kWidens = false;
   static constexpr int N = kN;
@@ -1256,6 +1357,7 @@ template <typename In, typename Table, int kN, bool kHalfTable>
 struct PairRotation {
   static constexpr bool kActive = true;
   static constexpr bool kPairs = true;
+  static constexpr bool kLoadsPartner = false;
   static constexpr int N = kN;
   using Run = Elements<In, N, true>;
   using Cols = TableRun<Table, N>;
