@@ -59,19 +59,20 @@ class CacheWritePolicy:
         return self.max_tokens_override if self.max_tokens_override is not None else self.max_tokens[mode]
 
 
-# H100 (sm90): device times of one run (BENCHMARKS.md section 1, commit 6ae1eb7) plus the host
-# cost per eager call. Casts: Triton from 16384 tokens (49.7 vs 50.2 us); FP8 from 65536 (141.6
-# vs 142.7 us; native ahead up to 16384). Captured: Triton for casts (1.9 vs 2.1 us at 256
-# tokens), native for FP8. NVFP4 (eleventh session, 145ebe7): native from 1024 tokens on (5.09 vs
-# 5.48 us at 1024, 39.7 vs 43.6 at 16384, 153.5 vs 161.6 at 65536), Triton below it when captured
-# (2.19 vs 2.40 us at 64).
+# sm90: casts run Triton from 16384 tokens; FP8, NVFP4 and per-token-head FP8 run native at every
+# size, under CUDA-graph capture too (e5m2 takes e4m3's rule: one kernel template). In the
+# forty-third session's H200 run (BENCHMARKS.md) the native e4m3 and NVFP4 writes were faster than
+# Triton's at every size measured, 1 to 65536 tokens, and the native casts up to 4096 tokens (level
+# at 16384, behind at 65536). The H100 runs before (section 1, commit 6ae1eb7; eleventh session)
+# had Triton's FP8 write ahead from 65536 tokens and its captured casts and NVFP4 writes ahead at
+# small sizes.
 _SM90 = CacheWritePolicy(
-    max_tokens={KVQuantMode.NONE: 16384, KVQuantMode.FP8_E4M3: 65536, KVQuantMode.FP8_E5M2: 65536,
+    max_tokens={KVQuantMode.NONE: 16384, KVQuantMode.FP8_E4M3: 1 << 62, KVQuantMode.FP8_E5M2: 1 << 62,
                 KVQuantMode.NVFP4: 1 << 62,
                 # Native at every size: 4.7 vs 5.9 us at 1024 tokens, 42.6 vs 44.4 at 16384, a tie
                 # at 65536 (168.9 vs 168.3); its eager calls take the Python body (no C++ route).
                 KVQuantMode.FP8_PER_TOKEN_HEAD: 1 << 62},
-    triton_when_captured={KVQuantMode.NONE: 1 << 62, KVQuantMode.NVFP4: 1024},
+    triton_when_captured={},
 )
 
 #: Policies by GPU architecture (``sm<major><minor>``).
