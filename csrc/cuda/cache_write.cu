@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
   // dependent launch does that under the tail of the grid before it, and only the loads follow
   // the wait. In paired launches it was slower (the NVFP4 write at 4096 tokens: BENCHMARKS.md,
   // forty-third session).
-  constexpr bool kIndexFirst = KVFUSE_WRITE_INDEX_BEFORE_WAIT && !kPaired && (Rot::kPairs || kUnits == 1);
+  constexpr bool kIndexFirst = KVFUSE_WRITE_INDEX_BEFORE_WAIT && !kPaired;
   // Where the scale dividers are built after the loads: the writes, and rotary writes that hold
   // neither a value row beside the key nor a loaded partner chunk (in those the scales' registers
   // across the loads spill).
@@ -519,8 +519,9 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
   int chunk[kUnits];
   bool is_value[kUnits];
   typename Rot::Loaded rot[kUnits];
-  if constexpr (Rot::kPairs && kIndexFirst) {
-    // The unpaired unit pairs of the next branch, with their indices before the wait.
+  if constexpr (Rot::kPairs && !kPaired) {
+    // One item per thread, (token, half, head, pair): the pair's two chunks (PairRotation::chunk)
+    // are its units 0 and 1, one token, one slot.
     slot[0] = slot[1] = -1;
     const bool live = first < p.units;
     int64_t tok = 0;
@@ -543,44 +544,44 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       }
       if (value) pair = -1;
     }
-    start_after_prior_grids<KVFUSE_WRITE_PDL>();
-    load_scales();
+    if constexpr (kIndexFirst) {
+      start_after_prior_grids<KVFUSE_WRITE_PDL>();
+      load_scales();
+    }
     if (live) {
       slot[0] = slot[1] = slot_of(p, tok);
+      // The table loads before the row loads: the other order left the warps waiting longer on
+      // their loads (BENCHMARKS.md, twenty-sixth session).
       rot[0] = Rot::load(tok, pair, p.rope);
 #pragma unroll
       for (int m = 0; m < 2; ++m) raw[m].half[0] = Op::load(src, chunk[m], p);
     }
   } else if constexpr (Rot::kPairs) {
-    // One item per thread, (token, head, pair) or, unpaired, (token, half, head, pair): the
-    // pair's two chunks (PairRotation::chunk) are its units 0 and 1, one token, one slot.
+    // Paired: one item per thread, (token, head, pair), with the value rows of the same chunks.
     slot[0] = slot[1] = -1;
     if (first < p.units) {
       const auto tr = p.items.divmod(first);
       const int64_t tok = p.first_token + tr.div;
       const int64_t s = slot_of(p, tok);
-      const bool value = !kPaired && tr.mod >= p.per_half;
-      const auto hc = p.chunks.divmod(value ? tr.mod - p.per_half : tr.mod);
+      const auto hc = p.chunks.divmod(tr.mod);
       const int h = static_cast<int>(hc.div), pair = static_cast<int>(hc.mod);
-      const char* src = value ? p.src[1] + tok * p.src_tok[1] + h * p.src_head[1]
-                              : p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
-      // The table loads before the row loads: the other order left the warps waiting longer on
-      // their loads (BENCHMARKS.md, twenty-sixth session).
-      rot[0] = Rot::load(tok, value ? -1 : pair, p.rope);
+      const char* src = p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
+      rot[0] = Rot::load(tok, pair, p.rope);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         slot[m] = s;
         head[m] = h;
         chunk[m] = Rot::chunk(pair, m, p.rope);
-        is_value[m] = value;
+        is_value[m] = false;
         raw[m].half[0] = Op::load(src, chunk[m], p);
-        if (kPaired && p.halves == 2) {
+        if (p.halves == 2) {
           raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + h * p.src_head[1], chunk[m], p);
         }
-        dst_row[m] = h * p.dst_head + (value ? p.dst_kv : 0);
+        dst_row[m] = h * p.dst_head;
       }
     }
-  } else if constexpr (kIndexFirst) {
+  } else if constexpr (!kPaired) {
+    // One unit per thread, (token, half, head, chunk).
     static_assert(kUnits == 1, "unpaired launches take one unit per thread");
     const bool live = first < p.units;
     int64_t tok = 0;
@@ -593,12 +594,15 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       const auto hc = p.chunks.divmod(is_value[0] ? tr.mod - p.per_half : tr.mod);
       head[0] = static_cast<int>(hc.div);
       chunk[0] = static_cast<int>(hc.mod);
+      // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
       src = is_value[0] ? p.src[1] + tok * p.src_tok[1] + head[0] * p.src_head[1]
                         : p.src[0] + tok * p.src_tok[0] + head[0] * p.src_head[0];
       dst_row[0] = head[0] * p.dst_head + (is_value[0] ? p.dst_kv : 0);
     }
-    start_after_prior_grids<KVFUSE_WRITE_PDL>();
-    load_scales();
+    if constexpr (kIndexFirst) {
+      start_after_prior_grids<KVFUSE_WRITE_PDL>();
+      load_scales();
+    }
     if (live) {
       slot[0] = slot_of(p, tok);
       raw[0].half[0] = Op::load(src, chunk[0], p);
@@ -610,6 +614,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       for (int w = 0; w < Rot::Run::kWords; ++w) raw[0].half[0].words[w] = make_uint4(0, 0, 0, 0);
     }
   } else {
+    // Paired: kUnits units per thread, (token, head, chunk), each with its value row.
 #pragma unroll
     for (int m = 0; m < kUnits; ++m) {
       const uint32_t u = first + m * kBlock;
@@ -618,31 +623,16 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
         const auto tr = p.items.divmod(u);
         const int64_t tok = p.first_token + tr.div;
         slot[m] = slot_of(p, tok);
-        if constexpr (kPaired) {
-          const auto hc = p.chunks.divmod(tr.mod);
-          head[m] = static_cast<int>(hc.div);
-          chunk[m] = static_cast<int>(hc.mod);
-          const char* key_row = p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
-          raw[m].half[0] = Op::load(key_row, chunk[m], p);
-          if constexpr (Rot::kActive) rot[m] = Rot::template load<Op::kRopeCheckFirst>(key_row, tok, chunk[m], p.rope);
-          if (p.halves == 2) {
-            raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1], chunk[m], p);
-          }
-          dst_row[m] = head[m] * p.dst_head;
-        } else {
-          is_value[m] = tr.mod >= p.per_half;
-          const auto hc = p.chunks.divmod(is_value[m] ? tr.mod - p.per_half : tr.mod);
-          head[m] = static_cast<int>(hc.div);
-          chunk[m] = static_cast<int>(hc.mod);
-          // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
-          const char* src = is_value[m] ? p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1]
-                                        : p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
-          raw[m].half[0] = Op::load(src, chunk[m], p);
-          if constexpr (Rot::kActive) {
-            rot[m] = Rot::template load<Op::kRopeCheckFirst>(src, tok, is_value[m] ? -1 : chunk[m], p.rope);
-          }
-          dst_row[m] = head[m] * p.dst_head + (is_value[m] ? p.dst_kv : 0);
+        const auto hc = p.chunks.divmod(tr.mod);
+        head[m] = static_cast<int>(hc.div);
+        chunk[m] = static_cast<int>(hc.mod);
+        const char* key_row = p.src[0] + tok * p.src_tok[0] + head[m] * p.src_head[0];
+        raw[m].half[0] = Op::load(key_row, chunk[m], p);
+        if constexpr (Rot::kActive) rot[m] = Rot::template load<Op::kRopeCheckFirst>(key_row, tok, chunk[m], p.rope);
+        if (p.halves == 2) {
+          raw[m].half[1] = Op::load(p.src[1] + tok * p.src_tok[1] + head[m] * p.src_head[1], chunk[m], p);
         }
+        dst_row[m] = head[m] * p.dst_head;
       } else if constexpr (Rot::kActive) {
         // A lane without a unit still takes part in the partner exchange (Rotation::exchange).
 #pragma unroll
