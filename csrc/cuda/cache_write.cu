@@ -471,6 +471,26 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
 // chunk in the key row and, with two halves, in the value row, so both share one slot lookup and
 // one address computation; an unpaired unit is (token, half, head, chunk), half the work per
 // thread for twice the threads (shorter per-thread arithmetic in small FP8 / NVFP4 launches).
+// Where item `item` of an unpaired launch, (token, half, head, index), lies (index: a chunk or a
+// chunk pair): its token, half (value or key), head and index, and the byte offset of its head
+// row within its slot's key row; returns its source row. The outputs are references so that a
+// unit's arrays take them as they are computed (a returned struct scheduled the NVFP4 kernels
+// differently).
+__device__ __forceinline__ const char* locate_unpaired(const RowParams& p, uint32_t item, int64_t& tok, bool& value,
+                                                      int& head, int& index, int64_t& dst_row) {
+  const auto tr = p.items.divmod(item);
+  tok = p.first_token + tr.div;
+  value = tr.mod >= p.per_half;
+  const auto hc = p.chunks.divmod(value ? tr.mod - p.per_half : tr.mod);
+  head = static_cast<int>(hc.div);
+  index = static_cast<int>(hc.mod);
+  // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
+  const char* src = value ? p.src[1] + tok * p.src_tok[1] + head * p.src_head[1]
+                          : p.src[0] + tok * p.src_tok[0] + head * p.src_head[0];
+  dst_row = head * p.dst_head + (value ? p.dst_kv : 0);
+  return src;
+}
+
 // Block b takes the kUnits * kBlock units from b * kUnits * kBlock on, thread x of it the units
 // x, x + kBlock, ... A block need not hold whole tokens, so any block size serves any row width
 // without idle threads or a loop. All of a thread's row and slot loads are issued before any of
@@ -506,10 +526,11 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       }
     }
   };
-  if constexpr (!kIndexFirst) {
+  const auto start = [&] {
     start_after_prior_grids<KVFUSE_WRITE_PDL>();
     load_scales();
-  }
+  };
+  if constexpr (!kIndexFirst) start();
   static_assert(!Rot::kPairs || kUnits == 2, "a unit pair is two units of one thread");
   const uint32_t first = blockIdx.x * ((Rot::kPairs ? 1 : kUnits) * kBlock) + threadIdx.x;
   Pair<Op> raw[kUnits];
@@ -528,26 +549,20 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
     int pair = 0;
     const char* src = nullptr;
     if (live) {
-      const auto tr = p.items.divmod(first);
-      tok = p.first_token + tr.div;
-      const bool value = tr.mod >= p.per_half;
-      const auto hc = p.chunks.divmod(value ? tr.mod - p.per_half : tr.mod);
-      const int h = static_cast<int>(hc.div);
-      pair = static_cast<int>(hc.mod);
-      src = value ? p.src[1] + tok * p.src_tok[1] + h * p.src_head[1] : p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
+      bool value;
+      int h;
+      int64_t row;
+      src = locate_unpaired(p, first, tok, value, h, pair, row);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         head[m] = h;
         chunk[m] = Rot::chunk(pair, m, p.rope);
         is_value[m] = value;
-        dst_row[m] = h * p.dst_head + (value ? p.dst_kv : 0);
+        dst_row[m] = row;
       }
-      if (value) pair = -1;
+      if (value) pair = -1;  // value items are not rotated
     }
-    if constexpr (kIndexFirst) {
-      start_after_prior_grids<KVFUSE_WRITE_PDL>();
-      load_scales();
-    }
+    if constexpr (kIndexFirst) start();
     if (live) {
       slot[0] = slot[1] = slot_of(p, tok);
       // The table loads before the row loads: the other order left the warps waiting longer on
@@ -588,21 +603,9 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
     const char* src = nullptr;
     slot[0] = -1;
     if (live) {
-      const auto tr = p.items.divmod(first);
-      tok = p.first_token + tr.div;
-      is_value[0] = tr.mod >= p.per_half;
-      const auto hc = p.chunks.divmod(is_value[0] ? tr.mod - p.per_half : tr.mod);
-      head[0] = static_cast<int>(hc.div);
-      chunk[0] = static_cast<int>(hc.mod);
-      // Selected by value: indexing p.src by a runtime value would copy the params to local memory.
-      src = is_value[0] ? p.src[1] + tok * p.src_tok[1] + head[0] * p.src_head[1]
-                        : p.src[0] + tok * p.src_tok[0] + head[0] * p.src_head[0];
-      dst_row[0] = head[0] * p.dst_head + (is_value[0] ? p.dst_kv : 0);
+      src = locate_unpaired(p, first, tok, is_value[0], head[0], chunk[0], dst_row[0]);
     }
-    if constexpr (kIndexFirst) {
-      start_after_prior_grids<KVFUSE_WRITE_PDL>();
-      load_scales();
-    }
+    if constexpr (kIndexFirst) start();
     if (live) {
       slot[0] = slot_of(p, tok);
       raw[0].half[0] = Op::load(src, chunk[0], p);
