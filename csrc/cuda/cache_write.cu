@@ -5,7 +5,7 @@
 //
 // One kernel serves every op. A token's row work is cut into units: (head, chunk), covering the
 // chunk in both the key and the value row (paired), or (half, head, chunk) (unpaired, for the
-// smallest FP8 / NVFP4 launches). A chunk is 16 to 64 bytes of input where the layout allows it
+// smallest launches). A chunk is 16 to 64 bytes of input where the layout allows it
 // (8 elements for casts, 16 for FP8, one 16-element NVFP4 block) and one element otherwise, so
 // odd head sizes and unaligned views still work. Large FP8 / NVFP4 NeoX rotary writes take a unit
 // and its rotation partner per thread instead (PairRotation). Blocks take consecutive ranges of the flat
@@ -82,8 +82,10 @@
 #ifndef KVFUSE_ROPE_FP8_NARROW_THREADS
 #define KVFUSE_ROPE_FP8_NARROW_THREADS 256
 #endif
-// FP8 / NVFP4 launches of fewer paired items than this (one paired unit, or unit pair, per
-// thread) take unpaired units instead: twice the threads, each with half the arithmetic.
+// Launches of fewer paired items than this (one paired unit, or unit pair, per thread) take
+// unpaired units instead: twice the threads, each with half the work. Copies, casts and 16-bit
+// rotary writes too since the forty-fourth session, where on an H200 the bf16 write and rotary
+// write of 64 and 256 tokens ran faster unpaired (BENCHMARKS.md).
 #ifndef KVFUSE_UNPAIRED_BELOW_ITEMS
 #define KVFUSE_UNPAIRED_BELOW_ITEMS 262144
 #endif
@@ -117,6 +119,13 @@
 // dependent launch's prologue); 0: after (rows_kernel's kIndexFirst).
 #ifndef KVFUSE_WRITE_INDEX_BEFORE_WAIT
 #define KVFUSE_WRITE_INDEX_BEFORE_WAIT 1
+#endif
+// 1: unpaired rotary launches also work out where their table columns lie before that wait
+// (Rotation::locate), so the rotary parameters' constant-cache misses fall under the tail of the
+// grid before instead of between the wait and the table loads; 0: after the wait, the rotary
+// writes of 64 tokens ran 0.13-0.16 us longer on an H200 (BENCHMARKS.md, forty-fourth session).
+#ifndef KVFUSE_ROPE_LOCATE_BEFORE_WAIT
+#define KVFUSE_ROPE_LOCATE_BEFORE_WAIT 1
 #endif
 #ifndef KVFUSE_NVFP4_MIN_BLOCKS
 #define KVFUSE_NVFP4_MIN_BLOCKS 5
@@ -171,13 +180,16 @@
 #define KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS 6
 #endif
 // 1: NeoX rotary writes of at least KVFUSE_ROPE_PAIRS_FROM 16-element (token, head, chunk) units
-// (KVFUSE_ROPE_NVFP4_PAIRS_FROM for NVFP4), whose unrotated tail splits into pairs ((head_size - R)
-// % (2 N) == 0), run in unit pairs (PairRotation): FP8 over float32 tables (and, for bfloat16 keys,
-// over 16-bit ones: KVFUSE_ROPE_FP8_PAIRS_16BIT_TABLES) in pairs of 8-element units, NVFP4 in pairs
-// of its 16-element blocks; 0: one unit per thread (Rotation) at every size. Single units stay
-// where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session): smaller launches
-// (decode), 16-bit caches, FP8 of half keys over 16-bit tables, and NVFP4 over full-width float32
-// tables (its pairs spill).
+// (KVFUSE_ROPE_NVFP4_PAIRS_FROM for NVFP4, KVFUSE_ROPE_16BIT_PAIRS_FROM for 16-bit caches), whose
+// unrotated tail splits into pairs ((head_size - R) % (2 N) == 0), run in unit pairs
+// (PairRotation): FP8 over float32 tables (and, for bfloat16 keys, over 16-bit ones:
+// KVFUSE_ROPE_FP8_PAIRS_16BIT_TABLES) and 16-bit caches over any table in pairs of 8-element
+// units, NVFP4 in pairs of its 16-element blocks; 0: one unit per thread (Rotation) at every size.
+// Single units stay where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session):
+// smaller launches (decode), FP8 of half keys over 16-bit tables, and NVFP4 over full-width
+// float32 tables (its pairs spill). 16-bit caches take pairs from 4096 tokens of 8 x 128: on an
+// H200 they won there, lost at 1024 and ran level or slightly slower at 16384 (BENCHMARKS.md,
+// forty-fourth session).
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
@@ -186,6 +198,9 @@
 #endif
 #ifndef KVFUSE_ROPE_NVFP4_PAIRS_FROM
 #define KVFUSE_ROPE_NVFP4_PAIRS_FROM 131072
+#endif
+#ifndef KVFUSE_ROPE_16BIT_PAIRS_FROM
+#define KVFUSE_ROPE_16BIT_PAIRS_FROM 262144
 #endif
 // Resident blocks per SM the pairs' register budget is set for: FP8, NVFP4 with the value rows in
 // the same thread (paired), NVFP4 without (unpaired); none of them spills.
@@ -291,6 +306,7 @@ struct NoRotation {
   template <class Op>
   static constexpr bool kWidens = false;
   struct Loaded {};
+  struct Where {};
   template <class Op, bool kPaired>
   static constexpr int min_blocks() { return Op::kMinBlocks; }
 };
@@ -540,6 +556,9 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
   int chunk[kUnits];
   bool is_value[kUnits];
   typename Rot::Loaded rot[kUnits];
+  // Unpaired rotary launches locate their rotation's reads before the wait too (Rotation::locate).
+  constexpr bool kLocateFirst = KVFUSE_ROPE_LOCATE_BEFORE_WAIT && kIndexFirst && Rot::kActive;
+  typename Rot::Where where[kUnits];
   if constexpr (Rot::kPairs && !kPaired) {
     // One item per thread, (token, half, head, pair): the pair's two chunks (PairRotation::chunk)
     // are its units 0 and 1, one token, one slot.
@@ -561,13 +580,18 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
         dst_row[m] = row;
       }
       if (value) pair = -1;  // value items are not rotated
+      if constexpr (kLocateFirst) where[0] = Rot::locate(tok, pair, p.rope);
     }
     if constexpr (kIndexFirst) start();
     if (live) {
       slot[0] = slot[1] = slot_of(p, tok);
       // The table loads before the row loads: the other order left the warps waiting longer on
       // their loads (BENCHMARKS.md, twenty-sixth session).
-      rot[0] = Rot::load(tok, pair, p.rope);
+      if constexpr (kLocateFirst) {
+        rot[0] = Rot::load_at(where[0], tok, p.rope);
+      } else {
+        rot[0] = Rot::load(tok, pair, p.rope);
+      }
 #pragma unroll
       for (int m = 0; m < 2; ++m) raw[m].half[0] = Op::load(src, chunk[m], p);
     }
@@ -604,12 +628,15 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
     slot[0] = -1;
     if (live) {
       src = locate_unpaired(p, first, tok, is_value[0], head[0], chunk[0], dst_row[0]);
+      if constexpr (kLocateFirst) where[0] = Rot::locate(src, tok, is_value[0] ? -1 : chunk[0], p.rope);
     }
     if constexpr (kIndexFirst) start();
     if (live) {
       slot[0] = slot_of(p, tok);
       raw[0].half[0] = Op::load(src, chunk[0], p);
-      if constexpr (Rot::kActive) {
+      if constexpr (kLocateFirst) {
+        rot[0] = Rot::load_at(where[0], tok, p.rope);
+      } else if constexpr (Rot::kActive) {
         rot[0] = Rot::template load<Op::kRopeCheckFirst>(src, tok, is_value[0] ? -1 : chunk[0], p.rope);
       }
     } else if constexpr (Rot::kActive) {
@@ -1211,7 +1238,8 @@ struct Rotation {
   // table rows to load_from (which checks again). nvcc schedules the kernels of the two forms
   // differently, and on the H100 the FP8 rotary writes run faster in this form while NVFP4 and
   // 16-bit caches run slower (BENCHMARKS.md, twenty-fourth session). So the rows kernel picks the
-  // form by op (Op::kRopeCheckFirst); the query kernel keeps the other. Any edit here can change
+  // form by op (Op::kRopeCheckFirst) in paired launches (unpaired ones take locate / load_at);
+  // the query kernel keeps the other. Any edit here can change
   // the measured SASS: `python -m benchmarks.sass_native --base HEAD` says which kernels it moved.
   template <bool kCheckFirst = false>
   __device__ __forceinline__ static Loaded load(const char* row, int64_t tok, int chunk, const RopeParams& r) {
@@ -1263,6 +1291,69 @@ struct Rotation {
     }
     l.cos = Cols::load(cos + t * r.cos_row, col0, half_run);
     l.sin = Cols::load(sin + t * r.sin_row, col0, half_run);
+  }
+
+  // Where a unit's rotation reads, worked out from the launch's parameters alone (locate), so that
+  // an unpaired launch does it before it waits for the grids before it: the rotary parameters'
+  // constant-cache lines are then fetched under that grid's tail, and after the wait the table
+  // loads issue beside the row loads instead of behind those misses. cos / sin: the unit's first
+  // column in table row `tok`, or in row 0 where positions pick the row (load_at adds it).
+  struct Where {
+    int first = -1;
+    bool lower;
+    bool half_run;
+    const char* cos;
+    const char* sin;
+    const char* partner;  // kLoadsPartner: the partner chunk
+  };
+
+  __device__ __forceinline__ static Where locate(const char* row, int64_t tok, int chunk, const RopeParams& r) {
+    Where w;
+    w.first = chunk < 0 || chunk * N >= r.rotary_dim ? -1 : chunk * N;
+    if (w.first < 0) return w;
+    const int half = r.rotary_dim / 2;
+    int col0;
+    w.half_run = false;
+    if constexpr (kNeox) {
+      w.lower = w.first < half;
+      if constexpr (!kShuffle) {
+        const int partner_chunk = w.lower ? chunk + half / N : chunk - half / N;
+        w.partner = row + int64_t{partner_chunk} * N * static_cast<int64_t>(sizeof(In));
+      }
+      col0 = r.half_table && !w.lower ? w.first - half : w.first;
+    } else {
+      w.lower = false;
+      col0 = r.half_table ? w.first / 2 : w.first;
+      w.half_run = r.half_table;
+    }
+    const int64_t t = r.positions == nullptr ? tok : 0;
+    const int64_t col = int64_t{col0} * static_cast<int64_t>(sizeof(Table));
+    w.cos = r.cos + t * r.cos_row + col;
+    w.sin = r.sin + t * r.sin_row + col;
+    return w;
+  }
+
+  // A located unit's loads (after the wait): its position first, where there are positions.
+  __device__ __forceinline__ static Loaded load_at(const Where& w, int64_t tok, const RopeParams& r) {
+    Loaded l;
+    l.first = w.first;
+    if (l.first < 0) return l;
+    l.lower = w.lower;
+    const char* cos = w.cos;
+    const char* sin = w.sin;
+    if (r.positions != nullptr) {
+      const int64_t t = rope_table_row(tok, r);
+      cos += t * r.cos_row;
+      sin += t * r.sin_row;
+    }
+    if constexpr (kNeox && !kShuffle) {
+      const uint4* src = reinterpret_cast<const uint4*>(w.partner);
+#pragma unroll
+      for (int i = 0; i < Run::kWords; ++i) l.partner.words[i] = __ldg(src + i);
+    }
+    l.cos = Cols::load(cos, 0, w.half_run);
+    l.sin = Cols::load(sin, 0, w.half_run);
+    return l;
   }
 
   // kShuffle: every lane of the warp, with a unit or not, hands its unrotated chunk to the unit
@@ -1393,6 +1484,44 @@ struct PairRotation {
     for (int i = 0; i < kRuns; ++i) {
       l.cos[i] = Cols::load(cos, pair * N + i * (r.rotary_dim / 2), false);
       l.sin[i] = Cols::load(sin, pair * N + i * (r.rotary_dim / 2), false);
+    }
+    return l;
+  }
+
+  // load in two steps, as Rotation::locate / load_at: the pair's columns in table row `tok` (or row
+  // 0 where positions pick the row) from the launch's parameters, then the loads.
+  struct Where {
+    bool rotated = false;
+    const char* cos;
+    const char* sin;
+  };
+
+  __device__ __forceinline__ static Where locate(int64_t tok, int pair, const RopeParams& r) {
+    Where w;
+    if (pair < 0 || pair * 2 * N >= r.rotary_dim) return w;
+    w.rotated = true;
+    const int64_t t = r.positions == nullptr ? tok : 0;
+    const int64_t col = int64_t{pair} * N * static_cast<int64_t>(sizeof(Table));
+    w.cos = r.cos + t * r.cos_row + col;
+    w.sin = r.sin + t * r.sin_row + col;
+    return w;
+  }
+
+  __device__ __forceinline__ static Loaded load_at(const Where& w, int64_t tok, const RopeParams& r) {
+    Loaded l;
+    if (!w.rotated) return l;
+    l.rotated = true;
+    const char* cos = w.cos;
+    const char* sin = w.sin;
+    if (r.positions != nullptr) {
+      const int64_t t = rope_table_row(tok, r);
+      cos += t * r.cos_row;
+      sin += t * r.sin_row;
+    }
+#pragma unroll
+    for (int i = 0; i < kRuns; ++i) {
+      l.cos[i] = Cols::load(cos, i * (r.rotary_dim / 2), false);
+      l.sin[i] = Cols::load(sin, i * (r.rotary_dim / 2), false);
     }
     return l;
   }
@@ -1530,8 +1659,8 @@ constexpr int small_block() {
 // Rows cut into `chunks` units per head: sets up the dividers and picks the launch shape. Large
 // grids: kThreads-thread blocks of paired units, as many per thread (up to Op::kUnits) as still
 // leave kWideGrid blocks, so each thread keeps several loads in flight. Below that,
-// small_block()-thread blocks of one unit per thread, and in the smallest FP8 / NVFP4 launches,
-// which are mostly latency, unpaired units: the per-thread arithmetic is the critical path there.
+// small_block()-thread blocks of one unit per thread, and in the smallest launches, which are
+// mostly latency, unpaired units: the per-thread arithmetic is the critical path there.
 // Measured on an H100, the block size since on an H200 (benchmarks/native_sweep.py, BENCHMARKS.md).
 template <class Op, bool kMultiUnit = true, class Rot = NoRotation>
 void launch(RowParams p, int chunks, cudaStream_t stream) {
@@ -1544,24 +1673,20 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
     if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true, Rot>(p, stream);
   }
   constexpr int kBlock = small_block<Op, Rot>();
-  if constexpr (Op::kUsesScale) {
-    if (pairs < (Rot::kActive ? int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS} : int64_t{KVFUSE_UNPAIRED_BELOW_ITEMS})) {
-      return launch_units<Op, 1, kBlock, false, Rot>(p, stream);
-    }
+  if (pairs < (Rot::kActive ? int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS} : int64_t{KVFUSE_UNPAIRED_BELOW_ITEMS})) {
+    return launch_units<Op, 1, kBlock, false, Rot>(p, stream);
   }
   launch_units<Op, 1, kBlock, true, Rot>(p, stream);
 }
 
 // NeoX rotary writes in unit pairs (PairRotation): a token's items are (head, pair), one per
-// thread, paired with the value row or, in small FP8 / NVFP4 launches (as in launch()), unpaired.
+// thread, paired with the value row or, in small launches (as in launch()), unpaired.
 template <class Op, class Rot>
 void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   set_items(p, chunks / 2);
   const int64_t items = int64_t{p.num_tokens} * p.per_half;
   constexpr int kBlock = small_block<Op, Rot>();
-  if constexpr (Op::kUsesScale) {
-    if (items < int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS}) return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
-  }
+  if (items < int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS}) return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
   launch_units<Op, 2, kBlock, true, Rot>(p, stream);
 }
 
@@ -1727,22 +1852,29 @@ void launch_rope_rows(RowParams p, cudaStream_t stream) {
   });
 }
 
-// FP8 and NVFP4 NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units for
-// FP8 over float32 tables (and over 16-bit ones for bfloat16 keys), of 16-element blocks for
-// NVFP4 over any but full-width float32 tables, from KVFUSE_ROPE_(NVFP4_)PAIRS_FROM units on.
+// FP8, NVFP4 and 16-bit NeoX rotary writes in unit pairs (PairRotation): pairs of 8-element units
+// for FP8 over float32 tables (and over 16-bit ones for bfloat16 keys) and for 16-bit caches over
+// any table, of 16-element blocks for NVFP4 over any but full-width float32 tables, from
+// KVFUSE_ROPE_(NVFP4_ / 16BIT_)PAIRS_FROM units on.
 // False (nothing launched) for other formats, table types and smaller launches, and where the
 // unrotated tail of a head does not split into pairs.
 template <typename In, typename Table>
 bool launch_rope_pairs(const RowParams& p, KVQuantMode mode, cudaStream_t stream) {
   constexpr int F = kRopeNarrowUnit, W = kRopeUnit;
   const bool fp8 = mode == KVQuantMode::FP8_E4M3 || mode == KVQuantMode::FP8_E5M2;
-  if (!fp8 && mode != KVQuantMode::NVFP4) return false;
+  const bool nvfp4 = mode == KVQuantMode::NVFP4, cast = mode == KVQuantMode::NONE;
+  if (!fp8 && !nvfp4 && !cast) return false;
   const int64_t units = int64_t{p.num_tokens} * p.num_heads * (p.head_size / kRopeUnit);
-  if (units < (fp8 ? KVFUSE_ROPE_PAIRS_FROM : KVFUSE_ROPE_NVFP4_PAIRS_FROM)) return false;
-  if ((p.head_size - p.rope.rotary_dim) % (2 * (fp8 ? F : W)) != 0) return false;
+  const int64_t from = fp8 ? KVFUSE_ROPE_PAIRS_FROM : nvfp4 ? KVFUSE_ROPE_NVFP4_PAIRS_FROM : KVFUSE_ROPE_16BIT_PAIRS_FROM;
+  if (units < from) return false;
+  if ((p.head_size - p.rope.rotary_dim) % (2 * (nvfp4 ? W : F)) != 0) return false;
   // Which table types take pairs is decided here at compile time: the others are never instantiated.
   const auto go = [&](auto half_table) {
     constexpr bool kHalf = decltype(half_table)::value;
+    if (cast) {  // a cache of the key's dtype (checked by the caller)
+      launch_pairs<EncodeOp<In, In, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
+      return true;
+    }
     if constexpr (sizeof(Table) > 2 || (KVFUSE_ROPE_FP8_PAIRS_16BIT_TABLES && std::is_same_v<In, c10::BFloat16>)) {
       if (mode == KVQuantMode::FP8_E4M3) {
         launch_pairs<EncodeOp<In, E4M3, F>, PairRotation<In, Table, F, kHalf>>(p, p.head_size / F, stream);
