@@ -1680,13 +1680,17 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
 }
 
 // NeoX rotary writes in unit pairs (PairRotation): a token's items are (head, pair), one per
-// thread, paired with the value row or, in small launches (as in launch()), unpaired.
+// thread, paired with the value row or, in small FP8 / NVFP4 launches (as in launch()), unpaired.
 template <class Op, class Rot>
 void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   set_items(p, chunks / 2);
   const int64_t items = int64_t{p.num_tokens} * p.per_half;
   constexpr int kBlock = small_block<Op, Rot>();
-  if (items < int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS}) return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
+  // 16-bit caches (no scale) take pairs only from KVFUSE_ROPE_16BIT_PAIRS_FROM units, where they
+  // are paired: their unpaired pair kernels would never launch.
+  if constexpr (Op::kUsesScale) {
+    if (items < int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS}) return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
+  }
   launch_units<Op, 2, kBlock, true, Rot>(p, stream);
 }
 
