@@ -486,7 +486,7 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
 // Units in row-major order, u < p.units: a paired unit is (token, head, chunk) and covers the
 // chunk in the key row and, with two halves, in the value row, so both share one slot lookup and
 // one address computation; an unpaired unit is (token, half, head, chunk), half the work per
-// thread for twice the threads (shorter per-thread arithmetic in small FP8 / NVFP4 launches).
+// thread for twice the threads (shorter per-thread arithmetic in small launches).
 // Where item `item` of an unpaired launch, (token, half, head, index), lies (index: a chunk or a
 // chunk pair): its token, half (value or key), head and index, and the byte offset of its head
 // row within its slot's key row; returns its source row. The outputs are references so that a
@@ -558,7 +558,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
   typename Rot::Loaded rot[kUnits];
   // Unpaired rotary launches locate their rotation's reads before the wait too (Rotation::locate).
   constexpr bool kLocateFirst = KVFUSE_ROPE_LOCATE_BEFORE_WAIT && kIndexFirst && Rot::kActive;
-  typename Rot::Where where[kUnits];
+  typename Rot::Where where;
   if constexpr (Rot::kPairs && !kPaired) {
     // One item per thread, (token, half, head, pair): the pair's two chunks (PairRotation::chunk)
     // are its units 0 and 1, one token, one slot.
@@ -580,7 +580,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
         dst_row[m] = row;
       }
       if (value) pair = -1;  // value items are not rotated
-      if constexpr (kLocateFirst) where[0] = Rot::locate(tok, pair, p.rope);
+      if constexpr (kLocateFirst) where = Rot::locate(tok, pair, p.rope);
     }
     if constexpr (kIndexFirst) start();
     if (live) {
@@ -588,7 +588,7 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       // The table loads before the row loads: the other order left the warps waiting longer on
       // their loads (BENCHMARKS.md, twenty-sixth session).
       if constexpr (kLocateFirst) {
-        rot[0] = Rot::load_at(where[0], tok, p.rope);
+        rot[0] = Rot::load_at(where, tok, p.rope);
       } else {
         rot[0] = Rot::load(tok, pair, p.rope);
       }
@@ -628,14 +628,14 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
     slot[0] = -1;
     if (live) {
       src = locate_unpaired(p, first, tok, is_value[0], head[0], chunk[0], dst_row[0]);
-      if constexpr (kLocateFirst) where[0] = Rot::locate(src, tok, is_value[0] ? -1 : chunk[0], p.rope);
+      if constexpr (kLocateFirst) where = Rot::locate(src, tok, is_value[0] ? -1 : chunk[0], p.rope);
     }
     if constexpr (kIndexFirst) start();
     if (live) {
       slot[0] = slot_of(p, tok);
       raw[0].half[0] = Op::load(src, chunk[0], p);
       if constexpr (kLocateFirst) {
-        rot[0] = Rot::load_at(where[0], tok, p.rope);
+        rot[0] = Rot::load_at(where, tok, p.rope);
       } else if constexpr (Rot::kActive) {
         rot[0] = Rot::template load<Op::kRopeCheckFirst>(src, tok, is_value[0] ? -1 : chunk[0], p.rope);
       }
@@ -1162,6 +1162,25 @@ __device__ __forceinline__ int64_t rope_table_row(int64_t tok, const RopeParams&
                                 : __ldg(static_cast<const int32_t*>(r.positions) + tok);
 }
 
+// The two steps of a unit's table addresses (Rotation / PairRotation::locate, load_at): from the
+// launch's parameters alone, byte `col` of table row `tok`, or of row 0 where positions pick the
+// row; then, after the wait, that position's row added (a load of positions).
+__device__ __forceinline__ void locate_columns(int64_t tok, int64_t col, const RopeParams& r, const char*& cos,
+                                               const char*& sin) {
+  const int64_t t = r.positions == nullptr ? tok : 0;
+  cos = r.cos + t * r.cos_row + col;
+  sin = r.sin + t * r.sin_row + col;
+}
+
+__device__ __forceinline__ void add_position_row(int64_t tok, const RopeParams& r, const char*& cos,
+                                                 const char*& sin) {
+  if (r.positions != nullptr) {
+    const int64_t t = rope_table_row(tok, r);
+    cos += t * r.cos_row;
+    sin += t * r.sin_row;
+  }
+}
+
 // K values of a table row from column col0 on: whole 16-byte words, read through the read-only
 // cache (every head of a token reads the same row).
 template <typename T, int K>
@@ -1326,10 +1345,7 @@ struct Rotation {
       col0 = r.half_table ? w.first / 2 : w.first;
       w.half_run = r.half_table;
     }
-    const int64_t t = r.positions == nullptr ? tok : 0;
-    const int64_t col = int64_t{col0} * static_cast<int64_t>(sizeof(Table));
-    w.cos = r.cos + t * r.cos_row + col;
-    w.sin = r.sin + t * r.sin_row + col;
+    locate_columns(tok, int64_t{col0} * static_cast<int64_t>(sizeof(Table)), r, w.cos, w.sin);
     return w;
   }
 
@@ -1341,11 +1357,7 @@ struct Rotation {
     l.lower = w.lower;
     const char* cos = w.cos;
     const char* sin = w.sin;
-    if (r.positions != nullptr) {
-      const int64_t t = rope_table_row(tok, r);
-      cos += t * r.cos_row;
-      sin += t * r.sin_row;
-    }
+    add_position_row(tok, r, cos, sin);
     if constexpr (kNeox && !kShuffle) {
       const uint4* src = reinterpret_cast<const uint4*>(w.partner);
 #pragma unroll
@@ -1500,10 +1512,7 @@ struct PairRotation {
     Where w;
     if (pair < 0 || pair * 2 * N >= r.rotary_dim) return w;
     w.rotated = true;
-    const int64_t t = r.positions == nullptr ? tok : 0;
-    const int64_t col = int64_t{pair} * N * static_cast<int64_t>(sizeof(Table));
-    w.cos = r.cos + t * r.cos_row + col;
-    w.sin = r.sin + t * r.sin_row + col;
+    locate_columns(tok, int64_t{pair} * N * static_cast<int64_t>(sizeof(Table)), r, w.cos, w.sin);
     return w;
   }
 
@@ -1513,11 +1522,7 @@ struct PairRotation {
     l.rotated = true;
     const char* cos = w.cos;
     const char* sin = w.sin;
-    if (r.positions != nullptr) {
-      const int64_t t = rope_table_row(tok, r);
-      cos += t * r.cos_row;
-      sin += t * r.sin_row;
-    }
+    add_position_row(tok, r, cos, sin);
 #pragma unroll
     for (int i = 0; i < kRuns; ++i) {
       l.cos[i] = Cols::load(cos, i * (r.rotary_dim / 2), false);
