@@ -187,9 +187,10 @@
 // units, NVFP4 in pairs of its 16-element blocks; 0: one unit per thread (Rotation) at every size.
 // Single units stay where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session):
 // smaller launches (decode), FP8 of half keys over 16-bit tables, and NVFP4 over full-width
-// float32 tables (its pairs spill). 16-bit caches take pairs from 4096 tokens of 8 x 128: on an
-// H200 they won there, lost at 1024 and ran level or slightly slower at 16384 (BENCHMARKS.md,
-// forty-fourth session).
+// float32 tables (its pairs spill). 16-bit caches take pairs at every size: on an H200 (8 x 128
+// bfloat16 keys) they were 3-14% faster from 64 to 256 tokens and 3-6% at 2048 and 4096; at 512
+// and 1024 one table type gained or ran level and the other (bf16 half tables) ran level or 5%
+// slower; at 16384 level or 1.4% slower (BENCHMARKS.md, forty-fourth and forty-fifth sessions).
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
@@ -200,7 +201,7 @@
 #define KVFUSE_ROPE_NVFP4_PAIRS_FROM 131072
 #endif
 #ifndef KVFUSE_ROPE_16BIT_PAIRS_FROM
-#define KVFUSE_ROPE_16BIT_PAIRS_FROM 262144
+#define KVFUSE_ROPE_16BIT_PAIRS_FROM 0
 #endif
 // Resident blocks per SM the pairs' register budget is set for: FP8, NVFP4 with the value rows in
 // the same thread (paired), NVFP4 without (unpaired); none of them spills.
@@ -1691,9 +1692,10 @@ void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   set_items(p, chunks / 2);
   const int64_t items = int64_t{p.num_tokens} * p.per_half;
   constexpr int kBlock = small_block<Op, Rot>();
-  // 16-bit caches (no scale) take pairs only from KVFUSE_ROPE_16BIT_PAIRS_FROM units, where they
-  // are paired: their unpaired pair kernels would never launch.
-  if constexpr (Op::kUsesScale) {
+  // 16-bit caches (no scale) take pairs from KVFUSE_ROPE_16BIT_PAIRS_FROM units (as many items):
+  // where that is not below the unpaired launches' threshold, their unpaired pair kernels would
+  // never launch and are not instantiated.
+  if constexpr (Op::kUsesScale || KVFUSE_ROPE_16BIT_PAIRS_FROM < KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS) {
     if (items < int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS}) return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
   }
   launch_units<Op, 2, kBlock, true, Rot>(p, stream);

@@ -4,7 +4,7 @@
         python3 tests/ops/_native_sanitize.py [rope]
 
 ``rope``: the native rotary write's cases instead (both unit widths, both ways to a NeoX
-partner, unit pairs, partly empty last warps, the separate query launch).
+partner, unit pairs, 16-bit caches, partly empty last warps, the separate query launch).
 
 Without the caching allocator every tensor is its own allocation, so memcheck sees a write one
 byte past a cache or a row as the out-of-bounds access it is. Each case also checks its bytes
@@ -42,6 +42,12 @@ def rope_cases() -> int:
             for T in (7, 533):
                 r.test_gpu_native_bit_exact(mode, cache_dtype, *setup[1:], T)
                 count += 1
+    for setup in (("neox", True, False, False, 128, None),
+                  ("neox-f32-table-pos", True, True, True, 128, torch.float32),
+                  ("gptj-half-partial", False, True, True, 64, None)):
+        for T in (7, 533, 4099):
+            r.test_gpu_native_16bit_caches(torch.bfloat16, *setup[1:], T)
+            count += 1
     torch.cuda.synchronize()
     return count
 

@@ -561,10 +561,10 @@ def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_di
 @pytest.mark.parametrize("T", [1, 7, 64, 533, 1100, 4099])
 def test_gpu_native_16bit_caches(dtype, is_neox, half, table, rotary_dim, table_dtype, T):
     """Unquantized caches of the key's dtype: the rotated key rounded to it and stored as it is,
-    the value copied; 8-element units up to 533 tokens, 16-element ones at 1100
-    (KVFUSE_ROPE_FP8_NARROW_BELOW), key and value rows in separate threads up to there, and at 4099
-    (262336 16-element units, KVFUSE_ROPE_16BIT_PAIRS_FROM) NeoX unit pairs (PairRotation) and
-    GPT-J's paired single units; with and without the query."""
+    the value copied. NeoX keys in pairs of 8-element units (PairRotation, KVFUSE_ROPE_16BIT_PAIRS_FROM),
+    key and value rows in separate threads up to 1100 tokens and together at 4099 (262336 pair
+    items, KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS); GPT-J in single units, 8-element up to 533 tokens and
+    16-element from 1100 (KVFUSE_ROPE_FP8_NARROW_BELOW), paired at 4099; with and without the query."""
     for with_query in (True, False):
         c = _case(T, 32, 8, 128, KVQuantMode.NONE, dtype, in_dtype=dtype, rotary_dim=rotary_dim, half=half,
                   table=table, seed=T + rotary_dim + with_query, device="cuda", num_blocks=T // BLOCK + 8)
