@@ -1,0 +1,21 @@
+# Issue 17 and the writes at decode sizes: the tree against b64 (64-thread blocks for every small launch: the writes
+# alone and the rotary writes; at 64 tokens the 16-bit unit pairs fill 64 of 128-thread blocks, half the SMs).
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | grep -v WARNING | tail -2
+export PYTHONUNBUFFERED=1 MAX_JOBS=8
+R=/tmp/r; mkdir -p $R; cp .scratch/call45f.sh $R/; git diff HEAD > $R/tree.patch
+SECONDS=0
+save() { tar czf $OUT/call45f.tgz -C $R . ; }
+nvidia-smi --query-gpu=name,uuid,clocks.max.sm,power.limit --format=csv > $R/gpu.csv; cat $R/gpu.csv
+declare -A FLAGS=( [t]="" [b64]="-DKVFUSE_SMALL_THREADS=64" )
+for v in t b64; do
+  (KVFUSE_NATIVE_BUILD_DIR=/tmp/nb_$v KVFUSE_NATIVE_CUDA_FLAGS="${FLAGS[$v]}" PYTHONPATH=/tmp/site:$PWD python3 .scratch/s29/build.py $v > $R/build_$v.log 2>&1) &
+done
+wait; tail -qn 1 $R/build_*.log; echo "builds ${SECONDS}s"; save
+if grep -l "unavailable" $R/build_*.log; then echo "a build failed"; save; exit 1; fi
+run() { v=$1; shift; KVFUSE_NATIVE_BUILD_DIR=/tmp/nb_$v KVFUSE_NATIVE_CUDA_FLAGS="${FLAGS[$v]}" PYTHONPATH=/tmp/site:$PWD "$@"; }
+VV="write;rope_k+write (native), f32 half tables;rope_k+write (native), bf16 half tables"
+bench() { d=$R/b$1_$2; mkdir -p $d; run $1 timeout 60 python3 -m benchmarks.rope_write --quick --out $d --tokens 64,256,1024 --formats bfloat16,fp8,nvfp4 --variants "$VV" > $d/log.txt 2>&1 || echo "rope $1 rc=$?"; echo "rope $1 $2 ${SECONDS}s"; }
+bench t 1; bench b64 1; bench b64 2; bench t 2; save
+python3 .scratch/s38/summarize26.py $R | tee $R/rope_summary.txt
+save; echo "done ${SECONDS}s"
