@@ -186,11 +186,12 @@
 // KVFUSE_ROPE_FP8_PAIRS_16BIT_TABLES) and 16-bit caches over any table in pairs of 8-element
 // units, NVFP4 in pairs of its 16-element blocks; 0: one unit per thread (Rotation) at every size.
 // Single units stay where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session):
-// smaller launches (decode), FP8 of half keys over 16-bit tables, and NVFP4 over full-width
-// float32 tables (its pairs spill). 16-bit caches take pairs at every size: on an H200 (8 x 128
-// bfloat16 keys) they were 3-14% faster from 64 to 256 tokens and 3-6% at 2048 and 4096; at 512
-// and 1024 one table type gained or ran level and the other (bf16 half tables) ran level or 5%
-// slower; at 16384 level or 1.4% slower (BENCHMARKS.md, forty-fourth and forty-fifth sessions).
+// FP8 and NVFP4 in smaller launches (decode), FP8 of half keys over 16-bit tables, and NVFP4
+// over full-width float32 tables (its pairs spill). 16-bit caches take pairs at every size: on an
+// H200 (8 x 128 bfloat16 keys) they were 3-14% faster from 64 to 256 tokens and 3-6% at 2048
+// and 4096; at 512 and 1024 one table type gained or ran level and the other (bf16 half tables)
+// ran level or 5% slower; at 16384 level or 1.4% slower (BENCHMARKS.md, forty-fourth and
+// forty-fifth sessions).
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
