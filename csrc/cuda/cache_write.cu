@@ -215,6 +215,18 @@
 #ifndef KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS 4
 #endif
+// 1: FP8 and NVFP4 unpaired unit-pair launches of more than one wave and at most two (resident
+// blocks from the occupancy calculator) run Prefetching<PairRotation>: before its dependent-launch
+// wait, each thread of the first wave prefetches into L2 the rows that the item a whole number of
+// tokens (at most one wave) ahead will load, so that the second wave's loads find them there
+// instead of starting from DRAM as the first wave's blocks retire. 0: no prefetching launch.
+// On an H200 (8 x 128 bfloat16 keys) NVFP4 at 4096 tokens went 10.94-11.15 -> 10.68-10.80 us and
+// FP8 at 2048 5.15-5.28 -> 5.01-5.02; prefetching the table columns too ran level with rows
+// alone; at 2.3 and 3.1 waves (FP8 at 3072, 4096) it ran level or mixed, and the bf16 cache's
+// rotary write at 3072 tokens slower (BENCHMARKS.md, forty-sixth session).
+#ifndef KVFUSE_ROPE_PREFETCH
+#define KVFUSE_ROPE_PREFETCH 1
+#endif
 // 1: FP8 unit-pair rotary writes of bfloat16 keys hand the encode their rotated elements as
 // floats, each rounded to bfloat16 by one convert with a zero partner (PairRotation::kWidens),
 // instead of packing two rounded elements per word for the encode to widen again; 0: packed.
@@ -298,6 +310,10 @@ struct RowParams {
   Nvfp4Layout nvfp4;
   IntDivider<uint32_t> v_group;
   RopeParams rope;
+  // Prefetching launches (Prefetching): the items one prefetch reaches ahead, and the same
+  // distance in bytes of the key and value rows.
+  uint32_t ahead_items;
+  int64_t ahead_src[2];
 };
 
 // Launches without a rotary embedding: the key rows are encoded as loaded.
@@ -312,6 +328,15 @@ struct NoRotation {
   template <class Op, bool kPaired>
   static constexpr int min_blocks() { return Op::kMinBlocks; }
 };
+
+// A rotation whose launch prefetches into L2 the rows of the item ahead (KVFUSE_ROPE_PREFETCH): the
+// same rotation, a separate kernel, so that launches without prefetching keep theirs.
+template <class Rot>
+struct Prefetching : Rot {};
+template <class Rot>
+constexpr bool kPrefetches = false;
+template <class Rot>
+constexpr bool kPrefetches<Prefetching<Rot>> = true;
 
 struct E4M3 {};
 struct E5M2 {};
@@ -509,6 +534,14 @@ __device__ __forceinline__ const char* locate_unpaired(const RowParams& p, uint3
   return src;
 }
 
+// Asks L2 for the bytes [ptr, ptr + bytes), one 32-byte sector at a time. (The bulk prefetch,
+// cp.async.bulk.prefetch.L2, takes warp-uniform operands: per-lane addresses made nvcc loop over
+// the lanes.)
+__device__ __forceinline__ void prefetch_l2(const char* ptr, int bytes) {
+#pragma unroll
+  for (int b = 0; b < bytes; b += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr + b) : "memory");
+}
+
 // Block b takes the kUnits * kBlock units from b * kUnits * kBlock on, thread x of it the units
 // x, x + kBlock, ... A block need not hold whole tokens, so any block size serves any row width
 // without idle threads or a loop. All of a thread's row and slot loads are issued before any of
@@ -583,6 +616,15 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
       }
       if (value) pair = -1;  // value items are not rotated
       if constexpr (kLocateFirst) where = Rot::locate(tok, pair, p.rope);
+      if constexpr (kPrefetches<Rot>) {
+        // The item ahead has this item's head, half and pair, ahead_items / items tokens on.
+        if (first + p.ahead_items < p.units) {
+          const char* ahead = src + p.ahead_src[value ? 1 : 0];
+          constexpr int kChunk = sizeof(typename Rot::Run);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) prefetch_l2(ahead + int64_t{chunk[m]} * kChunk, kChunk);
+        }
+      }
     }
     if constexpr (kIndexFirst) start();
     if (live) {
@@ -1626,6 +1668,19 @@ __global__ void __launch_bounds__(256) rope_query_kernel(const QueryParams q, co
 
 // ----------------------------------------------------------------------------- launch
 
+// Blocks of `kernel` resident at once on the current device: its SMs times the occupancy
+// calculator's blocks per SM (asked once per kernel; kvfuse builds for one architecture).
+template <auto kKernel>
+int64_t resident_blocks(int block) {
+  static std::atomic<int> per_sm{0};
+  int blocks = per_sm.load(std::memory_order_relaxed);
+  if (blocks == 0) {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, block, 0));
+    per_sm.store(blocks, std::memory_order_relaxed);
+  }
+  return int64_t{blocks} * cached_device_attribute<cudaDevAttrMultiProcessorCount>();
+}
+
 // Launches over tokens [0, num_tokens): one grid, unless the units pass 2^31 (the dividers'
 // range), then one grid per slice of tokens.
 template <class Op, int kUnits, int kBlock, bool kPaired, class Rot = NoRotation>
@@ -1639,6 +1694,18 @@ void launch_units(RowParams p, cudaStream_t stream) {
     p.first_token = t;
     p.units = static_cast<uint32_t>(std::min(slice, p.num_tokens - t) * items);
     const dim3 grid(static_cast<unsigned>((p.units + kPerBlock - 1) / kPerBlock));
+    if constexpr (KVFUSE_ROPE_PREFETCH && Op::kUsesScale && Rot::kPairs && !kPaired) {
+      constexpr auto kernel = rows_kernel<Op, kUnits, kBlock, kPaired, Prefetching<Rot>>;
+      const int64_t resident = resident_blocks<kernel>(kBlock);
+      const int64_t ahead = resident * kBlock / items;  // whole tokens, at most one wave
+      if (grid.x > resident && grid.x <= 2 * resident && ahead > 0) {
+        p.ahead_items = static_cast<uint32_t>(ahead * items);
+        for (int h = 0; h < 2; ++h) p.ahead_src[h] = ahead * p.src_tok[h];
+        launch_maybe_dependent(kernel, grid, dim3(kBlock), 0, stream, KVFUSE_WRITE_PDL && dependent_launch_supported(),
+                               p);
+        continue;
+      }
+    }
     launch_maybe_dependent(rows_kernel<Op, kUnits, kBlock, kPaired, Rot>, grid, dim3(kBlock), 0, stream,
                            KVFUSE_WRITE_PDL && dependent_launch_supported(), p);
   }

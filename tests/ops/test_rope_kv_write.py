@@ -646,7 +646,9 @@ def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mo
     (PairRotation), paired with the value row or not by size; FP8 hands its rotated elements to the
     encode as floats (KVFUSE_ROPE_WIDENED_OUT). Every table form (full / half width, bf16 / float32,
     read at positions), an unrotated tail of pairs (d256-r192) and one that does not split into
-    NVFP4 pairs (d80-r64: single units), odd token counts, a sentinel cache and a slot of -1."""
+    NVFP4 pairs (d80-r64: single units), odd token counts, a sentinel cache and a slot of -1.
+    Grids of one to two waves of key and value rows in separate threads run the prefetching
+    kernel (KVFUSE_ROPE_PREFETCH; 132 SMs): NVFP4 at 4099 tokens, FP8 at d256-r192 and d64."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
               device="cuda", num_blocks=T // BLOCK + 8)
     pairs_from = 131072 if mode is KVQuantMode.NVFP4 else 65536
