@@ -94,6 +94,15 @@
 #ifndef KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS
 #define KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS KVFUSE_UNPAIRED_BELOW_ITEMS
 #endif
+// FP8 rotary writes in unit pairs (PairRotation) hold the value pair in the key pair's thread from
+// this many pair items on: 2560 tokens of 8 x 128 in 8-element pairs, where the unpaired launch
+// takes 1.9 waves. On an H200 FP8 at 3072 tokens went 7.11 / 7.36 -> 6.71 / 6.81 us (float32 /
+// bfloat16 half tables), at 3584 7.87 / 8.21 -> 7.44 / 7.57, at 2560 6.02 / 6.11 -> 5.97 / 6.03;
+// 2048 ran level. 16-bit caches paired at 3072 and 3584 ran 11-12% slower, so they keep
+// KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS (BENCHMARKS.md, forty-sixth session).
+#ifndef KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS
+#define KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS 163840
+#endif
 // 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores. Measured
 // on an H100: the load hint is faster for launches that read up to 16 MiB (1024 tokens: 4.0 vs
 // 4.2 us bf16) and ~1% slower from 64 MiB (65536 tokens: 190.4 vs 188.4 us bf16); the store hint
@@ -222,8 +231,9 @@
 // instead of starting from DRAM as the first wave's blocks retire. 0: no prefetching launch.
 // On an H200 (8 x 128 bfloat16 keys) NVFP4 at 4096 tokens went 10.94-11.15 -> 10.68-10.80 us and
 // FP8 at 2048 5.15-5.28 -> 5.01-5.02; prefetching the table columns too ran level with rows
-// alone; at 2.3 and 3.1 waves (FP8 at 3072, 4096) it ran level or mixed, and the bf16 cache's
-// rotary write at 3072 tokens slower (BENCHMARKS.md, forty-sixth session).
+// alone. FP8 at 3072 tokens (2.3 waves) ran mixed (+1% / -2% over float32 / bfloat16 half
+// tables), and 16-bit caches, whose rotary write has no encode to hide the prefetch under, 2.4%
+// slower at 3072 tokens (1.9 / 2.3 waves) (BENCHMARKS.md, forty-sixth session).
 #ifndef KVFUSE_ROPE_PREFETCH
 #define KVFUSE_ROPE_PREFETCH 1
 #endif
@@ -1754,7 +1764,8 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
 }
 
 // NeoX rotary writes in unit pairs (PairRotation): a token's items are (head, pair), one per
-// thread, paired with the value row or, in small FP8 / NVFP4 launches (as in launch()), unpaired.
+// thread, paired with the value row or, in small FP8 / NVFP4 launches (as in launch(); FP8 from
+// KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS items), unpaired.
 template <class Op, class Rot>
 void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   set_items(p, chunks / 2);
@@ -1763,8 +1774,10 @@ void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   // 16-bit caches (no scale) take pairs from KVFUSE_ROPE_16BIT_PAIRS_FROM units (as many items):
   // where that is not below the unpaired launches' threshold, their unpaired pair kernels would
   // never launch and are not instantiated.
+  constexpr int64_t kUnpairedBelow = Op::kUsesScale && !Op::kSplitRows ? KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS
+                                                                        : KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS;
   if constexpr (Op::kUsesScale || KVFUSE_ROPE_16BIT_PAIRS_FROM < KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS) {
-    if (items < int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS}) return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
+    if (items < kUnpairedBelow) return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
   }
   launch_units<Op, 2, kBlock, true, Rot>(p, stream);
 }

@@ -631,9 +631,9 @@ def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_ap
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,h,d,rotary_dim", [(4099, 8, 128, 128), (2053, 4, 256, 192), (5501, 6, 64, 64),
-                                              (2000, 8, 80, 64)],
-                         ids=["4099", "d256-r192", "d64", "d80-r64"])
+@pytest.mark.parametrize("T,h,d,rotary_dim", [(4099, 8, 128, 128), (3100, 8, 128, 128), (2053, 4, 256, 192),
+                                              (5501, 6, 64, 64), (2000, 8, 80, 64)],
+                         ids=["4099", "3100", "d256-r192", "d64", "d80-r64"])
 @pytest.mark.parametrize("half,table,table_dtype", [
     (False, False, torch.bfloat16), (True, False, torch.bfloat16), (False, False, torch.float32),
     (True, False, torch.float32), (True, True, torch.float32)],
@@ -647,8 +647,10 @@ def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mo
     encode as floats (KVFUSE_ROPE_WIDENED_OUT). Every table form (full / half width, bf16 / float32,
     read at positions), an unrotated tail of pairs (d256-r192) and one that does not split into
     NVFP4 pairs (d80-r64: single units), odd token counts, a sentinel cache and a slot of -1.
-    Grids of one to two waves of key and value rows in separate threads run the prefetching
-    kernel (KVFUSE_ROPE_PREFETCH; 132 SMs): NVFP4 at 4099 tokens, FP8 at d256-r192 and d64."""
+    FP8 holds the value pair in the key pair's thread from 163840 pair items (3100 and 4099
+    tokens: KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS), NVFP4 and the others do not. Grids of one to two
+    waves of key and value rows in separate threads run the prefetching kernel
+    (KVFUSE_ROPE_PREFETCH; 132 SMs): NVFP4 at 3100 and 4099 tokens, FP8 at d256-r192 and d64."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
               device="cuda", num_blocks=T // BLOCK + 8)
     pairs_from = 131072 if mode is KVQuantMode.NVFP4 else 65536
