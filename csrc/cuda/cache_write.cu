@@ -103,6 +103,19 @@
 #ifndef KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS
 #define KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS 163840
 #endif
+// Unpaired unit-pair rotary writes whose rows are loaded first (RowsFirst), then the slot and the
+// table columns: FP8 ones at every size they launch at, 16-bit ones below this many pair items
+// (2048 tokens of 8 x 128), NVFP4 never. The rows come from DRAM and the columns mostly from L2,
+// so starting the rows' latency first shortened 16-bit writes of 64 and 256 tokens and FP8 ones up
+// to 2048. In grids of about a wave (16-bit and NVFP4 at 2048 tokens) the columns-first order was
+// faster, and NVFP4 gained nothing below that (BENCHMARKS.md, forty-seventh session). 0: the
+// columns first everywhere.
+#ifndef KVFUSE_ROPE_ROWS_FIRST
+#define KVFUSE_ROPE_ROWS_FIRST 1
+#endif
+#ifndef KVFUSE_ROPE_16BIT_ROWS_FIRST_BELOW_ITEMS
+#define KVFUSE_ROPE_16BIT_ROWS_FIRST_BELOW_ITEMS 131072
+#endif
 // 1: streaming cache hints (ld.global.cs / st.global.cs) on 16-byte row loads / stores. Measured
 // on an H100: the load hint is faster for launches that read up to 16 MiB (1024 tokens: 4.0 vs
 // 4.2 us bf16) and ~1% slower from 64 MiB (65536 tokens: 190.4 vs 188.4 us bf16); the store hint
@@ -347,6 +360,17 @@ template <class Rot>
 constexpr bool kPrefetches = false;
 template <class Rot>
 constexpr bool kPrefetches<Prefetching<Rot>> = true;
+
+// An unpaired pair rotation whose threads load their rows before their slot and table columns
+// (KVFUSE_ROPE_ROWS_FIRST); a separate kernel, like Prefetching, so that either order can launch.
+template <class Rot>
+struct RowsFirst : Rot {};
+template <class Rot>
+constexpr bool kRowsFirst = false;
+template <class Rot>
+constexpr bool kRowsFirst<RowsFirst<Rot>> = true;
+template <class Rot>
+constexpr bool kRowsFirst<Prefetching<Rot>> = kRowsFirst<Rot>;
 
 struct E4M3 {};
 struct E5M2 {};
@@ -638,16 +662,23 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
     }
     if constexpr (kIndexFirst) start();
     if (live) {
+      // RowsFirst launches start the rows' DRAM latency first. The others load the table columns
+      // first: in launches of about a wave and more the rows first left the warps waiting longer
+      // (BENCHMARKS.md, twenty-sixth and forty-seventh sessions).
+      if constexpr (kRowsFirst<Rot>) {
+#pragma unroll
+        for (int m = 0; m < 2; ++m) raw[m].half[0] = Op::load(src, chunk[m], p);
+      }
       slot[0] = slot[1] = slot_of(p, tok);
-      // The table loads before the row loads: the other order left the warps waiting longer on
-      // their loads (BENCHMARKS.md, twenty-sixth session).
       if constexpr (kLocateFirst) {
         rot[0] = Rot::load_at(where, tok, p.rope);
       } else {
         rot[0] = Rot::load(tok, pair, p.rope);
       }
+      if constexpr (!kRowsFirst<Rot>) {
 #pragma unroll
-      for (int m = 0; m < 2; ++m) raw[m].half[0] = Op::load(src, chunk[m], p);
+        for (int m = 0; m < 2; ++m) raw[m].half[0] = Op::load(src, chunk[m], p);
+      }
     }
   } else if constexpr (Rot::kPairs) {
     // Paired: one item per thread, (token, head, pair), with the value rows of the same chunks.
@@ -1777,7 +1808,19 @@ void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   constexpr int64_t kUnpairedBelow = Op::kUsesScale && !Op::kSplitRows ? KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS
                                                                         : KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS;
   if constexpr (Op::kUsesScale || KVFUSE_ROPE_16BIT_PAIRS_FROM < KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS) {
-    if (items < kUnpairedBelow) return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
+    if (items < kUnpairedBelow) {
+      // Only the orders a launch can take are instantiated (KVFUSE_ROPE_ROWS_FIRST).
+      if constexpr (KVFUSE_ROPE_ROWS_FIRST && Op::kUsesScale && !Op::kSplitRows) {
+        return launch_units<Op, 2, kBlock, false, RowsFirst<Rot>>(p, stream);
+      } else {
+        if constexpr (KVFUSE_ROPE_ROWS_FIRST && !Op::kUsesScale) {
+          if (items < KVFUSE_ROPE_16BIT_ROWS_FIRST_BELOW_ITEMS) {
+            return launch_units<Op, 2, kBlock, false, RowsFirst<Rot>>(p, stream);
+          }
+        }
+        return launch_units<Op, 2, kBlock, false, Rot>(p, stream);
+      }
+    }
   }
   launch_units<Op, 2, kBlock, true, Rot>(p, stream);
 }

@@ -650,7 +650,10 @@ def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mo
     FP8 holds the value pair in the key pair's thread from 163840 pair items (3100 and 4099
     tokens: KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS), NVFP4 and the others do not. Grids of one to two
     waves of key and value rows in separate threads run the prefetching kernel
-    (KVFUSE_ROPE_PREFETCH; 132 SMs): NVFP4 at 3100 and 4099 tokens, FP8 at d256-r192 and d64."""
+    (KVFUSE_ROPE_PREFETCH; 132 SMs): NVFP4 at 3100 and 4099 tokens, FP8 at d256-r192 and d64.
+    Where key and value rows are in separate threads, FP8 loads each thread's rows before its
+    slot and table columns (KVFUSE_ROPE_ROWS_FIRST), and so do 16-bit caches below 131072 pair
+    items (d80-r64 here; d256-r192, d64 and 3100 load the columns first), NVFP4 never."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
               device="cuda", num_blocks=T // BLOCK + 8)
     pairs_from = 131072 if mode is KVQuantMode.NVFP4 else 65536
