@@ -231,6 +231,13 @@
 #ifndef KVFUSE_ROPE_PAIR_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_MIN_BLOCKS 4
 #endif
+// The same for FP8 pairs with the value rows in the same thread over 16-bit half tables: 5 (10 of
+// their 128-thread blocks resident, at 48 registers without spills) instead of 4 (9, at 56). On an
+// H200, FP8 at 2560-4096 tokens over bfloat16 half tables ran 1-2% faster; over float32 half
+// tables 48 registers spill, and those ran slower (BENCHMARKS.md, forty-seventh session).
+#ifndef KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS
+#define KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS 5
+#endif
 #ifndef KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS 3
 #endif
@@ -1556,9 +1563,11 @@ struct PairRotation {
   // Each thread holds two units' rows; the pair's table columns count once (KVFUSE_ROPE_PAIR_*).
   template <class Op, bool kPaired>
   static constexpr int min_blocks() {
-    constexpr int blocks = !Op::kSplitRows ? KVFUSE_ROPE_PAIR_MIN_BLOCKS
-                           : kPaired       ? KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
-                                           : KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS;
+    constexpr bool kFp8On16BitHalf = Op::kUsesScale && !Op::kSplitRows && kPaired && kHalfTable && sizeof(Table) == 2;
+    constexpr int blocks = kFp8On16BitHalf   ? KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS
+                           : !Op::kSplitRows ? KVFUSE_ROPE_PAIR_MIN_BLOCKS
+                           : kPaired         ? KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
+                                             : KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS;
     return blocks >= 2 ? blocks : 2;
   }
 
