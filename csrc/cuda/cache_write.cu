@@ -105,9 +105,9 @@
 #endif
 // Unpaired unit-pair rotary writes whose rows are loaded first (RowsFirst), then the slot and the
 // table columns: FP8 ones at every size they launch at, 16-bit ones below this many pair items
-// (2048 tokens of 8 x 128), NVFP4 never. The rows come from DRAM and the columns mostly from L2,
-// so starting the rows' latency first shortened 16-bit writes of 64 and 256 tokens and FP8 ones up
-// to 2048. In grids of about a wave (16-bit and NVFP4 at 2048 tokens) the columns-first order was
+// (2048 tokens of 8 x 128), NVFP4 never. A row is read once, usually from DRAM, while a token's
+// heads share its table columns; starting the rows' loads first shortened 16-bit writes of 64 and
+// 256 tokens and FP8 ones up to 2048. In grids of about a wave (16-bit and NVFP4 at 2048 tokens) the columns-first order was
 // faster, and NVFP4 gained nothing below that (BENCHMARKS.md, forty-seventh session). 0: the
 // columns first everywhere.
 #ifndef KVFUSE_ROPE_ROWS_FIRST
@@ -669,9 +669,9 @@ __global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>(
     }
     if constexpr (kIndexFirst) start();
     if (live) {
-      // RowsFirst launches start the rows' DRAM latency first. The others load the table columns
-      // first: in launches of about a wave and more the rows first left the warps waiting longer
-      // (BENCHMARKS.md, twenty-sixth and forty-seventh sessions).
+      // RowsFirst launches issue the row loads first. The others load the table columns first: in
+      // launches of about a wave and more that order ran faster (BENCHMARKS.md, twenty-sixth and
+      // forty-seventh sessions).
       if constexpr (kRowsFirst<Rot>) {
 #pragma unroll
         for (int m = 0; m < 2; ++m) raw[m].half[0] = Op::load(src, chunk[m], p);

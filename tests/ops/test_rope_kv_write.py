@@ -558,12 +558,14 @@ def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_di
     (False, True, True, 64, None),            # GPT-J, half-width table, partial rotary
     (True, False, True, 64, None),            # NeoX partial rotary
 ], ids=["neox", "neox-f32-table-pos", "gptj-half-partial", "neox-partial"])
-@pytest.mark.parametrize("T", [1, 7, 64, 533, 1100, 4099])
+@pytest.mark.parametrize("T", [1, 7, 64, 533, 1100, 2053, 4099])
 def test_gpu_native_16bit_caches(dtype, is_neox, half, table, rotary_dim, table_dtype, T):
     """Unquantized caches of the key's dtype: the rotated key rounded to it and stored as it is,
     the value copied. NeoX keys in pairs of 8-element units (PairRotation, KVFUSE_ROPE_16BIT_PAIRS_FROM),
-    key and value rows in separate threads up to 1100 tokens and together at 4099 (262336 pair
-    items, KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS); GPT-J in single units, 8-element up to 533 tokens and
+    key and value rows in separate threads up to 2053 tokens and together at 4099 (262336 pair
+    items, KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS); in separate threads, rows loaded before the table
+    columns up to 1100 tokens and after them at 2053 (131392 pair items,
+    KVFUSE_ROPE_16BIT_ROWS_FIRST_BELOW_ITEMS); GPT-J in single units, 8-element up to 533 tokens and
     16-element from 1100 (KVFUSE_ROPE_FP8_NARROW_BELOW), paired at 4099; with and without the query."""
     for with_query in (True, False):
         c = _case(T, 32, 8, 128, KVQuantMode.NONE, dtype, in_dtype=dtype, rotary_dim=rotary_dim, half=half,
@@ -652,8 +654,7 @@ def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mo
     waves of key and value rows in separate threads run the prefetching kernel
     (KVFUSE_ROPE_PREFETCH; 132 SMs): NVFP4 at 3100 and 4099 tokens, FP8 at d256-r192 and d64.
     Where key and value rows are in separate threads, FP8 loads each thread's rows before its
-    slot and table columns (KVFUSE_ROPE_ROWS_FIRST), and so do 16-bit caches below 131072 pair
-    items (d80-r64 here; d256-r192, d64 and 3100 load the columns first), NVFP4 never. FP8 pairs
+    slot and table columns (KVFUSE_ROPE_ROWS_FIRST), NVFP4 its table columns first. FP8 pairs
     holding the value pair over bf16 half tables (3100 and 4099) run at 48 registers
     (KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS)."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
