@@ -107,9 +107,9 @@
 // table columns: FP8 ones at every size they launch at, 16-bit ones below this many pair items
 // (2048 tokens of 8 x 128), NVFP4 never. A row is read once, usually from DRAM, while a token's
 // heads share its table columns; starting the rows' loads first shortened 16-bit writes of 64 and
-// 256 tokens and FP8 ones up to 2048. In grids of about a wave (16-bit and NVFP4 at 2048 tokens) the columns-first order was
-// faster, and NVFP4 gained nothing below that (BENCHMARKS.md, forty-seventh session). 0: the
-// columns first everywhere.
+// 256 tokens and FP8 ones up to 2048. In grids of about a wave (16-bit and NVFP4 at 2048 tokens)
+// the columns-first order was faster, and NVFP4 gained nothing below that (BENCHMARKS.md,
+// forty-seventh session). 0: the columns first everywhere.
 #ifndef KVFUSE_ROPE_ROWS_FIRST
 #define KVFUSE_ROPE_ROWS_FIRST 1
 #endif
