@@ -238,6 +238,16 @@
 #ifndef KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS 5
 #endif
+// FP8 pairs over full-width 16-bit tables in launches of more than a wave (paired, or unpaired and
+// prefetching), counted in the 128-thread blocks they launch in: 9 (56 registers, no spills)
+// instead of 8 (59-62 registers), a budget between two even counts of the blocks above. On an
+// H200, FP8 over full-width bfloat16 tables went 5.41-5.46 -> 5.21-5.26 us at 2048 tokens and
+// 8.52-8.59 -> 8.41-8.48 at 4096. At 10 (48 registers) the paired kernels spill, and 3072 and
+// 4096 tokens ran 1-2% slower than at 9. Unpaired launches of a wave and less keep 8: at 1024
+// tokens 56 registers ran 3% slower (BENCHMARKS.md, forty-eighth session). 0: the blocks above.
+#ifndef KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS
+#define KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS 9
+#endif
 #ifndef KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS 3
 #endif
@@ -357,6 +367,8 @@ struct NoRotation {
   struct Where {};
   template <class Op, bool kPaired>
   static constexpr int min_blocks() { return Op::kMinBlocks; }
+  template <class Op, bool kPaired, bool kPrefetching>
+  static constexpr int min_small_blocks() { return 0; }
 };
 
 // A rotation whose launch prefetches into L2 the rows of the item ahead (KVFUSE_ROPE_PREFETCH): the
@@ -583,6 +595,15 @@ __device__ __forceinline__ void prefetch_l2(const char* ptr, int bytes) {
   for (int b = 0; b < bytes; b += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr + b) : "memory");
 }
 
+// Resident kBlock-thread blocks per SM a rows_kernel's registers are budgeted for: min_blocks()
+// counts kThreads-thread blocks; min_small_blocks(), where not 0, KVFUSE_SMALL_THREADS-thread ones.
+template <class Op, bool kPaired, class Rot, int kBlock>
+constexpr int launch_min_blocks() {
+  constexpr int small = Rot::template min_small_blocks<Op, kPaired, kPrefetches<Rot>>();
+  if constexpr (small > 0) return small * KVFUSE_SMALL_THREADS / kBlock;
+  return Rot::template min_blocks<Op, kPaired>() * kThreads / kBlock;
+}
+
 // Block b takes the kUnits * kBlock units from b * kUnits * kBlock on, thread x of it the units
 // x, x + kBlock, ... A block need not hold whole tokens, so any block size serves any row width
 // without idle threads or a loop. All of a thread's row and slot loads are issued before any of
@@ -593,7 +614,7 @@ __device__ __forceinline__ void prefetch_l2(const char* ptr, int bytes) {
 // (Rot::load: the partner chunk and the table values) beside its other loads, and is rotated
 // (Rot::apply) once everything is loaded, before the op encodes it.
 template <class Op, int kUnits, int kBlock, bool kPaired, class Rot = NoRotation>
-__global__ void __launch_bounds__(kBlock, Rot::template min_blocks<Op, kPaired>() * kThreads / kBlock)
+__global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kBlock>())
     rows_kernel(const RowParams p) {
   // Unpaired launches (the small ones: decode steps) work out where their unit or unit pair is
   // read and written from the launch's parameters alone, before the wait (kIndexFirst): a
@@ -1343,6 +1364,8 @@ struct Rotation {
                                                    : Op::kMinBlocks - KVFUSE_ROPE_FP8_FEWER_BLOCKS - table;
     return blocks >= 2 ? blocks : 2;
   }
+  template <class Op, bool kPaired, bool kPrefetching>
+  static constexpr int min_small_blocks() { return 0; }
 
   // A unit's loads, in two source forms that load the same values. kCheckFirst returns a
   // value-initialised Loaded for a unit that is not rotated before anything else, and hands its
@@ -1569,6 +1592,11 @@ struct PairRotation {
                            : kPaired         ? KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
                                              : KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS;
     return blocks >= 2 ? blocks : 2;
+  }
+  template <class Op, bool kPaired, bool kPrefetching>
+  static constexpr int min_small_blocks() {
+    constexpr bool kFp8OnFull16Bit = Op::kUsesScale && !Op::kSplitRows && !kHalfTable && sizeof(Table) == 2;
+    return kFp8OnFull16Bit && (kPaired || kPrefetching) ? KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS : 0;
   }
 
   // Chunk m (0 or 1) of pair `pair`: below R/(2N) pairs the chunk and its partner, then
