@@ -33,8 +33,9 @@ def rope_cases() -> int:
             for T in (7, 533, 3000):
                 r.test_gpu_native_neox_partners(d, rotary_dim, T, mode, cache_dtype)
                 count += 1
-        for shape in ((2053, 4, 256, 192), (2000, 8, 80, 64)):
-            for tables in ((True, True, torch.float32), (False, False, torch.bfloat16)):
+        # 3100 tokens of 8 x 128: FP8 holds the value pair in the key pair's thread.
+        for shape in ((2053, 4, 256, 192), (2000, 8, 80, 64), (3100, 8, 128, 128)):
+            for tables in ((True, True, torch.float32), (False, False, torch.bfloat16), (True, False, torch.bfloat16)):
                 r.test_gpu_native_unit_pairs(*shape, *tables, mode, cache_dtype)
                 count += 1
         for setup in (("neox-f32-table-pos", True, True, True, 128, torch.float32),
