@@ -231,20 +231,22 @@
 #ifndef KVFUSE_ROPE_PAIR_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_MIN_BLOCKS 4
 #endif
-// The same for FP8 pairs with the value rows in the same thread over 16-bit half tables: 5 (10 of
-// their 128-thread blocks resident, at 48 registers without spills) instead of 4 (9, at 56). On an
-// H200, FP8 at 2560-4096 tokens over bfloat16 half tables ran 1-2% faster; over float32 half
-// tables 48 registers spill, and those ran slower (BENCHMARKS.md, forty-seventh session).
-#ifndef KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS
-#define KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS 5
+// FP8 pairs over 16-bit tables have budgets of their own, counted in the 128-thread blocks they
+// launch in (PairRotation::min_small_blocks; 0: KVFUSE_ROPE_PAIR_MIN_BLOCKS).
+// With the value rows in the same thread, over half tables: 10 (48 registers, no spills) instead
+// of 8 (56). On an H200, FP8 at 2560-4096 tokens over bfloat16 half tables ran 1-2% faster; over
+// float32 half tables 48 registers spill, and those ran slower (BENCHMARKS.md, forty-seventh
+// session).
+#ifndef KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_SMALL_BLOCKS
+#define KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_SMALL_BLOCKS 10
 #endif
-// FP8 pairs over full-width 16-bit tables in launches of more than a wave (paired, or unpaired and
-// prefetching), counted in the 128-thread blocks they launch in: 9 (56 registers, no spills)
-// instead of 8 (59-62 registers), a budget between two even counts of the blocks above. On an
-// H200, FP8 over full-width bfloat16 tables went 5.41-5.46 -> 5.21-5.26 us at 2048 tokens and
-// 8.52-8.59 -> 8.41-8.48 at 4096. At 10 (48 registers) the paired kernels spill, and 3072 and
-// 4096 tokens ran 1-2% slower than at 9. Unpaired launches of a wave and less keep 8: at 1024
-// tokens 56 registers ran 3% slower (BENCHMARKS.md, forty-eighth session). 0: the blocks above.
+// Over full-width tables, in launches of more than a wave (paired, or unpaired and prefetching):
+// 9 (56 registers, no spills) instead of 8 (59-62 registers), a count the 256-thread blocks of
+// KVFUSE_ROPE_PAIR_MIN_BLOCKS cannot express. On an H200, FP8 over full-width bfloat16 tables
+// went 5.41-5.46 -> 5.21-5.26 us at 2048 tokens and 8.52-8.59 -> 8.41-8.48 at 4096. At 10 (48
+// registers) the paired kernels spill, and 3072 and 4096 tokens ran 1-2% slower than at 9.
+// Unpaired launches of a wave and less keep 8: at 1024 tokens 56 registers ran 3% slower
+// (BENCHMARKS.md, forty-eighth session).
 #ifndef KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS
 #define KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS 9
 #endif
@@ -1586,17 +1588,17 @@ struct PairRotation {
   // Each thread holds two units' rows; the pair's table columns count once (KVFUSE_ROPE_PAIR_*).
   template <class Op, bool kPaired>
   static constexpr int min_blocks() {
-    constexpr bool kFp8On16BitHalf = Op::kUsesScale && !Op::kSplitRows && kPaired && kHalfTable && sizeof(Table) == 2;
-    constexpr int blocks = kFp8On16BitHalf   ? KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS
-                           : !Op::kSplitRows ? KVFUSE_ROPE_PAIR_MIN_BLOCKS
-                           : kPaired         ? KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
-                                             : KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS;
+    constexpr int blocks = !Op::kSplitRows ? KVFUSE_ROPE_PAIR_MIN_BLOCKS
+                           : kPaired       ? KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
+                                           : KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS;
     return blocks >= 2 ? blocks : 2;
   }
+  // FP8 over 16-bit tables (KVFUSE_ROPE_PAIR_FP8_*_SMALL_BLOCKS); 0 elsewhere: min_blocks().
   template <class Op, bool kPaired, bool kPrefetching>
   static constexpr int min_small_blocks() {
-    constexpr bool kFp8OnFull16Bit = Op::kUsesScale && !Op::kSplitRows && !kHalfTable && sizeof(Table) == 2;
-    return kFp8OnFull16Bit && (kPaired || kPrefetching) ? KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS : 0;
+    if constexpr (!Op::kUsesScale || Op::kSplitRows || sizeof(Table) != 2) return 0;
+    if constexpr (kHalfTable) return kPaired ? KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_SMALL_BLOCKS : 0;
+    return kPaired || kPrefetching ? KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS : 0;
   }
 
   // Chunk m (0 or 1) of pair `pair`: below R/(2N) pairs the chunk and its partner, then

@@ -656,7 +656,7 @@ def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mo
     Where key and value rows are in separate threads, FP8 loads each thread's rows before its
     slot and table columns (KVFUSE_ROPE_ROWS_FIRST), NVFP4 its table columns first. FP8 pairs
     holding the value pair over bf16 half tables (3100 and 4099) run at 48 registers
-    (KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_MIN_BLOCKS)."""
+    (KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_SMALL_BLOCKS)."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
               device="cuda", num_blocks=T // BLOCK + 8)
     pairs_from = 131072 if mode is KVQuantMode.NVFP4 else 65536
