@@ -256,6 +256,15 @@
 #ifndef KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS 4
 #endif
+// 1: unit-pair launches of 16-bit caches that hold the value rows in the key's thread (paired) load
+// the rows before the table columns; 0: the columns first, as FP8 and NVFP4 pairs still do. On an
+// H200 (8 x 128 bfloat16 keys), 16-bit caches at 4096 tokens went 9.17-9.22 -> 8.75-8.86 us over
+// every table form (3.4-5.1%) and at 16384 0.9-1.2% faster. FP8 pairs with their rows first ran
+// 11-22% slower at 3072-16384 tokens, and with only the upper chunk's columns after the rows 15-16%
+// (BENCHMARKS.md, forty-ninth session).
+#ifndef KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST
+#define KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST 1
+#endif
 // 1: FP8 and NVFP4 unpaired unit-pair launches of more than one wave and at most two (resident
 // blocks from the occupancy calculator) run Prefetching<PairRotation>: before its dependent-launch
 // wait, each thread of the first wave prefetches into L2 the rows that the item a whole number of
@@ -720,7 +729,10 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
       const auto hc = p.chunks.divmod(tr.mod);
       const int h = static_cast<int>(hc.div), pair = static_cast<int>(hc.mod);
       const char* src = p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
-      rot[0] = Rot::load(tok, pair, p.rope);
+      // 16-bit caches load their rows first, FP8 and NVFP4 their table columns
+      // (KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST).
+      constexpr bool kRowsFirst = KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST && !Op::kUsesScale;
+      if constexpr (!kRowsFirst) rot[0] = Rot::load(tok, pair, p.rope);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         slot[m] = s;
@@ -733,6 +745,7 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
         }
         dst_row[m] = h * p.dst_head;
       }
+      if constexpr (kRowsFirst) rot[0] = Rot::load(tok, pair, p.rope);
     }
   } else if constexpr (!kPaired) {
     // One unit per thread, (token, half, head, chunk).

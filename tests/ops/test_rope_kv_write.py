@@ -563,7 +563,8 @@ def test_gpu_native_16bit_caches(dtype, is_neox, half, table, rotary_dim, table_
     """Unquantized caches of the key's dtype: the rotated key rounded to it and stored as it is,
     the value copied. NeoX keys in pairs of 8-element units (PairRotation, KVFUSE_ROPE_16BIT_PAIRS_FROM),
     key and value rows in separate threads up to 2053 tokens and together at 4099 (262336 pair
-    items, KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS); in separate threads, rows loaded before the table
+    items, KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS), rows loaded there before the table columns
+    (KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST); in separate threads, rows loaded before the table
     columns up to 1100 tokens and after them at 2053 (131392 pair items,
     KVFUSE_ROPE_16BIT_ROWS_FIRST_BELOW_ITEMS); GPT-J in single units, 8-element up to 533 tokens and
     16-element from 1100 (KVFUSE_ROPE_FP8_NARROW_BELOW), paired at 4099; with and without the query."""
