@@ -260,8 +260,8 @@
 // the rows before the table columns; 0: the columns first, as FP8 and NVFP4 pairs still do. On an
 // H200 (8 x 128 bfloat16 keys), 16-bit caches at 4096 tokens went 9.17-9.22 -> 8.75-8.86 us over
 // every table form (3.4-5.1%) and at 16384 0.9-1.2% faster. FP8 pairs with their rows first ran
-// 11-22% slower at 3072-16384 tokens, and with only the upper chunk's columns after the rows 15-16%
-// (BENCHMARKS.md, forty-ninth session).
+// 11-22% slower at 3072-16384 tokens (as in the forty-seventh session), and with only the upper
+// chunk's columns after the rows 15-16% (BENCHMARKS.md, forty-ninth session).
 #ifndef KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST
 #define KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST 1
 #endif
