@@ -731,8 +731,8 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
       const char* src = p.src[0] + tok * p.src_tok[0] + h * p.src_head[0];
       // 16-bit caches load their rows first, FP8 and NVFP4 their table columns
       // (KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST).
-      constexpr bool kRowsFirst = KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST && !Op::kUsesScale;
-      if constexpr (!kRowsFirst) rot[0] = Rot::load(tok, pair, p.rope);
+      constexpr bool kPairedRowsFirst = KVFUSE_ROPE_16BIT_PAIRED_ROWS_FIRST && !Op::kUsesScale;
+      if constexpr (!kPairedRowsFirst) rot[0] = Rot::load(tok, pair, p.rope);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         slot[m] = s;
@@ -745,7 +745,7 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
         }
         dst_row[m] = h * p.dst_head;
       }
-      if constexpr (kRowsFirst) rot[0] = Rot::load(tok, pair, p.rope);
+      if constexpr (kPairedRowsFirst) rot[0] = Rot::load(tok, pair, p.rope);
     }
   } else if constexpr (!kPaired) {
     // One unit per thread, (token, half, head, chunk).
