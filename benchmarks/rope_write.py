@@ -1,6 +1,6 @@
 """Rotary embedding + K/V cache write, fused vs not, for one layer (GPU).
 
-    python -m benchmarks.rope_write [--quick] [--out benchmarks/results]
+    python -m benchmarks.rope_write [--quick] [--out benchmarks/results] [--scales K,V]
 
 One Llama-shaped layer (32 query heads, 8 KV heads, head_size 128, bf16 activations), a decode
 step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per case:
@@ -24,6 +24,10 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 - ``flashinfer``: ``rope_quantize_fp8_append_paged_kv_cache`` (FP8 only; it also quantizes Q
   to FP8, so it writes half the query bytes kvfuse writes), where importable.
 
+FP8 caches take K / V scales of 0.5 / 0.25 by default: powers of two, which the native FP8 encode
+divides by with one product per value (as for an engine's default scale of 1); ``--scales K,V``
+times other scales, which take its corrected reciprocal (three operations per value).
+
 Every variant is checked against the reference before it is timed. Results:
 ``benchmarks/results/rope_write.json`` and ``rope_write.md``; a short table is printed last.
 
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 
@@ -57,8 +62,15 @@ def _rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+#: FP8 scales (K, V) by default: powers of two, so FP8 writes divide by one product per value
+#: (Division::kExact in csrc/cuda/cache_write.cu, as for engines' default scale of 1); ``--scales``
+#: times other scales, which take the corrected reciprocal.
+DEFAULT_SCALES = (0.5, 0.25)
+
+
 class Case:
-    def __init__(self, fmt: str, num_tokens: int, rotations: int, seed: int = 0):
+    def __init__(self, fmt: str, num_tokens: int, rotations: int, seed: int = 0,
+                 scales: tuple[float, float] = DEFAULT_SCALES):
         import kvfuse
 
         g = torch.Generator(device="cuda").manual_seed(seed)
@@ -90,8 +102,8 @@ class Case:
                        "bf16 half": (freqs.cos().bfloat16(), freqs.sin().bfloat16()),
                        "f32": (emb.cos(), emb.sin()),
                        "f32 half": (freqs.cos(), freqs.sin())}
-        self.k_scale = torch.tensor(0.5, device="cuda")
-        self.v_scale = torch.tensor(0.25, device="cuda")
+        self.k_scale = torch.tensor(scales[0], device="cuda")
+        self.v_scale = torch.tensor(scales[1], device="cuda")
         self.cache = self.new_cache()
 
     def new_cache(self):
@@ -376,7 +388,15 @@ def main(argv=None) -> int:
                         help="semicolon-separated subset (names hold commas) of: " + "; ".join(VARIANTS))
     parser.add_argument("--sweep", action="store_true",
                         help="only the sweep of Triton's launch configs (see the module docstring)")
+    parser.add_argument("--scales", default=",".join(str(s) for s in DEFAULT_SCALES), metavar="K,V",
+                        help="the K and V scales, two positive finite floats (default %(default)s)")
     args = parser.parse_args(argv)
+    try:
+        scales = tuple(float(x) for x in args.scales.split(","))
+    except ValueError:
+        scales = ()
+    if len(scales) != 2 or not all(math.isfinite(x) and x > 0 for x in scales):
+        parser.error(f"--scales {args.scales!r}: want two positive finite floats, K,V")
     token_counts = [int(t) for t in args.tokens.split(",") if t]
     formats = [f for f in args.formats.split(",") if f]
     names = list(VARIANTS) if args.variants is None else [n.strip() for n in args.variants.split(";") if n.strip()]
@@ -402,7 +422,7 @@ def main(argv=None) -> int:
     for num_tokens in token_counts:
         rotations = common.rotations_for(Case.bytes_per_call(num_tokens))
         for fmt in formats:
-            case = Case(fmt, num_tokens, rotations)
+            case = Case(fmt, num_tokens, rotations, scales=scales)
             _check(case, with_compiled=any(name.startswith("rotate") for name in variants))
             row = {"tokens": num_tokens, "format": fmt}
             for name, make in variants.items():

@@ -25,3 +25,16 @@ def test_rotating_sets_are_sized_by_the_key_and_value_bytes(monkeypatch):
     monkeypatch.setattr(common, "l2_bytes", lambda: 50 * 2 ** 20)
     sets = common.rotations_for(rope_write.Case.bytes_per_call(4096))
     assert sets == 7 and sets * rope_write.Case.bytes_per_call(4096) > 2 * 50 * 2 ** 20
+
+
+@pytest.mark.parametrize("bad", ["0.5", "0.5,0.25,1", "0,1", "-1,1", "inf,1", "nan,1", "a,b", ""])
+def test_scales_must_be_two_positive_finite_floats(capsys, bad):
+    with pytest.raises(SystemExit):
+        rope_write.main([f"--scales={bad}"])
+    assert f"--scales {bad!r}: want two positive finite floats, K,V" in capsys.readouterr().err
+
+
+def test_good_scales_reach_the_cuda_check(capsys):
+    assert rope_write.main(["--scales", "0.37,0.29", "--tokens", "16"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+    assert rope_write.DEFAULT_SCALES == (0.5, 0.25)

@@ -426,37 +426,50 @@ template <> struct Word<1> { using type = uint8_t; };
 //     holds the quotient's sign);
 //   - an infinite q0 (x = inf, or x/d beyond float range) makes q1 NaN where x/d is inf: the
 //     caller keeps q0 there (FP8 finds those among its NaN bytes, in a rarely taken branch).
+// A power-of-two d in the window needs none of that: r = 1/d is exact, so rn(x*r) is the one
+// rounding of x/d itself, for every x (subnormal, infinite and NaN quotients included), and
+// neither the correction nor the copysign is needed. Scales of 1 (engines' default when a
+// checkpoint has none) and other powers of two take that path.
 struct Divider {
   float d, r;
-  bool fast;
+  bool fast;   // |d| in [2^-64, 2^64]
+  bool exact;  // and a power of two
 };
+
+// 1: writes whose two scales are powers of two divide by one product per value
+// (Division::kExact); 0: by the corrected reciprocal like any scale in the window.
+#ifndef KVFUSE_FP8_EXACT_DIVISION
+#define KVFUSE_FP8_EXACT_DIVISION 1
+#endif
 
 __device__ __forceinline__ Divider make_divider(float d) {
   const float a = fabsf(d);
   const bool fast = a >= 0x1p-64f && a <= 0x1p64f;
-  return Divider{d, fast ? __frcp_rn(d) : 0.0f, fast};
+  const bool exact = KVFUSE_FP8_EXACT_DIVISION && fast && (__float_as_uint(d) & 0x7FFFFFu) == 0u;
+  return Divider{d, fast ? __frcp_rn(d) : 0.0f, fast, exact};
 }
 
+// How a block divides by its dividers, chosen once per block (a template argument of the store):
+// kExact, one product (both dividers exact); kReciprocal, the corrected reciprocal (both fast);
+// kDivide, div.rn.
+enum class Division { kExact, kReciprocal, kDivide };
+
 struct Quotient {
-  float q0, q1;  // rn(x * r) and the corrected quotient; equal on the div.rn path
+  float q0, q1;  // rn(x * r) and the corrected quotient; equal on the kExact and kDivide paths
 };
 
-// kFast: the divider is known to be in the fast window (checked once per block, not per value).
-template <bool kFast>
+template <Division kDiv>
 __device__ __forceinline__ Quotient divide_parts(float x, const Divider v) {
-  if constexpr (kFast) {
+  if constexpr (kDiv == Division::kExact) {
+    const float q = __fmul_rn(x, v.r);
+    return {q, q};
+  } else if constexpr (kDiv == Division::kReciprocal) {
     const float q0 = __fmul_rn(x, v.r);
     return {q0, __fmaf_rn(__fmaf_rn(-q0, v.d, x), v.r, q0)};
   } else {
     const float q = __fdiv_rn(x, v.d);
     return {q, q};
   }
-}
-
-// x / d correctly rounded, the fix-ups above applied per value.
-__device__ __forceinline__ float divide(float x, const Divider v) {
-  const Quotient q = v.fast ? divide_parts<true>(x, v) : divide_parts<false>(x, v);
-  return isnan(q.q1) ? q.q0 : copysignf(q.q1, q.q0);
 }
 
 // The cache slot of token tok: its slot_mapping entry, or tok itself without one.
@@ -514,7 +527,8 @@ struct WidenedFirst {
 // unit pair), whose page is located once; nvcc does not merge the per-unit divisions itself.
 // `first(raw, m)` is unit m's first side (LoadedFirst, or WidenedFirst for ops that take their
 // row's address); a paired unit's value row is raw[m].half[1].
-template <class Op, int kUnits, bool kPaired, bool kFast, bool kOneSlot, class First = LoadedFirst>
+template <class Op, int kUnits, bool kPaired, Division kDiv, bool kNanPerUnit, bool kOneSlot,
+          class First = LoadedFirst>
 __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
                                             const int64_t (&slot)[kUnits], const int64_t (&dst_row)[kUnits],
                                             const int (&head)[kUnits], const int (&chunk)[kUnits],
@@ -529,16 +543,17 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
       static_assert(kUnits == 2, "a unit pair");
       char* side = p.dst + pair_block * p.dst_block;
       if constexpr (kPaired) {
-        Op::template store_split_pair<kFast>(raw[0].half[0], raw[1].half[0], side, pair_off, head[0], chunk[0],
-                                             chunk[1], false, div_k, p);
+        Op::template store_split_pair<kDiv, kNanPerUnit>(raw[0].half[0], raw[1].half[0], side, pair_off, head[0],
+                                                         chunk[0], chunk[1], false, div_k, p);
         if (p.halves == 2) {
-          Op::template store_split_pair<kFast>(raw[0].half[1], raw[1].half[1], side + p.dst_kv, pair_off, head[0],
-                                               chunk[0], chunk[1], true, div_v, p);
+          Op::template store_split_pair<kDiv, kNanPerUnit>(raw[0].half[1], raw[1].half[1], side + p.dst_kv, pair_off,
+                                                           head[0], chunk[0], chunk[1], true, div_v, p);
         }
       } else {
-        Op::template store_split_pair<kFast>(raw[0].half[0], raw[1].half[0], is_value[0] ? side + p.dst_kv : side,
-                                             pair_off, head[0], chunk[0], chunk[1], is_value[0],
-                                             is_value[0] ? div_v : div_k, p);
+        Op::template store_split_pair<kDiv, kNanPerUnit>(raw[0].half[0], raw[1].half[0],
+                                                         is_value[0] ? side + p.dst_kv : side, pair_off, head[0],
+                                                         chunk[0], chunk[1], is_value[0], is_value[0] ? div_v : div_k,
+                                                         p);
       }
       return;
     }
@@ -553,22 +568,25 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
     if constexpr (Op::kSplitRows) {
       char* side = p.dst + block * p.dst_block;
       if constexpr (kPaired) {
-        Op::template store_split<kFast>(raw[m].half[0], side, off, head[m], chunk[m], false, div_k, p);
+        Op::template store_split<kDiv, kNanPerUnit>(raw[m].half[0], side, off, head[m], chunk[m], false, div_k, p);
         if (p.halves == 2) {
-          Op::template store_split<kFast>(raw[m].half[1], side + p.dst_kv, off, head[m], chunk[m], true, div_v, p);
+          Op::template store_split<kDiv, kNanPerUnit>(raw[m].half[1], side + p.dst_kv, off, head[m], chunk[m], true,
+                                                      div_v, p);
         }
       } else {
-        Op::template store_split<kFast>(raw[m].half[0], is_value[m] ? side + p.dst_kv : side, off, head[m],
-                                        chunk[m], is_value[m], is_value[m] ? div_v : div_k, p);
+        Op::template store_split<kDiv, kNanPerUnit>(raw[m].half[0], is_value[m] ? side + p.dst_kv : side, off,
+                                                    head[m], chunk[m], is_value[m], is_value[m] ? div_v : div_k, p);
       }
     } else {
       char* dst = p.dst + block * p.dst_block + off * p.dst_off + dst_row[m];
       if constexpr (kPaired) {
-        Op::template store<kFast>(first(raw, m), dst, chunk[m], div_k, p);
-        if (p.halves == 2) Op::template store<kFast>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
+        Op::template store<kDiv, kNanPerUnit>(first(raw, m), dst, chunk[m], div_k, p);
+        if (p.halves == 2) {
+          Op::template store<kDiv, kNanPerUnit>(raw[m].half[1], dst + p.dst_kv, chunk[m], div_v, p);
+        }
       } else {
         // Selected by value: a reference to either would put both dividers in local memory.
-        Op::template store<kFast>(first(raw, m), dst, chunk[m], is_value[m] ? div_v : div_k, p);
+        Op::template store<kDiv, kNanPerUnit>(first(raw, m), dst, chunk[m], is_value[m] ? div_v : div_k, p);
       }
     }
   }
@@ -606,6 +624,45 @@ __device__ __forceinline__ void prefetch_l2(const char* ptr, int bytes) {
   for (int b = 0; b < bytes; b += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr + b) : "memory");
 }
 
+// Which FP8 store kernels take Division::kExact for power-of-two scales (a third copy of the store)
+// and check a unit's words for NaN bytes in one branch (fp8_words): each costs registers, and
+// where a kernel sat at its register budget ptxas spilled. So: the writes alone; unit-pair
+// rotations (PairRotation), except the exact copy over full-width float32 tables (8 bytes spilled,
+// up to 7% slower at 4096-16384 tokens) and the one NaN branch in paired launches over 16-bit half
+// tables (4 bytes spilled, up to 3.6% slower); not the single-unit rotations (Rotation: GPT-J,
+// 16-element units), several of which spilled and none of which was timed with them
+// (BENCHMARKS.md, fifty-first session). KVFUSE_FP8_NAN_CHECK_PER_UNIT=0: one NaN branch per word
+// everywhere.
+#ifndef KVFUSE_FP8_NAN_CHECK_PER_UNIT
+#define KVFUSE_FP8_NAN_CHECK_PER_UNIT 1
+#endif
+template <Division kDiv>
+using DivisionTag = std::integral_constant<Division, kDiv>;
+template <class Rot>
+constexpr bool exact_division_fits() {
+  if constexpr (!Rot::kActive) {
+    return true;
+  } else if constexpr (!Rot::kPairs) {
+    return false;
+  } else {
+    return !Rot::kFullFloatTable;
+  }
+}
+template <class Rot, bool kPaired>
+constexpr bool nan_check_per_unit_fits() {
+  if constexpr (!Rot::kActive) {
+    return true;
+  } else if constexpr (!Rot::kPairs) {
+    return false;
+  } else {
+    return !(kPaired && Rot::kHalf16BitTable);
+  }
+}
+template <class Rot, bool kPaired>
+constexpr bool kExactDivision = KVFUSE_FP8_EXACT_DIVISION && exact_division_fits<Rot>();
+template <class Rot, bool kPaired>
+constexpr bool kNanCheckPerUnit = KVFUSE_FP8_NAN_CHECK_PER_UNIT && nan_check_per_unit_fits<Rot, kPaired>();
+
 // Resident kBlock-thread blocks per SM a rows_kernel's registers are budgeted for: min_blocks()
 // counts kThreads-thread blocks; min_small_blocks(), where not 0, KVFUSE_SMALL_THREADS-thread ones.
 template <class Op, bool kPaired, class Rot, int kBlock>
@@ -638,7 +695,7 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
   // across the loads spill).
   constexpr bool kLateDividers =
       KVFUSE_WRITE_DIVIDERS_AFTER_LOADS && (!Rot::kActive || (!kPaired && !Rot::kLoadsPartner));
-  Divider div_k{1.0f, 1.0f, true}, div_v{1.0f, 1.0f, true};
+  Divider div_k{1.0f, 1.0f, true, true}, div_v{1.0f, 1.0f, true, true};
   float scale_k = 1.0f, scale_v = 1.0f;
   const auto load_scales = [&] {
     if constexpr (Op::kUsesScale) {
@@ -802,14 +859,28 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
     div_k = make_divider(scale_k);
     div_v = make_divider(scale_v);
   }
-  // One branch per block instead of one per value: the division's fast path is a template.
+  // One branch per block instead of one per value: the division is a template argument. 16-bit
+  // caches divide by nothing. NVFP4 divides by its own means (its global scale) and ignores the
+  // argument, but keeps two copies of its store behind the fast-window branch: with one copy its
+  // rotary writes over bfloat16 half tables ran 1-2% slower at 2048 and 4096 tokens
+  // (BENCHMARKS.md, fifty-first session).
   const auto store = [&](auto first) {
-    if (!Op::kUsesScale || (div_k.fast && div_v.fast)) {
-      store_units<Op, kUnits, kPaired, true, Rot::kPairs>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v,
-                                                          first);
+    constexpr bool kNanPerUnit = kNanCheckPerUnit<Rot, kPaired>;
+    const auto store_by = [&](auto division) {
+      store_units<Op, kUnits, kPaired, decltype(division)::value, kNanPerUnit, Rot::kPairs>(
+          p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v, first);
+    };
+    if constexpr (!Op::kUsesScale) {
+      store_by(DivisionTag<Division::kExact>{});
     } else {
-      store_units<Op, kUnits, kPaired, false, Rot::kPairs>(p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v,
-                                                           first);
+      if constexpr (!Op::kSplitRows && kExactDivision<Rot, kPaired>) {
+        if (div_k.exact && div_v.exact) return store_by(DivisionTag<Division::kExact>{});
+      }
+      if (div_k.fast && div_v.fast) {
+        store_by(DivisionTag<Division::kReciprocal>{});
+      } else {
+        store_by(DivisionTag<Division::kDivide>{});
+      }
     }
   };
   if constexpr (Rot::kPairs && Rot::template kWidens<Op>) {
@@ -845,7 +916,7 @@ struct CopyOp {
     if constexpr (W == 16 && KVFUSE_LOAD_HINT) return __ldcs(reinterpret_cast<const Raw*>(s) + c);
     return reinterpret_cast<const Raw*>(s)[c];
   }
-  template <bool kFast>
+  template <Division, bool>
   __device__ __forceinline__ static void store(const Raw& raw, char* d, int c, const Divider, const RowParams&) {
     if constexpr (W == 16 && KVFUSE_STORE_HINT) {
       __stcs(reinterpret_cast<Raw*>(d) + c, raw);
@@ -912,27 +983,87 @@ __device__ __forceinline__ uint32_t fp8_special(float q0) {
   return sign | (isnan(q0) ? 0x7Fu : kFp8MaxCode<Fp8>);
 }
 
-// Four quotients as four FP8 bytes of one word. The saturating convert sends finite overflow and
-// inf to the largest finite value, so a byte whose low seven bits are all ones came from a NaN
-// q1: a NaN input, or an infinite q0. Those are found word-wide and redone in a rarely taken
-// branch; the common path pays a copysign per value and a few word-wide operations per four.
+// 1: four FP8 bytes are packed by two converts into the halves of one 32-bit register (fp8x4_pack);
+// 0: by cuda_fp8.h's pair converts, whose 16-bit results nvcc masks and permutes into the word.
+#ifndef KVFUSE_FP8_PACK_ASM
+#define KVFUSE_FP8_PACK_ASM 1
+#endif
+
+// c[0..3] saturated to FP8 as the bytes of one word, c[0] lowest. (cvt's first source goes to
+// the upper byte of its pair.)
 template <typename Fp8>
-__device__ __forceinline__ uint32_t fp8x4(const Quotient (&q)[4]) {
-  float c[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) c[k] = copysignf(q[k].q1, q[k].q0);
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(c[0], c[1]), __NV_SATFINITE, kFp8Interp<Fp8>);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c[2], c[3]), __NV_SATFINITE, kFp8Interp<Fp8>);
-  uint32_t bytes = __byte_perm(lo, hi, 0x5410);
-  const uint32_t low7_clear = ~bytes & 0x7F7F7F7Fu;  // 0 exactly in the NaN bytes
-  const uint32_t is_nan = ~(low7_clear + 0x7F7F7F7Fu) & 0x80808080u;  // no carry crosses a byte
-  if (__builtin_expect(is_nan != 0, 0)) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (is_nan & (0x80u << (8 * k))) bytes = (bytes & ~(0xFFu << (8 * k))) | (fp8_special<Fp8>(q[k].q0) << (8 * k));
+__device__ __forceinline__ uint32_t fp8x4_pack(const float (&c)[4]) {
+  if constexpr (KVFUSE_FP8_PACK_ASM) {
+    uint32_t bytes;
+    if constexpr (std::is_same_v<Fp8, E4M3>) {
+      asm("{\n.reg .b16 lo, hi;\n"
+          "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+          "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+          "mov.b32 %0, {lo, hi};\n}"
+          : "=r"(bytes) : "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+    } else {
+      asm("{\n.reg .b16 lo, hi;\n"
+          "cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
+          "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n"
+          "mov.b32 %0, {lo, hi};\n}"
+          : "=r"(bytes) : "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
     }
+    return bytes;
+  } else {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(c[0], c[1]), __NV_SATFINITE, kFp8Interp<Fp8>);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c[2], c[3]), __NV_SATFINITE, kFp8Interp<Fp8>);
+    return __byte_perm(lo, hi, 0x5410);
+  }
+}
+
+// The saturating convert sends finite overflow and inf to the largest finite value, so a byte
+// whose low seven bits are all ones came from a NaN q1: a NaN input, or an infinite q0. Such
+// bytes are found word-wide (fp8_nan_bytes: their top bits) and redone in a rarely taken branch
+// (fp8_fix_nan_bytes).
+__device__ __forceinline__ uint32_t fp8_nan_bytes(uint32_t bytes) {
+  const uint32_t low7_clear = ~bytes & 0x7F7F7F7Fu;  // 0 exactly in the NaN bytes
+  return ~(low7_clear + 0x7F7F7F7Fu) & 0x80808080u;  // no carry crosses a byte
+}
+
+template <typename Fp8>
+__device__ __forceinline__ uint32_t fp8_fix_nan_bytes(uint32_t bytes, uint32_t is_nan, const Quotient (&q)[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (is_nan & (0x80u << (8 * k))) bytes = (bytes & ~(0xFFu << (8 * k))) | (fp8_special<Fp8>(q[k].q0) << (8 * k));
   }
   return bytes;
+}
+
+// f[0, 4 kWords) / div as kWords words of FP8 bytes, each word's four quotients computed just
+// before its converts (all of them first held more registers, and ptxas spilled in four kernels).
+// The common path pays a few word-wide operations per four values, and on the corrected
+// reciprocal's path a copysign per value (the other paths' quotients carry their sign).
+// kNanPerUnit: one NaN-byte branch for all the words (kNanCheckPerUnit), else one per word.
+template <typename Fp8, Division kDiv, bool kNanPerUnit, int kWords, class Src>
+__device__ __forceinline__ void fp8_words(const Src& f, const Divider div, uint32_t (&words)[kWords]) {
+  Quotient q[kWords][4];
+  uint32_t any_nan = 0;
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) q[w][k] = divide_parts<kDiv>(f[4 * w + k], div);
+    float c[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[k] = kDiv == Division::kReciprocal ? copysignf(q[w][k].q1, q[w][k].q0) : q[w][k].q1;
+    words[w] = fp8x4_pack<Fp8>(c);
+    if constexpr (kNanPerUnit) {
+      any_nan |= fp8_nan_bytes(words[w]);
+    } else {
+      const uint32_t is_nan = fp8_nan_bytes(words[w]);
+      if (__builtin_expect(is_nan != 0, 0)) words[w] = fp8_fix_nan_bytes<Fp8>(words[w], is_nan, q[w]);
+    }
+  }
+  if constexpr (kNanPerUnit) {
+    if (__builtin_expect(any_nan != 0, 0)) {
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) words[w] = fp8_fix_nan_bytes<Fp8>(words[w], fp8_nan_bytes(words[w]), q[w]);
+    }
+  }
 }
 
 template <typename In, typename Out, int N>
@@ -949,25 +1080,19 @@ struct EncodeOp {
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams&) { return Raw::load(s, c); }
-  template <bool kFast, class Src>
+  template <Division kDiv, bool kNanPerUnit, class Src>
   __device__ __forceinline__ static void store(const Src& f, char* d, int c, const Divider div, const RowParams&) {
     if constexpr (kIsFp8<Out>) {
       uint8_t* out = reinterpret_cast<uint8_t*>(d) + static_cast<int64_t>(c) * N;
       if constexpr (N == 1) {
-        const Quotient q = divide_parts<kFast>(f[0], div);
+        const Quotient q = divide_parts<kDiv>(f[0], div);
         const float v = copysignf(q.q1, q.q0);
         out[0] = isnan(v) ? fp8_special<Out>(q.q0)
                           : static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kFp8Interp<Out>));
       } else {
         static_assert(N % 8 == 0, "whole 8-byte stores per unit");
         uint32_t words[N / 4];
-#pragma unroll
-        for (int w = 0; w < N / 4; ++w) {
-          Quotient q[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) q[k] = divide_parts<kFast>(f[4 * w + k], div);
-          words[w] = fp8x4<Out>(q);
-        }
+        fp8_words<Out, kDiv, kNanPerUnit>(f, div, words);
         if constexpr (N == 16) {
           const uint4 word = make_uint4(words[0], words[1], words[2], words[3]);
           if constexpr (KVFUSE_STORE_HINT) {
@@ -1178,7 +1303,7 @@ struct Nvfp4Op {
     }
     return {packed[0] & keep, packed[1] & keep, scale_bits};
   }
-  template <bool kFast>
+  template <Division, bool>
   __device__ __forceinline__ static void store_split(const Raw& f, char* side, int64_t t, int head, int c,
                                                      bool is_value, const Divider global, const RowParams& p) {
     const Nvfp4Block b = encode(f, global);
@@ -1186,7 +1311,7 @@ struct Nvfp4Op {
   }
   // Two blocks of one (side, token, head), as a unit pair has them: both encoded first, then
   // their row's data and scale addresses located once for both.
-  template <bool kFast>
+  template <Division, bool>
   __device__ __forceinline__ static void store_split_pair(const Raw& f0, const Raw& f1, char* side, int64_t t,
                                                           int head, int c0, int c1, bool is_value,
                                                           const Divider global, const RowParams& p) {
@@ -1226,7 +1351,7 @@ struct Nvfp4CopyOp {
     out.scale = static_cast<uint8_t>(s[p.head_size / 2 + c]);
     return out;
   }
-  template <bool kFast>
+  template <Division, bool>
   __device__ __forceinline__ static void store_split(const Raw& r, char* side, int64_t t, int head, int c,
                                                      bool is_value, const Divider, const RowParams& p) {
     store_nvfp4_block(p, side, t, head, c, is_value, r.lo, r.hi, r.scale);
@@ -1588,6 +1713,8 @@ struct PairRotation {
   using Run = Elements<In, N, true>;
   using Cols = TableRun<Table, N>;
   static constexpr int kRuns = kHalfTable ? 1 : 2;
+  static constexpr bool kFullFloatTable = !kHalfTable && std::is_same_v<Table, float>;  // kExactDivision
+  static constexpr bool kHalf16BitTable = kHalfTable && sizeof(Table) == 2;            // kNanCheckPerUnit
   // Whether an op over this rotation's output takes it widened (apply_widened): FP8 encodes float
   // elements, and a bfloat16 value is a float whose low 16 bits are zero.
   template <class Op>

@@ -496,6 +496,37 @@ def test_cuda_fused_matches_reference(mode, in_dtype, cache_dtype, head_size, nu
                  slot_dtype=torch.int32 if num_tokens == 533 else torch.int64, strided=num_tokens != 533)
 
 
+# (k_scale, v_scale) for each way the FP8 write divides (csrc/cuda/cache_write.cu, Division):
+# one product where both are powers of two (the fast window's edges included, and a negative one),
+# the corrected reciprocal where either is not, div.rn where either lies outside [2^-64, 2^64].
+DIVISION_SCALES = [(1.0, 1.0), (0.5, 2.0**-20), (2.0**64, 2.0**-64), (-0.5, 8.0), (1.0, 0.37), (0.37, 3.1),
+                   (2.0**65, 1.0), (3e-20, 0.37)]
+DIVISION_IDS = ["one", "pow2", "pow2-window-edges", "pow2-negative", "pow2-and-other", "other", "pow2-outside",
+                "tiny"]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("num_tokens", [7, 533, 4099])
+@pytest.mark.parametrize("scales", DIVISION_SCALES, ids=DIVISION_IDS)
+@pytest.mark.parametrize("mode,in_dtype,cache_dtype", [CASES[3], CASES[4], CASES[5]], ids=CASE_IDS[3:6])
+def test_cuda_fp8_write_every_division(mode, in_dtype, cache_dtype, scales, num_tokens):
+    """FP8 writes of special values (NaN, +-inf, +-0, a subnormal, values past the format's
+    largest, random magnitudes from 1e-3 to 1e3) under every division path, bit for bit."""
+    if native.unavailable_reason("encode_and_cache_write", "cuda", mode) is not None:
+        pytest.skip(native.unavailable_reason("encode_and_cache_write", "cuda", mode))
+    key, value = _inputs(num_tokens, 8, 128, in_dtype, "cuda", strided=num_tokens != 533)
+    k_scale, v_scale = (torch.tensor(s, device="cuda") for s in scales)
+    num_blocks = num_tokens // 16 + 4
+    cache = _sentinel_cache(num_blocks, 16, 8, 128, cache_dtype, "cuda")
+    expected = cache.clone()
+    slots = _slots(num_tokens, num_blocks * 16, torch.int64, "cuda")
+    ref.encode_and_cache_write(key, value, expected, slots, k_scale, v_scale, mode)
+    native.encode_and_cache_write(key, value, cache, slots, k_scale, v_scale, mode)
+    _assert_same(cache, expected, f"{mode.name} scales {scales} T={num_tokens}")
+    _assert_untouched(cache, slots)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("mode,in_dtype,cache_dtype", CASES, ids=CASE_IDS)

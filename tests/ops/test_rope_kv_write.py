@@ -551,6 +551,29 @@ def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_di
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS[:2], ids=NATIVE_FORMAT_IDS[:2])
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 2.0**-20), (1.0, 0.37), (2.0**65, 1.0)],
+                         ids=["one", "pow2", "pow2-and-other", "pow2-outside-window"])
+@pytest.mark.parametrize("is_neox,half,table,table_dtype", [
+    (True, False, False, torch.bfloat16),  # transformers' per-token tables
+    (True, True, True, torch.float32),     # the pass's float32 half tables, read at positions
+    (False, False, False, torch.float32),  # GPT-J: single units
+], ids=["neox", "neox-f32-half-pos", "gptj-f32"])
+@pytest.mark.parametrize("T", [7, 1100, 4099])
+def test_gpu_native_fp8_every_division(mode, cache_dtype, scales, is_neox, half, table, table_dtype, T):
+    """FP8 rotary writes under each division of the encode (one product where both scales are
+    powers of two, the corrected reciprocal, div.rn outside the fast window), in 8-element units
+    (T = 7), 16-element units or unit pairs with key and value in separate threads (1100) and
+    together (4099). Without a query: the query's kernel does not divide."""
+    c = _case(T, 32, 8, 128, mode, cache_dtype, half=half, table=table, seed=T, device="cuda",
+              num_blocks=T // BLOCK + 8)
+    c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
+    c["k_scale"], c["v_scale"] = (torch.tensor(s, device="cuda") for s in scales)
+    c["query"] = None
+    _native_vs_reference(c, is_neox, mode)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("is_neox,half,table,rotary_dim,table_dtype", [
     (True, False, False, 128, None),          # transformers' per-token tables in the key's dtype
