@@ -26,7 +26,7 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 
 FP8 caches take K / V scales of 0.5 / 0.25 by default: powers of two, which the native FP8 encode
 divides by with one product per value (as for an engine's default scale of 1); ``--scales K,V``
-times other scales, which take its corrected reciprocal (three operations per value).
+times other scales, which take its corrected reciprocal (a product and two FMAs per value).
 
 Every variant is checked against the reference before it is timed. Results:
 ``benchmarks/results/rope_write.json`` and ``rope_write.md``; a short table is printed last.

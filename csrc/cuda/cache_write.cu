@@ -658,7 +658,7 @@ constexpr bool nan_check_per_unit_fits() {
     return !(kPaired && Rot::kHalf16BitTable);
   }
 }
-template <class Rot, bool kPaired>
+template <class Rot>
 constexpr bool kExactDivision = KVFUSE_FP8_EXACT_DIVISION && exact_division_fits<Rot>();
 template <class Rot, bool kPaired>
 constexpr bool kNanCheckPerUnit = KVFUSE_FP8_NAN_CHECK_PER_UNIT && nan_check_per_unit_fits<Rot, kPaired>();
@@ -873,7 +873,7 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
     if constexpr (!Op::kUsesScale) {
       store_by(DivisionTag<Division::kExact>{});
     } else {
-      if constexpr (!Op::kSplitRows && kExactDivision<Rot, kPaired>) {
+      if constexpr (!Op::kSplitRows && kExactDivision<Rot>) {
         if (div_k.exact && div_v.exact) return store_by(DivisionTag<Division::kExact>{});
       }
       if (div_k.fast && div_v.fast) {
