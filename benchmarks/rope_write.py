@@ -325,7 +325,8 @@ def triton_configs(head_size: int = D) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def sweep(token_counts, formats, trials: int, out_json: str, info: dict) -> list[dict]:
+def sweep(token_counts, formats, trials: int, out_json: str, info: dict,
+          scales: tuple[float, float] = DEFAULT_SCALES) -> list[dict]:
     """Triton's rotary write (no query) under each of :func:`triton_configs`; rows of us per call,
     written to ``out_json`` after each case (a run cut short keeps what it timed)."""
     from kvfuse.ops.triton import rope_kv_write
@@ -334,7 +335,7 @@ def sweep(token_counts, formats, trials: int, out_json: str, info: dict) -> list
     for num_tokens in token_counts:
         rotations = common.rotations_for(Case.bytes_per_call(num_tokens))
         for fmt in formats:
-            case = Case(fmt, num_tokens, rotations)
+            case = Case(fmt, num_tokens, rotations, scales=scales)
             want = case.new_cache()
             saved, case.cache = case.cache, want
             _fused_as(case, False, None)[0]()
@@ -412,7 +413,7 @@ def main(argv=None) -> int:
     trials = 5 if args.quick else 15
     if args.sweep:
         rows = sweep(token_counts, [f for f in formats if f != "bfloat16"] or formats, trials,
-                     os.path.join(args.out, "rope_write_sweep.json"), info)
+                     os.path.join(args.out, "rope_write_sweep.json"), info, scales)
         print("tokens format write default best(config us) best/write default/write")
         for r in rows:
             print(r["tokens"], r["format"], r["write"], r["default"], r["best"], r.get(r["best"]) if r["best"] else None,
