@@ -597,7 +597,8 @@ def test_cuda_nvfp4_page_layouts_wide_launches(block_size):
 def test_cuda_nvfp4_write_special_values_in_every_lane(in_dtype):
     """16-bit inputs take the kernel's two-per-word NaN and amax path: NaN of either sign and
     payload, +-inf, -0.0, subnormals and the format's largest values at every position of a
-    16-block, alone and paired with a NaN in the other half of their word, and whole-NaN blocks."""
+    16-block, alone and paired with a NaN in the other half of their word, whole-NaN blocks, and
+    blocks of the smallest subnormals of either sign beside the largest value."""
     if native.unavailable_reason("encode_and_cache_write", "cuda", KVQuantMode.NVFP4) is not None:
         pytest.skip("no CUDA kernels")
     tiny = torch.finfo(in_dtype).smallest_normal / 4  # a subnormal of the input type
@@ -615,6 +616,13 @@ def test_cuda_nvfp4_write_special_values_in_every_lane(in_dtype):
                 rows.append(row)
     rows.append(torch.full((16,), float("nan")))
     rows.append(torch.full((16,), -0.0))
+    # Beside the largest value, the smallest ones scale to float32 subnormals: those of either sign
+    # encode as a signed zero code (8 for q < 0), -0 as 0.
+    denorm = torch.finfo(in_dtype).smallest_normal * torch.finfo(in_dtype).eps
+    for pos in range(16):
+        row = torch.tensor([-denorm, denorm, -0.0, 0.0] * 4)
+        row[pos] = big if pos % 2 else -big
+        rows.append(row)
     x = torch.stack(rows)  # (tokens, 16): one head, one block per row
     x = x.to(in_dtype).view(-1, 1, 16).cuda()
     if in_dtype == torch.bfloat16:  # a NaN with a payload that the float -> bfloat16 cast would not make
