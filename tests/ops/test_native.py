@@ -616,8 +616,8 @@ def test_cuda_nvfp4_write_special_values_in_every_lane(in_dtype):
                 rows.append(row)
     rows.append(torch.full((16,), float("nan")))
     rows.append(torch.full((16,), -0.0))
-    # Beside the largest value, the smallest ones scale to float32 subnormals: those of either sign
-    # encode as a signed zero code (8 for q < 0), -0 as 0.
+    # Beside the largest value, the smallest ones scale far below the smallest code (to float32
+    # subnormals for bfloat16): either sign's encodes as a zero code, 8 where q < 0; -0 as 0.
     denorm = torch.finfo(in_dtype).smallest_normal * torch.finfo(in_dtype).eps
     for pos in range(16):
         row = torch.tensor([-denorm, denorm, -0.0, 0.0] * 4)
