@@ -1195,16 +1195,6 @@ __device__ __forceinline__ uint32_t max_abs_lanes_keep_nan(uint32_t a, uint32_t 
   return r;
 }
 
-// Lane h (0: low) of a word of two 16-bit floats, as float.
-template <typename T>
-__device__ __forceinline__ float lane_value(uint32_t w, int h) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return __uint_as_float(h ? w & 0xffff0000u : w << 16);
-  } else {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(h ? w >> 16 : w & 0xffffu)));
-  }
-}
-
 // max |x| over 16 16-bit elements, NaN if one is NaN: a tree of lane maxima over their 8 words.
 template <typename T>
 __device__ __forceinline__ float max_abs_words_keep_nan(const uint32_t (&w)[8]) {
@@ -1213,7 +1203,8 @@ __device__ __forceinline__ float max_abs_words_keep_nan(const uint32_t (&w)[8]) 
   for (int i = 0; i < 4; ++i) m[i] = max_abs_lanes_keep_nan<T>(w[2 * i], w[2 * i + 1]);
   const uint32_t last = max_abs_lanes_keep_nan<T>(max_abs_lanes_keep_nan<T>(m[0], m[1]),
                                                   max_abs_lanes_keep_nan<T>(m[2], m[3]));
-  return max_abs_keep_nan(fabsf(lane_value<T>(last, 0)), lane_value<T>(last, 1));
+  const T* lanes = reinterpret_cast<const T*>(&last);
+  return max_abs_keep_nan(fabsf(widen(lanes, 0)), widen(lanes, 1));
 }
 
 // Element k of an NVFP4 unit as float (widened from its word for bfloat16 when configured).
