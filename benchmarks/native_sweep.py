@@ -30,7 +30,8 @@ VARIANTS = {
     "default_again": "-DKVFUSE_SWEEP_REPEAT=1",  # the same kernels: run-to-run noise
     "no_hints": "-DKVFUSE_LOAD_HINT=0 -DKVFUSE_STORE_HINT=0",
     "load_hint_only": "-DKVFUSE_STORE_HINT=0",
-    "never_unpaired": "-DKVFUSE_UNPAIRED_BELOW_ITEMS=0",
+    "never_unpaired": "-DKVFUSE_UNPAIRED_BELOW_ITEMS=0 -DKVFUSE_FP8_UNPAIRED_BELOW_ITEMS=0 "
+                      "-DKVFUSE_NVFP4_UNPAIRED_BELOW_ITEMS=0",
     "small256": "-DKVFUSE_SMALL_THREADS=256",
     "wide1024": "-DKVFUSE_WIDE_GRID=1024",
     "copy_u4_b2": "-DKVFUSE_COPY_UNITS=4 -DKVFUSE_COPY_MIN_BLOCKS=2",

@@ -94,6 +94,16 @@
 #ifndef KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS
 #define KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS KVFUSE_UNPAIRED_BELOW_ITEMS
 #endif
+// The FP8 and NVFP4 writes alone have thresholds of their own, where the paired and unpaired
+// launches crossed on an H200 (8 x 128 bfloat16 rows; BENCHMARKS.md, fifty-third session): FP8 ran
+// 3.8-5.6% faster unpaired at 4096 and 6144 tokens and level at 8192; NVFP4 ran faster paired from
+// 2560 tokens (7.5% at 3072, 11% at 4095) and unpaired at 2304 and below.
+#ifndef KVFUSE_FP8_UNPAIRED_BELOW_ITEMS
+#define KVFUSE_FP8_UNPAIRED_BELOW_ITEMS 524288
+#endif
+#ifndef KVFUSE_NVFP4_UNPAIRED_BELOW_ITEMS
+#define KVFUSE_NVFP4_UNPAIRED_BELOW_ITEMS 163840
+#endif
 // FP8 rotary writes in unit pairs (PairRotation) hold the value pair in the key pair's thread from
 // this many pair items on: 2560 tokens of 8 x 128 in 8-element pairs, where the unpaired launch
 // takes 1.9 waves. On an H200 FP8 at 3072 tokens went 7.11 / 7.36 -> 6.71 / 6.81 us (float32 /
@@ -2000,6 +2010,21 @@ void set_items(RowParams& p, int per_head) {
 
 constexpr int64_t kWideGrid = KVFUSE_WIDE_GRID;
 
+// The paired items below which launch() runs unpaired units: by op for the writes alone (FP8,
+// NVFP4, the others), one threshold for the single-unit rotary writes.
+template <class Op, class Rot>
+constexpr int64_t unpaired_below() {
+  if constexpr (Rot::kActive) {
+    return KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS;
+  } else if constexpr (Op::kUsesScale && Op::kSplitRows) {
+    return KVFUSE_NVFP4_UNPAIRED_BELOW_ITEMS;
+  } else if constexpr (Op::kUsesScale) {
+    return KVFUSE_FP8_UNPAIRED_BELOW_ITEMS;
+  } else {
+    return KVFUSE_UNPAIRED_BELOW_ITEMS;
+  }
+}
+
 // Threads per block of a launch of one unit (or unit pair) per thread.
 template <class Op, class Rot>
 constexpr int small_block() {
@@ -2026,7 +2051,7 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
     if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true, Rot>(p, stream);
   }
   constexpr int kBlock = small_block<Op, Rot>();
-  if (pairs < (Rot::kActive ? int64_t{KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS} : int64_t{KVFUSE_UNPAIRED_BELOW_ITEMS})) {
+  if (pairs < unpaired_below<Op, Rot>()) {
     return launch_units<Op, 1, kBlock, false, Rot>(p, stream);
   }
   launch_units<Op, 1, kBlock, true, Rot>(p, stream);

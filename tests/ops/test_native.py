@@ -507,12 +507,13 @@ DIVISION_IDS = ["one", "pow2", "pow2-window-edges", "pow2-negative", "pow2-and-o
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("num_tokens", [7, 533, 4099])
+@pytest.mark.parametrize("num_tokens", [7, 533, 8195])
 @pytest.mark.parametrize("scales", DIVISION_SCALES, ids=DIVISION_IDS)
 @pytest.mark.parametrize("mode,in_dtype,cache_dtype", [CASES[3], CASES[4], CASES[5]], ids=CASE_IDS[3:6])
 def test_cuda_fp8_write_every_division(mode, in_dtype, cache_dtype, scales, num_tokens):
     """FP8 writes of special values (NaN, +-inf, +-0, a subnormal, values past the format's
-    largest, random magnitudes from 1e-3 to 1e3) under every division path, bit for bit."""
+    largest, random magnitudes from 1e-3 to 1e3) under every division path, bit for bit: 7 and
+    533 tokens in unpaired launches, 8195 (8 heads, past KVFUSE_FP8_UNPAIRED_BELOW_ITEMS) paired."""
     if native.unavailable_reason("encode_and_cache_write", "cuda", mode) is not None:
         pytest.skip(native.unavailable_reason("encode_and_cache_write", "cuda", mode))
     key, value = _inputs(num_tokens, 8, 128, in_dtype, "cuda", strided=num_tokens != 533)
