@@ -657,9 +657,9 @@ def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_ap
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,h,d,rotary_dim", [(4099, 8, 128, 128), (3100, 8, 128, 128), (2053, 4, 256, 192),
-                                              (5501, 6, 64, 64), (2000, 8, 80, 64)],
-                         ids=["4099", "3100", "d256-r192", "d64", "d80-r64"])
+@pytest.mark.parametrize("T,h,d,rotary_dim", [(8195, 8, 128, 128), (4099, 8, 128, 128), (3100, 8, 128, 128),
+                                              (2053, 4, 256, 192), (5501, 6, 64, 64), (2000, 8, 80, 64)],
+                         ids=["8195", "4099", "3100", "d256-r192", "d64", "d80-r64"])
 @pytest.mark.parametrize("half,table,table_dtype", [
     (False, False, torch.bfloat16), (True, False, torch.bfloat16), (False, False, torch.float32),
     (True, False, torch.float32), (True, True, torch.float32)],
@@ -673,8 +673,9 @@ def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mo
     encode as floats (KVFUSE_ROPE_WIDENED_OUT). Every table form (full / half width, bf16 / float32,
     read at positions), an unrotated tail of pairs (d256-r192) and one that does not split into
     NVFP4 pairs (d80-r64: single units), odd token counts, a sentinel cache and a slot of -1.
-    FP8 holds the value pair in the key pair's thread from 163840 pair items (3100 and 4099
-    tokens: KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS), NVFP4 and the others do not. Grids of one to two
+    FP8 holds the value pair in the key pair's thread from 163840 pair items (3100, 4099 and 8195
+    tokens: KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS), NVFP4 from 262144 (8195 tokens:
+    KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS, at 3 blocks per SM). Grids of one to two
     waves of key and value rows in separate threads run the prefetching kernel
     (KVFUSE_ROPE_PREFETCH; 132 SMs): NVFP4 at 3100 and 4099 tokens, FP8 at d256-r192 and d64.
     Where key and value rows are in separate threads, FP8 loads each thread's rows before its
