@@ -2010,11 +2010,14 @@ void set_items(RowParams& p, int per_head) {
 
 constexpr int64_t kWideGrid = KVFUSE_WIDE_GRID;
 
-// The paired items below which launch() runs unpaired units: by op for the writes alone (FP8,
-// NVFP4, the others), one threshold for the single-unit rotary writes.
+// The paired items below which a launch runs unpaired units (key and value rows in separate
+// threads): by op for the writes alone (FP8, NVFP4, the others) and for unit-pair rotary writes
+// (FP8, the others), one threshold for the single-unit rotary writes.
 template <class Op, class Rot>
 constexpr int64_t unpaired_below() {
-  if constexpr (Rot::kActive) {
+  if constexpr (Rot::kPairs) {
+    return Op::kUsesScale && !Op::kSplitRows ? KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS : KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS;
+  } else if constexpr (Rot::kActive) {
     return KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS;
   } else if constexpr (Op::kUsesScale && Op::kSplitRows) {
     return KVFUSE_NVFP4_UNPAIRED_BELOW_ITEMS;
@@ -2068,10 +2071,8 @@ void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   // 16-bit caches (no scale) take pairs from KVFUSE_ROPE_16BIT_PAIRS_FROM units (as many items):
   // where that is not below the unpaired launches' threshold, their unpaired pair kernels would
   // never launch and are not instantiated.
-  constexpr int64_t kUnpairedBelow = Op::kUsesScale && !Op::kSplitRows ? KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS
-                                                                        : KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS;
   if constexpr (Op::kUsesScale || KVFUSE_ROPE_16BIT_PAIRS_FROM < KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS) {
-    if (items < kUnpairedBelow) {
+    if (items < unpaired_below<Op, Rot>()) {
       // Only the orders a launch can take are instantiated (KVFUSE_ROPE_ROWS_FIRST).
       if constexpr (KVFUSE_ROPE_ROWS_FIRST && Op::kUsesScale && !Op::kSplitRows) {
         return launch_units<Op, 2, kBlock, false, RowsFirst<Rot>>(p, stream);
