@@ -105,13 +105,20 @@
 #define KVFUSE_NVFP4_UNPAIRED_BELOW_ITEMS 163840
 #endif
 // FP8 rotary writes in unit pairs (PairRotation) hold the value pair in the key pair's thread from
-// this many pair items on: 2560 tokens of 8 x 128 in 8-element pairs, where the unpaired launch
-// takes 1.9 waves. On an H200 FP8 at 3072 tokens went 7.11 / 7.36 -> 6.71 / 6.81 us (float32 /
-// bfloat16 half tables), at 3584 7.87 / 8.21 -> 7.44 / 7.57, at 2560 6.02 / 6.11 -> 5.97 / 6.03;
-// 2048 ran level. 16-bit caches paired at 3072 and 3584 ran 11-12% slower, so they keep
-// KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS (BENCHMARKS.md, forty-sixth session).
+// this many pair items on: 4608 tokens of 8 x 128 in 8-element pairs. Below it their unpaired
+// launches, budgeted at KVFUSE_ROPE_PAIR_FP8_*UNPAIRED_BLOCKS, ran faster on an H200; at 4608
+// tokens and more paired ran faster or level (BENCHMARKS.md, fifty-fourth session). 16-bit caches keep
+// KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS: paired at 3072 and 3584 tokens they ran 11-12% slower
+// (forty-sixth session).
 #ifndef KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS
-#define KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS 163840
+#define KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS 294912
+#endif
+// NVFP4 rotary writes in unit pairs hold the value pair in the key pair's thread from this many pair
+// items (5120 tokens of 8 x 128 in 32-element pairs). On an H200 at 5120 and 6144 tokens they ran
+// 0.7-2.9% faster than unpaired over every table form measured; 16-bit caches, which would have
+// moved with KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS, ran level (BENCHMARKS.md, fifty-third session).
+#ifndef KVFUSE_ROPE_NVFP4_UNPAIRED_BELOW_ITEMS
+#define KVFUSE_ROPE_NVFP4_UNPAIRED_BELOW_ITEMS 163840
 #endif
 // Unpaired unit-pair rotary writes whose rows are loaded first (RowsFirst), then the slot and the
 // table columns: FP8 ones at every size they launch at, 16-bit ones below this many pair items
@@ -260,6 +267,21 @@
 #ifndef KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS
 #define KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS 9
 #endif
+// With key and value pairs in separate threads (unpaired), in launches of more than a wave
+// (prefetching, or ManyWaves): over bfloat16 half tables 12 (40 registers, no spills), over float32
+// half tables and full-width 16-bit ones 10 (48, no spills; prefetching launches over full-width
+// tables keep KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS), instead of 8 (51-64 registers). 0:
+// KVFUSE_ROPE_PAIR_MIN_BLOCKS. On an H200 (8 x 128 bfloat16 keys) these unpaired launches ran
+// faster than the paired ones at 2560-4096 tokens, where unpaired at 8 ran slower
+// (KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS); at 12 the other tables' kernels spill and ran 40-65%
+// slower. Launches of a wave and less keep 8: at 1024 tokens 10 and 12 ran 2-7% slower
+// (BENCHMARKS.md, fifty-fourth session).
+#ifndef KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_UNPAIRED_BLOCKS
+#define KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_UNPAIRED_BLOCKS 12
+#endif
+#ifndef KVFUSE_ROPE_PAIR_FP8_UNPAIRED_BLOCKS
+#define KVFUSE_ROPE_PAIR_FP8_UNPAIRED_BLOCKS 10
+#endif
 #ifndef KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS
 #define KVFUSE_ROPE_PAIR_NVFP4_MIN_BLOCKS 3
 #endif
@@ -403,7 +425,7 @@ struct NoRotation {
   struct Where {};
   template <class Op, bool kPaired>
   static constexpr int min_blocks() { return Op::kMinBlocks; }
-  template <class Op, bool kPaired, bool kPrefetching>
+  template <class Op, bool kPaired, bool kPrefetching, bool kManyWaves>
   static constexpr int min_small_blocks() { return 0; }
 };
 
@@ -426,6 +448,19 @@ template <class Rot>
 constexpr bool kRowsFirst<RowsFirst<Rot>> = true;
 template <class Rot>
 constexpr bool kRowsFirst<Prefetching<Rot>> = kRowsFirst<Rot>;
+
+// An unpaired FP8 pair rotation's launch of more blocks than its plain kernel holds at once that
+// does not prefetch (ManyWaves<RowsFirst<PairRotation>>): the same rotation, a separate kernel with
+// a register budget of its own (KVFUSE_ROPE_PAIR_FP8_*UNPAIRED_BLOCKS), so that launches of a wave
+// and less keep theirs.
+template <class Rot>
+struct ManyWaves : Rot {};
+template <class Rot>
+constexpr bool kManyWaves = false;
+template <class Rot>
+constexpr bool kManyWaves<ManyWaves<Rot>> = true;
+template <class Rot>
+constexpr bool kRowsFirst<ManyWaves<Rot>> = kRowsFirst<Rot>;
 
 struct E4M3 {};
 struct E5M2 {};
@@ -692,7 +727,7 @@ constexpr bool kNanCheckPerUnit = KVFUSE_FP8_NAN_CHECK_PER_UNIT && nan_check_per
 // counts kThreads-thread blocks; min_small_blocks(), where not 0, KVFUSE_SMALL_THREADS-thread ones.
 template <class Op, bool kPaired, class Rot, int kBlock>
 constexpr int launch_min_blocks() {
-  constexpr int small = Rot::template min_small_blocks<Op, kPaired, kPrefetches<Rot>>();
+  constexpr int small = Rot::template min_small_blocks<Op, kPaired, kPrefetches<Rot>, kManyWaves<Rot>>();
   if constexpr (small > 0) return small * KVFUSE_SMALL_THREADS / kBlock;
   return Rot::template min_blocks<Op, kPaired>() * kThreads / kBlock;
 }
@@ -1573,7 +1608,7 @@ struct Rotation {
                                                    : Op::kMinBlocks - KVFUSE_ROPE_FP8_FEWER_BLOCKS - table;
     return blocks >= 2 ? blocks : 2;
   }
-  template <class Op, bool kPaired, bool kPrefetching>
+  template <class Op, bool kPaired, bool kPrefetching, bool kManyWaves>
   static constexpr int min_small_blocks() { return 0; }
 
   // A unit's loads, in two source forms that load the same values. kCheckFirst returns a
@@ -1802,12 +1837,23 @@ struct PairRotation {
                                            : KVFUSE_ROPE_PAIR_NVFP4_UNPAIRED_MIN_BLOCKS;
     return blocks >= 2 ? blocks : 2;
   }
-  // FP8 over 16-bit tables (KVFUSE_ROPE_PAIR_FP8_*_SMALL_BLOCKS); 0 elsewhere: min_blocks().
-  template <class Op, bool kPaired, bool kPrefetching>
+  // FP8 budgets (KVFUSE_ROPE_PAIR_FP8_*BLOCKS) by launch: paired, prefetching, unpaired of many
+  // waves; 0 elsewhere (NVFP4, 16-bit caches, FP8 over full-width float32 tables, unpaired launches
+  // of a wave and less): min_blocks().
+  template <class Op, bool kPaired, bool kPrefetching, bool kManyWaves>
   static constexpr int min_small_blocks() {
-    if constexpr (!Op::kUsesScale || Op::kSplitRows || sizeof(Table) != 2) return 0;
-    if constexpr (kHalfTable) return kPaired ? KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_SMALL_BLOCKS : 0;
-    return kPaired || kPrefetching ? KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS : 0;
+    if constexpr (!Op::kUsesScale || Op::kSplitRows || kFullFloatTable) return 0;
+    constexpr bool k16BitHalf = kHalfTable && sizeof(Table) == 2;
+    if constexpr (kPaired) {
+      return k16BitHalf ? KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_SMALL_BLOCKS
+             : kHalfTable ? 0
+                          : KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS;
+    } else if constexpr (kPrefetching || kManyWaves) {
+      if constexpr (k16BitHalf) return KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_UNPAIRED_BLOCKS;
+      if constexpr (kPrefetching && !kHalfTable) return KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS;
+      return KVFUSE_ROPE_PAIR_FP8_UNPAIRED_BLOCKS;
+    }
+    return 0;
   }
 
   // Chunk m (0 or 1) of pair `pair`: below R/(2N) pairs the chunk and its partner, then
@@ -1995,6 +2041,16 @@ void launch_units(RowParams p, cudaStream_t stream) {
         continue;
       }
     }
+    // Launches of more blocks than the plain kernel holds at once run ManyWaves, where its budget
+    // differs (FP8 pairs).
+    if constexpr (Rot::kPairs && !kPaired &&
+                  launch_min_blocks<Op, kPaired, ManyWaves<Rot>, kBlock>() != launch_min_blocks<Op, kPaired, Rot, kBlock>()) {
+      if (grid.x > resident_blocks<rows_kernel<Op, kUnits, kBlock, kPaired, Rot>>(kBlock)) {
+        launch_maybe_dependent(rows_kernel<Op, kUnits, kBlock, kPaired, ManyWaves<Rot>>, grid, dim3(kBlock), 0, stream,
+                               KVFUSE_WRITE_PDL && dependent_launch_supported(), p);
+        continue;
+      }
+    }
     launch_maybe_dependent(rows_kernel<Op, kUnits, kBlock, kPaired, Rot>, grid, dim3(kBlock), 0, stream,
                            KVFUSE_WRITE_PDL && dependent_launch_supported(), p);
   }
@@ -2011,12 +2067,15 @@ void set_items(RowParams& p, int per_head) {
 constexpr int64_t kWideGrid = KVFUSE_WIDE_GRID;
 
 // The paired items below which a launch runs unpaired units (key and value rows in separate
-// threads): by op for the writes alone (FP8, NVFP4, the others) and for unit-pair rotary writes
-// (FP8, the others), one threshold for the single-unit rotary writes.
+// threads): by op for the writes alone and for unit-pair rotary writes (FP8, NVFP4, the others),
+// one threshold for the single-unit rotary writes.
 template <class Op, class Rot>
 constexpr int64_t unpaired_below() {
   if constexpr (Rot::kPairs) {
-    return Op::kUsesScale && !Op::kSplitRows ? KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS : KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS;
+    if constexpr (Op::kUsesScale) {
+      return Op::kSplitRows ? KVFUSE_ROPE_NVFP4_UNPAIRED_BELOW_ITEMS : KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS;
+    }
+    return KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS;
   } else if constexpr (Rot::kActive) {
     return KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS;
   } else if constexpr (Op::kUsesScale && Op::kSplitRows) {
@@ -2061,8 +2120,8 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
 }
 
 // NeoX rotary writes in unit pairs (PairRotation): a token's items are (head, pair), one per
-// thread, paired with the value row or, in small FP8 / NVFP4 launches (as in launch(); FP8 from
-// KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS items), unpaired.
+// thread, paired with the value row or, in launches below unpaired_below()'s threshold (FP8 and
+// NVFP4 have their own), unpaired.
 template <class Op, class Rot>
 void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   set_items(p, chunks / 2);

@@ -559,12 +559,13 @@ def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_di
     (True, True, True, torch.float32),     # the pass's float32 half tables, read at positions
     (False, False, False, torch.float32),  # GPT-J: single units
 ], ids=["neox", "neox-f32-half-pos", "gptj-f32"])
-@pytest.mark.parametrize("T", [7, 1100, 4099])
+@pytest.mark.parametrize("T", [7, 1031, 4099, 4611])
 def test_gpu_native_fp8_every_division(mode, cache_dtype, scales, is_neox, half, table, table_dtype, T):
     """FP8 rotary writes under each division of the encode (one product where both scales are
     powers of two, the corrected reciprocal, div.rn outside the fast window), in 8-element units
-    (T = 7), 16-element units or unit pairs with key and value in separate threads (1100) and
-    together (4099). Without a query: the query's kernel does not divide."""
+    (T = 7), 16-element units or unit pairs with key and value in separate threads (1031: a wave,
+    4099: many, ManyWaves) and together (4611). Without a query: the query's kernel does not
+    divide."""
     c = _case(T, 32, 8, 128, mode, cache_dtype, half=half, table=table, seed=T, device="cuda",
               num_blocks=T // BLOCK + 8)
     c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
@@ -657,9 +658,9 @@ def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_ap
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,h,d,rotary_dim", [(8195, 8, 128, 128), (4099, 8, 128, 128), (3100, 8, 128, 128),
+@pytest.mark.parametrize("T,h,d,rotary_dim", [(5123, 8, 128, 128), (4099, 8, 128, 128), (3100, 8, 128, 128),
                                               (2053, 4, 256, 192), (5501, 6, 64, 64), (2000, 8, 80, 64)],
-                         ids=["8195", "4099", "3100", "d256-r192", "d64", "d80-r64"])
+                         ids=["5123", "4099", "3100", "d256-r192", "d64", "d80-r64"])
 @pytest.mark.parametrize("half,table,table_dtype", [
     (False, False, torch.bfloat16), (True, False, torch.bfloat16), (False, False, torch.float32),
     (True, False, torch.float32), (True, True, torch.float32)],
@@ -673,15 +674,17 @@ def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mo
     encode as floats (KVFUSE_ROPE_WIDENED_OUT). Every table form (full / half width, bf16 / float32,
     read at positions), an unrotated tail of pairs (d256-r192) and one that does not split into
     NVFP4 pairs (d80-r64: single units), odd token counts, a sentinel cache and a slot of -1.
-    FP8 holds the value pair in the key pair's thread from 163840 pair items (3100, 4099 and 8195
-    tokens: KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS), NVFP4 from 262144 (8195 tokens:
-    KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS, at 3 blocks per SM). Grids of one to two
+    FP8 holds the value pair in the key pair's thread from 294912 pair items (5123 tokens:
+    KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS), NVFP4 from 163840 (5123 tokens, just past
+    KVFUSE_ROPE_NVFP4_UNPAIRED_BELOW_ITEMS, at 3 blocks per SM). Grids of one to two
     waves of key and value rows in separate threads run the prefetching kernel
     (KVFUSE_ROPE_PREFETCH; 132 SMs): NVFP4 at 3100 and 4099 tokens, FP8 at d256-r192 and d64.
     Where key and value rows are in separate threads, FP8 loads each thread's rows before its
     slot and table columns (KVFUSE_ROPE_ROWS_FIRST), NVFP4 its table columns first. FP8 pairs
-    holding the value pair over bf16 half tables (3100 and 4099) run at 48 registers
-    (KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_SMALL_BLOCKS)."""
+    holding the value pair over bf16 half tables (5123) run at 48 registers
+    (KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_SMALL_BLOCKS); unpaired launches of more than a wave over
+    every table form but full-width float32 at 40-48 (ManyWaves or prefetching:
+    KVFUSE_ROPE_PAIR_FP8_*UNPAIRED_BLOCKS), FP8 over bf16 half tables prefetching at 3100."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
               device="cuda", num_blocks=T // BLOCK + 8)
     pairs_from = 131072 if mode is KVQuantMode.NVFP4 else 65536
