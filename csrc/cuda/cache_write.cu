@@ -2030,30 +2030,27 @@ void launch_units(RowParams p, cudaStream_t stream) {
     p.first_token = t;
     p.units = static_cast<uint32_t>(std::min(slice, p.num_tokens - t) * items);
     const dim3 grid(static_cast<unsigned>((p.units + kPerBlock - 1) / kPerBlock));
+    constexpr auto plain = rows_kernel<Op, kUnits, kBlock, kPaired, Rot>;
+    auto kernel = plain;
     if constexpr (KVFUSE_ROPE_PREFETCH && Op::kUsesScale && Rot::kPairs && !kPaired) {
-      constexpr auto kernel = rows_kernel<Op, kUnits, kBlock, kPaired, Prefetching<Rot>>;
-      const int64_t resident = resident_blocks<kernel>(kBlock);
+      constexpr auto prefetching = rows_kernel<Op, kUnits, kBlock, kPaired, Prefetching<Rot>>;
+      const int64_t resident = resident_blocks<prefetching>(kBlock);
       const int64_t ahead = resident * kBlock / items;  // whole tokens, at most one wave
       if (grid.x > resident && grid.x <= 2 * resident && ahead > 0) {
         p.ahead_items = static_cast<uint32_t>(ahead * items);
         for (int h = 0; h < 2; ++h) p.ahead_src[h] = ahead * p.src_tok[h];
-        launch_maybe_dependent(kernel, grid, dim3(kBlock), 0, stream, KVFUSE_WRITE_PDL && dependent_launch_supported(),
-                               p);
-        continue;
+        kernel = prefetching;
       }
     }
-    // Launches of more blocks than the plain kernel holds at once run ManyWaves, where its budget
-    // differs (FP8 pairs).
+    // Other launches of more blocks than the plain kernel holds at once run ManyWaves, where its
+    // budget differs (FP8 pairs).
     if constexpr (Rot::kPairs && !kPaired &&
                   launch_min_blocks<Op, kPaired, ManyWaves<Rot>, kBlock>() != launch_min_blocks<Op, kPaired, Rot, kBlock>()) {
-      if (grid.x > resident_blocks<rows_kernel<Op, kUnits, kBlock, kPaired, Rot>>(kBlock)) {
-        launch_maybe_dependent(rows_kernel<Op, kUnits, kBlock, kPaired, ManyWaves<Rot>>, grid, dim3(kBlock), 0, stream,
-                               KVFUSE_WRITE_PDL && dependent_launch_supported(), p);
-        continue;
+      if (kernel == plain && grid.x > resident_blocks<plain>(kBlock)) {
+        kernel = rows_kernel<Op, kUnits, kBlock, kPaired, ManyWaves<Rot>>;
       }
     }
-    launch_maybe_dependent(rows_kernel<Op, kUnits, kBlock, kPaired, Rot>, grid, dim3(kBlock), 0, stream,
-                           KVFUSE_WRITE_PDL && dependent_launch_supported(), p);
+    launch_maybe_dependent(kernel, grid, dim3(kBlock), 0, stream, KVFUSE_WRITE_PDL && dependent_launch_supported(), p);
   }
 }
 
