@@ -273,8 +273,8 @@
 // tables keep KVFUSE_ROPE_PAIR_FP8_FULL16_SMALL_BLOCKS), instead of 8 (51-64 registers). 0:
 // KVFUSE_ROPE_PAIR_MIN_BLOCKS. On an H200 (8 x 128 bfloat16 keys) these unpaired launches ran 2-11%
 // faster than the paired ones at 2560-4096 tokens over half tables, and over full-width tables 7%
-// faster at 2560 and level from 3072, where unpaired at 8 ran slower
-// (KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS); at 12 the other tables' kernels spill and ran 19-50%
+// faster at 2560 and level from 3072; at 8, unpaired ran slower at 4096 tokens
+// (KVFUSE_ROPE_FP8_UNPAIRED_BELOW_ITEMS). At 12 the other tables' kernels spill and ran 19-50%
 // slower at 2048-4608 tokens. Launches of a wave and less keep 8: at 1024 tokens 10 ran 2-5%
 // slower, 12 over bf16 half tables 8% (BENCHMARKS.md, fifty-fourth session).
 #ifndef KVFUSE_ROPE_PAIR_FP8_16BIT_HALF_UNPAIRED_BLOCKS
