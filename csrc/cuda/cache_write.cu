@@ -2128,7 +2128,7 @@ void launch_pairs(RowParams p, int chunks, cudaStream_t stream) {
   // 16-bit caches (no scale) take pairs from KVFUSE_ROPE_16BIT_PAIRS_FROM units (as many items):
   // where that is not below the unpaired launches' threshold, their unpaired pair kernels would
   // never launch and are not instantiated.
-  if constexpr (Op::kUsesScale || KVFUSE_ROPE_16BIT_PAIRS_FROM < KVFUSE_ROPE_UNPAIRED_BELOW_ITEMS) {
+  if constexpr (Op::kUsesScale || KVFUSE_ROPE_16BIT_PAIRS_FROM < unpaired_below<Op, Rot>()) {
     if (items < unpaired_below<Op, Rot>()) {
       // Only the orders a launch can take are instantiated (KVFUSE_ROPE_ROWS_FIRST).
       if constexpr (KVFUSE_ROPE_ROWS_FIRST && Op::kUsesScale && !Op::kSplitRows) {
