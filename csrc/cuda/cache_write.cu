@@ -211,7 +211,9 @@
 // units, at KVFUSE_ROPE_FP8_NARROW_MIN_BLOCKS resident blocks per SM (twice the threads, each with
 // half the rotation). Measured on cold inputs of 8 x 128 (BENCHMARKS.md, fifteenth session):
 // faster up to 512 tokens, slower at 1024, level from 2048 on. NVFP4 units are its 16-element
-// blocks.
+// blocks. FP8 NeoX launches that can take unit pairs take them from KVFUSE_ROPE_PAIRS_FROM units
+// on, far below this: on an H200 8-element units ran 1.15-1.34x the pairs' time at 512-1023 tokens
+// (fifty-fifth session); GPT-J and fp16 keys over 16-bit tables keep this threshold.
 #ifndef KVFUSE_ROPE_FP8_NARROW_BELOW
 #define KVFUSE_ROPE_FP8_NARROW_BELOW 65536
 #endif
@@ -225,17 +227,19 @@
 // KVFUSE_ROPE_FP8_PAIRS_16BIT_TABLES) and 16-bit caches over any table in pairs of 8-element
 // units, NVFP4 in pairs of its 16-element blocks; 0: one unit per thread (Rotation) at every size.
 // Single units stay where pairs did not win on an H100 (BENCHMARKS.md, twenty-sixth session):
-// FP8 and NVFP4 in smaller launches (decode), FP8 of half keys over 16-bit tables, and NVFP4
-// over full-width float32 tables (its pairs spill). 16-bit caches take pairs at every size: on an
-// H200 (8 x 128 bfloat16 keys) they were 3-14% faster from 64 to 256 tokens and 3-6% at 2048
-// and 4096; at 512 and 1024 one table type gained or ran level and the other (bf16 half tables)
-// ran level or 5% slower; at 16384 level or 1.4% slower (BENCHMARKS.md, forty-fourth and
-// forty-fifth sessions).
+// NVFP4 in smaller launches (decode), FP8 of half keys over 16-bit tables, and NVFP4 over
+// full-width float32 tables (its pairs spill). FP8 takes pairs from KVFUSE_ROPE_PAIRS_FROM units
+// (64 tokens of 8 x 128): on an H200 (8 x 128 bfloat16 keys) they ran level with or up to 26%
+// faster than 8-element single units from 64 to 1023 tokens (BENCHMARKS.md, fifty-fifth
+// session). 16-bit caches take pairs at every size: on an H200 (8 x 128 bfloat16 keys) they were
+// 3-14% faster from 64 to 256 tokens and 3-6% at 2048 and 4096; at 512 and 1024 one table type
+// gained or ran level and the other (bf16 half tables) ran level or 5% slower; at 16384 level or
+// 1.4% slower (BENCHMARKS.md, forty-fourth and forty-fifth sessions).
 #ifndef KVFUSE_ROPE_PAIR_UNITS
 #define KVFUSE_ROPE_PAIR_UNITS 1
 #endif
 #ifndef KVFUSE_ROPE_PAIRS_FROM
-#define KVFUSE_ROPE_PAIRS_FROM 65536
+#define KVFUSE_ROPE_PAIRS_FROM 4096
 #endif
 #ifndef KVFUSE_ROPE_NVFP4_PAIRS_FROM
 #define KVFUSE_ROPE_NVFP4_PAIRS_FROM 131072
@@ -690,10 +694,12 @@ __device__ __forceinline__ void prefetch_l2(const char* ptr, int bytes) {
 // where a kernel sat at its register budget ptxas spilled. So: the writes alone; unit-pair
 // rotations (PairRotation), except the exact copy over full-width float32 tables (8 bytes spilled,
 // up to 7% slower at 4096-16384 tokens) and the one NaN branch in paired launches over 16-bit half
-// tables (4 bytes spilled, up to 3.6% slower); not the single-unit rotations (Rotation: GPT-J,
-// 16-element units), several of which spilled and none of which was timed with them
-// (BENCHMARKS.md, fifty-first session). KVFUSE_FP8_NAN_CHECK_PER_UNIT=0: one NaN branch per word
-// everywhere.
+// tables (4 bytes spilled, up to 3.6% slower); the single-unit rotations of 8-element units
+// (decode sizes; their one NaN branch only unpaired, the launches they take), which spill nothing
+// with them and ran 2-8% faster at 64-1023 tokens on an H200 (BENCHMARKS.md, fifty-fifth session); not
+// those of 16-element units (GPT-J, some NeoX tails), several of which spilled and none of which
+// was timed with them (fifty-first session). KVFUSE_FP8_NAN_CHECK_PER_UNIT=0: one NaN branch per
+// word everywhere.
 #ifndef KVFUSE_FP8_NAN_CHECK_PER_UNIT
 #define KVFUSE_FP8_NAN_CHECK_PER_UNIT 1
 #endif
@@ -704,7 +710,7 @@ constexpr bool exact_division_fits() {
   if constexpr (!Rot::kActive) {
     return true;
   } else if constexpr (!Rot::kPairs) {
-    return false;
+    return Rot::kNarrow;
   } else {
     return !Rot::kFullFloatTable;
   }
@@ -714,7 +720,7 @@ constexpr bool nan_check_per_unit_fits() {
   if constexpr (!Rot::kActive) {
     return true;
   } else if constexpr (!Rot::kPairs) {
-    return false;
+    return Rot::kNarrow && !kPaired;
   } else {
     return !(kPaired && Rot::kHalf16BitTable);
   }
@@ -1584,6 +1590,7 @@ struct Rotation {
   template <class Op>
   static constexpr bool kWidens = false;
   static constexpr int N = kN;
+  static constexpr bool kNarrow = kN == kRopeNarrowUnit;  // kExactDivision, kNanCheckPerUnit
   using Run = Elements<In, N, true>;
   using Cols = TableRun<Table, N>;
   // The loads of one unit: where it sits (first < 0: not rotated, a value unit or past R), the

@@ -536,8 +536,9 @@ NATIVE_FORMAT_IDS = ["e4m3", "e5m2", "nvfp4"]
 def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_dim, table_dtype, T):
     """Every rotary setup against the reference; FP8 takes 8-element units up to 533 tokens and
     16-element ones at 1100 (KVFUSE_ROPE_FP8_NARROW_BELOW in csrc/cuda/cache_write.cu), or, in
-    NeoX launches at 1100, unit pairs (KVFUSE_ROPE_PAIRS_FROM; over any table for these bfloat16
-    keys; NVFP4 keeps single units up to 2047 tokens of 8 heads, test_gpu_native_unit_pairs)."""
+    NeoX launches from 64 tokens of 8 heads (64, 533, 1100), unit pairs (KVFUSE_ROPE_PAIRS_FROM; over
+    any table for these bfloat16 keys; NVFP4 keeps single units up to 2047 tokens of 8 heads,
+    test_gpu_native_unit_pairs)."""
     c = _case(T, 32, 8, 128, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + rotary_dim,
               device="cuda", num_blocks=T // BLOCK + 8)
     c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
@@ -559,13 +560,13 @@ def test_gpu_native_bit_exact(mode, cache_dtype, is_neox, half, table, rotary_di
     (True, True, True, torch.float32),     # the pass's float32 half tables, read at positions
     (False, False, False, torch.float32),  # GPT-J: single units
 ], ids=["neox", "neox-f32-half-pos", "gptj-f32"])
-@pytest.mark.parametrize("T", [7, 1031, 4099, 4611])
+@pytest.mark.parametrize("T", [7, 67, 1031, 4099, 4611])
 def test_gpu_native_fp8_every_division(mode, cache_dtype, scales, is_neox, half, table, table_dtype, T):
     """FP8 rotary writes under each division of the encode (one product where both scales are
     powers of two, the corrected reciprocal, div.rn outside the fast window), in 8-element units
-    (T = 7), 16-element units or unit pairs with key and value in separate threads (1031: a wave,
-    4099: many, ManyWaves) and together (4611). Without a query: the query's kernel does not
-    divide."""
+    (T = 7, and GPT-J's at 67), 16-element units or unit pairs with key and value in separate
+    threads (67, just past KVFUSE_ROPE_PAIRS_FROM, and 1031: a wave; 4099: many, ManyWaves) and
+    together (4611). Without a query: the query's kernel does not divide."""
     c = _case(T, 32, 8, 128, mode, cache_dtype, half=half, table=table, seed=T, device="cuda",
               num_blocks=T // BLOCK + 8)
     c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
@@ -621,10 +622,10 @@ def test_gpu_native_shapes_and_pages(d, hq, h, in_dtype, block, mode, cache_dtyp
 @pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
 def test_gpu_native_neox_partners(d, rotary_dim, T, mode, cache_dtype):
     """NeoX partners both ways: by warp shuffle where a head's units share a warp (head sizes 64
-    and 256, in 16-element units and, for FP8 at T = 7 and 533, in 8-element units: partners 1 to
-    16 lanes apart) and by a second load where they do not (80, 96, 192); 3 KV and 5 query heads,
-    so the last warp of both launches is partly without units. T = 3000 takes 16-element units
-    for FP8 too (KVFUSE_ROPE_FP8_NARROW_BELOW in csrc/cuda/cache_write.cu)."""
+    and 256, in 16-element units and, for FP8 at T = 7, in 8-element units: partners 1 to 16 lanes
+    apart) and by a second load where they do not (80, 96, 192); 3 KV and 5 query heads, so the
+    last warp of both launches is partly without units. FP8 at T = 533 and 3000 takes unit pairs
+    (KVFUSE_ROPE_PAIRS_FROM in csrc/cuda/cache_write.cu); NVFP4 16-element units throughout."""
     c = _case(T, 5, 3, d, mode, cache_dtype, rotary_dim=rotary_dim, seed=T + d, device="cuda",
               num_blocks=T // BLOCK + 8)
     _native_vs_reference(c, True, mode)
@@ -667,7 +668,7 @@ def test_gpu_native_prefill_shapes(T, h, d, rotary_dim, is_neox, table, heads_ap
     ids=["bf16", "bf16-half", "f32", "f32-half", "f32-half-pos"])
 @pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS, ids=NATIVE_FORMAT_IDS)
 def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mode, cache_dtype):
-    """NeoX launches of 65536 16-element units and more for FP8 (over float32 tables, and over
+    """NeoX launches of 4096 16-element units and more for FP8 (over float32 tables, and over
     16-bit ones for these bfloat16 keys), of 131072 and more for NVFP4 (KVFUSE_ROPE_PAIRS_FROM,
     KVFUSE_ROPE_NVFP4_PAIRS_FROM), hold a unit and its rotation partner in one thread
     (PairRotation), paired with the value row or not by size; FP8 hands its rotated elements to the
@@ -687,7 +688,7 @@ def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mo
     KVFUSE_ROPE_PAIR_FP8_*UNPAIRED_BLOCKS), FP8 over bf16 half tables prefetching at 3100."""
     c = _case(T, 4, h, d, mode, cache_dtype, rotary_dim=rotary_dim, half=half, table=table, seed=T + d + half,
               device="cuda", num_blocks=T // BLOCK + 8)
-    pairs_from = 131072 if mode is KVQuantMode.NVFP4 else 65536
+    pairs_from = 131072 if mode is KVQuantMode.NVFP4 else 4096
     assert T * h * (d // 16) >= pairs_from or (mode is KVQuantMode.NVFP4 and d - rotary_dim == 16)
     c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
     c["query"] = None
