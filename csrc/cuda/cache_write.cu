@@ -695,11 +695,11 @@ __device__ __forceinline__ void prefetch_l2(const char* ptr, int bytes) {
 // rotations (PairRotation), except the exact copy over full-width float32 tables (8 bytes spilled,
 // up to 7% slower at 4096-16384 tokens) and the one NaN branch in paired launches over 16-bit half
 // tables (4 bytes spilled, up to 3.6% slower); the single-unit rotations of 8-element units
-// (decode sizes; their one NaN branch only unpaired, the launches they take), which spill nothing
-// with them and ran 2-8% faster at 64-1023 tokens on an H200 (BENCHMARKS.md, fifty-fifth session); not
-// those of 16-element units (GPT-J, some NeoX tails), several of which spilled and none of which
-// was timed with them (fifty-first session). KVFUSE_FP8_NAN_CHECK_PER_UNIT=0: one NaN branch per
-// word everywhere.
+// (decode sizes; the one NaN branch only in their unpaired launches, the only ones they take),
+// whose unpaired kernels spill nothing with them and ran 2-8% faster at 64-1023 tokens on an H200
+// (BENCHMARKS.md, fifty-fifth session); not those of 16-element units (GPT-J, some NeoX tails),
+// several of which spilled and none of which was timed with them (fifty-first session).
+// KVFUSE_FP8_NAN_CHECK_PER_UNIT=0: one NaN branch per word everywhere.
 #ifndef KVFUSE_FP8_NAN_CHECK_PER_UNIT
 #define KVFUSE_FP8_NAN_CHECK_PER_UNIT 1
 #endif
