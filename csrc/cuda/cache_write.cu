@@ -695,11 +695,11 @@ __device__ __forceinline__ void prefetch_l2(const char* ptr, int bytes) {
 // rotations (PairRotation), except the exact copy over full-width float32 tables (8 bytes spilled,
 // up to 7% slower at 4096-16384 tokens) and the one NaN branch in paired launches over 16-bit half
 // tables (4 bytes spilled, up to 3.6% slower); the single-unit rotations of 8-element units
-// (decode sizes; the one NaN branch only in their unpaired launches, the only ones they take),
-// whose unpaired kernels spill nothing with them and ran 2-8% faster at 64-1023 tokens on an H200
-// (BENCHMARKS.md, fifty-fifth session); not those of 16-element units (GPT-J, some NeoX tails),
-// several of which spilled and none of which was timed with them (fifty-first session).
-// KVFUSE_FP8_NAN_CHECK_PER_UNIT=0: one NaN branch per word everywhere.
+// (decode sizes; launched unpaired only, only_unpaired()), which spill nothing with them and ran
+// 2-8% faster at 64-1023 tokens on an H200 (BENCHMARKS.md, fifty-fifth session); not those of
+// 16-element units (GPT-J, some NeoX tails), several of which spilled and none of which was timed
+// with them (fifty-first session). KVFUSE_FP8_NAN_CHECK_PER_UNIT=0: one NaN branch per word
+// everywhere.
 #ifndef KVFUSE_FP8_NAN_CHECK_PER_UNIT
 #define KVFUSE_FP8_NAN_CHECK_PER_UNIT 1
 #endif
@@ -720,7 +720,7 @@ constexpr bool nan_check_per_unit_fits() {
   if constexpr (!Rot::kActive) {
     return true;
   } else if constexpr (!Rot::kPairs) {
-    return Rot::kNarrow && !kPaired;
+    return Rot::kNarrow;
   } else {
     return !(kPaired && Rot::kHalf16BitTable);
   }
@@ -2092,6 +2092,18 @@ constexpr int64_t unpaired_below() {
   }
 }
 
+// Whether every launch of this rotation stays below unpaired_below(): 8-element units launch below
+// KVFUSE_ROPE_FP8_NARROW_BELOW 16-element units, twice as many items, so with the default
+// thresholds their paired kernels would never launch and are not instantiated.
+template <class Op, class Rot>
+constexpr bool only_unpaired() {
+  if constexpr (Rot::kActive && !Rot::kPairs) {
+    return Rot::kNarrow && 2 * int64_t{KVFUSE_ROPE_FP8_NARROW_BELOW} <= unpaired_below<Op, Rot>();
+  } else {
+    return false;
+  }
+}
+
 // Threads per block of a launch of one unit (or unit pair) per thread.
 template <class Op, class Rot>
 constexpr int small_block() {
@@ -2118,10 +2130,10 @@ void launch(RowParams p, int chunks, cudaStream_t stream) {
     if (pairs / (2 * kThreads) >= kWideGrid) return launch_units<Op, 2, kThreads, true, Rot>(p, stream);
   }
   constexpr int kBlock = small_block<Op, Rot>();
-  if (pairs < unpaired_below<Op, Rot>()) {
+  if (only_unpaired<Op, Rot>() || pairs < unpaired_below<Op, Rot>()) {
     return launch_units<Op, 1, kBlock, false, Rot>(p, stream);
   }
-  launch_units<Op, 1, kBlock, true, Rot>(p, stream);
+  if constexpr (!only_unpaired<Op, Rot>()) launch_units<Op, 1, kBlock, true, Rot>(p, stream);
 }
 
 // NeoX rotary writes in unit pairs (PairRotation): a token's items are (head, pair), one per
