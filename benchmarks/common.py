@@ -87,7 +87,8 @@ def rotations_for(bytes_per_call: int, max_sets: int = 16) -> int:
     return max(1, min(max_sets, -(-2 * l2_bytes() // bytes_per_call)))
 
 
-def _time_graph(graph: torch.cuda.CUDAGraph, calls_per_replay: int, trials: int, min_ms: float) -> float:
+def _replays_for(graph: torch.cuda.CUDAGraph, min_ms: float) -> int:
+    """Replays of ``graph`` that take about ``min_ms`` (at least one)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
     torch.cuda.synchronize()
@@ -95,17 +96,57 @@ def _time_graph(graph: torch.cuda.CUDAGraph, calls_per_replay: int, trials: int,
     graph.replay()
     end.record()
     end.synchronize()
-    one = max(start.elapsed_time(end), 1e-4)
-    reps = max(1, int(min_ms / one))
-    samples = []
-    for _ in range(trials):
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / (reps * calls_per_replay))
-    return statistics.median(samples)
+    return max(1, int(min_ms / max(start.elapsed_time(end), 1e-4)))
+
+
+def _graph_sample(graph: torch.cuda.CUDAGraph, reps: int, calls_per_replay: int) -> float:
+    """Microseconds per call over ``reps`` back-to-back replays of ``graph``."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * calls_per_replay)
+
+
+def _time_graph(graph: torch.cuda.CUDAGraph, calls_per_replay: int, trials: int, min_ms: float) -> float:
+    reps = _replays_for(graph, min_ms)
+    return statistics.median(_graph_sample(graph, reps, calls_per_replay) for _ in range(trials))
+
+
+def _capture(calls: Sequence[Callable[[], None]]) -> Optional[tuple[torch.cuda.CUDAGraph, int]]:
+    """``calls`` (repeated to at least :data:`MIN_GRAPH_CALLS`) captured into one graph, after a
+    warm-up on a side stream; None if they cannot be captured."""
+    calls = [calls[i % len(calls)] for i in range(max(MIN_GRAPH_CALLS, len(calls)))]
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for fn in calls:
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in calls:
+                fn()
+        return graph, len(calls)
+    except Exception:  # noqa: BLE001 - a call that cannot be captured is timed without a graph
+        torch.cuda.synchronize()
+        return None
+
+
+def _eager_sample(calls: Sequence[Callable[[], None]]) -> float:
+    """Microseconds per call over plain back-to-back launches of ``calls``."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reps = max(1, 64 // len(calls))
+    start.record()
+    for _ in range(reps):
+        for fn in calls:
+            fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * len(calls))
 
 
 def bench(calls: Sequence[Callable[[], None]], trials: int = 15, min_ms: float = 2.0,
@@ -118,34 +159,74 @@ def bench(calls: Sequence[Callable[[], None]], trials: int = 15, min_ms: float =
     for fn in calls:
         fn()
     torch.cuda.synchronize()
-    if use_graph:
-        calls = [calls[i % len(calls)] for i in range(max(MIN_GRAPH_CALLS, len(calls)))]
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for fn in calls:
-                    fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for fn in calls:
-                    fn()
-            return Timing(_time_graph(graph, len(calls), trials, min_ms), True)
-        except Exception:  # noqa: BLE001 - a call that cannot be captured is timed without a graph
-            torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    reps = max(1, 64 // len(calls))
-    for _ in range(trials):
-        start.record()
-        for _ in range(reps):
-            for fn in calls:
-                fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / (reps * len(calls)))
-    return Timing(statistics.median(samples), False)
+    captured = _capture(calls) if use_graph else None
+    if captured is not None:
+        graph, calls_per_replay = captured
+        return Timing(_time_graph(graph, calls_per_replay, trials, min_ms), True)
+    return Timing(statistics.median(_eager_sample(calls) for _ in range(trials)), False)
+
+
+def interleaved_order(names: Sequence[str], rounds: int) -> list[list[str]]:
+    """The order of :func:`bench_interleaved`'s samples: one of each name per round, each round's
+    list the one before rotated by one, so that over ``len(names)`` rounds every name takes every
+    place in a round once."""
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds}: want at least 1")
+    names = list(names)
+    if len(set(names)) != len(names):
+        raise ValueError(f"names {names}: want each once")
+    n = len(names)
+    return [[names[(r + i) % n] for i in range(n)] for r in range(rounds)]
+
+
+@dataclass(frozen=True)
+class InterleavedTimings:
+    """What :func:`bench_interleaved` measured: per variant, microseconds per call, one sample per
+    round, and whether it was timed from a CUDA graph."""
+
+    samples: dict
+    graphed: dict
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.samples[name])
+
+    def ratio(self, num: str, den: str) -> tuple[float, float, float]:
+        """(median, lowest, highest) over rounds of ``num``'s sample over ``den``'s of the same
+        round."""
+        ratios = [a / b for a, b in zip(self.samples[num], self.samples[den])]
+        return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def bench_interleaved(variants: "dict[str, Sequence[Callable[[], None]]]", rounds: int = 15,
+                      min_ms: float = 2.0, use_graph: bool = True) -> InterleavedTimings:
+    """Each variant's calls timed as :func:`bench` times them, but sampled in turn: round r takes
+    one sample (about ``min_ms`` of replays) of every variant, in :func:`interleaved_order`.
+
+    Every variant is warmed up and captured before the first sample, so a level shift of the
+    machine during the run falls on all variants of a round alike, and a ratio taken per round
+    (:meth:`InterleavedTimings.ratio`) cancels it where medians from separate runs do not. It does
+    not cancel a level that a graph takes from its capture: the rotary write's 32- and 64-token
+    graphs ran at a second level, with the write alone's graph captured beside them, after
+    warm-ups on some of PyTorch's pooled streams (BENCHMARKS.md, fifty-sixth session).
+    """
+    timers, graphed = {}, {}
+    for name, calls in variants.items():
+        for fn in calls:
+            fn()
+        torch.cuda.synchronize()
+        captured = _capture(calls) if use_graph else None
+        graphed[name] = captured is not None
+        if captured is None:
+            timers[name] = lambda calls=calls: _eager_sample(calls)
+        else:
+            graph, per_replay = captured
+            reps = _replays_for(graph, min_ms)
+            timers[name] = lambda g=graph, r=reps, c=per_replay: _graph_sample(g, r, c)
+    samples = {name: [] for name in variants}
+    for order in interleaved_order(list(variants), rounds):
+        for name in order:
+            samples[name].append(timers[name]())
+    return InterleavedTimings(samples, graphed)
 
 
 _COPY_KERNEL = None

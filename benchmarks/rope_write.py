@@ -1,6 +1,6 @@
 """Rotary embedding + K/V cache write, fused vs not, for one layer (GPU).
 
-    python -m benchmarks.rope_write [--quick] [--out benchmarks/results] [--scales K,V]
+    python -m benchmarks.rope_write [--quick] [--rounds N] [--out benchmarks/results] [--scales K,V]
 
 One Llama-shaped layer (32 query heads, 8 KV heads, head_size 128, bf16 activations), a decode
 step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per case:
@@ -27,6 +27,13 @@ step of 64 tokens and a 4096-token prefill, bf16 / FP8 e4m3 / NVFP4 caches. Per 
 FP8 caches take K / V scales of 0.5 / 0.25 by default: powers of two, which the native FP8 encode
 divides by with one product per value (as for an engine's default scale of 1); ``--scales K,V``
 times other scales, which take its corrected reciprocal (a product and two FMAs per value).
+
+By default each variant is timed after the other, the median of its own trials, and a ratio is
+one of those medians over another. ``--rounds N`` times a case's variants in turn instead, N rounds
+of one sample of each (:func:`benchmarks.common.bench_interleaved`): a variant's cell is the median
+of its samples, a ratio the median of its per-round ratios, shown with their range, and the row in
+the JSON holds every sample. A slow level of the machine that comes and goes during a run then
+falls on both sides of a ratio alike.
 
 Every variant is checked against the reference before it is timed. Results:
 ``benchmarks/results/rope_write.json`` and ``rope_write.md``; a short table is printed last.
@@ -375,6 +382,57 @@ def sweep(token_counts, formats, trials: int, out_json: str, info: dict,
     return rows
 
 
+def _calls_or_skip(case: Case, variants: dict, row: dict, notes: list) -> dict:
+    """The calls of every variant that applies to ``case``; the others get None in ``row`` and
+    their reason in ``notes``."""
+    calls = {}
+    for name, make in variants.items():
+        try:
+            calls[name] = make(case)
+        except _Skip as e:
+            row[name] = None
+            if str(e) not in notes:
+                notes.append(str(e))
+    return calls
+
+
+def _cell(row: dict, key: str) -> str:
+    """A table cell: the value, with its per-round range where interleaving measured one."""
+    if row.get(key) is None:
+        return "-"
+    span = row.get(key + " range")
+    return f"{row[key]} ({span[0]}-{span[1]})" if span else str(row[key])
+
+
+def _time_one_by_one(case: Case, variants: dict, trials: int, row: dict, notes: list) -> None:
+    """Each variant in turn, the median of its own trials; ratios of those medians."""
+    for name, calls in _calls_or_skip(case, variants, row, notes).items():
+        timing = common.bench(calls, trials=trials)
+        row[name] = round(timing.us, 2)
+        if not timing.graphed:
+            notes.append(f"{name} {case.fmt} T={case.num_tokens}: timed without a CUDA graph")
+    for ratio, (num, den) in RATIOS.items():
+        if row.get(num) and row.get(den):
+            row[ratio] = round(row[num] / row[den], 3)
+
+
+def _time_interleaved(case: Case, variants: dict, rounds: int, row: dict, notes: list) -> None:
+    """All variants in turn, ``rounds`` samples each: medians per variant, and each ratio as the
+    median of its per-round ratios, with their range under ``"<ratio> range"``; the samples go in
+    the row (``"samples"``)."""
+    timed = common.bench_interleaved(_calls_or_skip(case, variants, row, notes), rounds=rounds)
+    for name, samples in timed.samples.items():
+        row[name] = round(timed.median(name), 2)
+        if not timed.graphed[name]:
+            notes.append(f"{name} {case.fmt} T={case.num_tokens}: timed without a CUDA graph")
+    for ratio, (num, den) in RATIOS.items():
+        if num in timed.samples and den in timed.samples:
+            mid, lo, hi = timed.ratio(num, den)
+            row[ratio] = round(mid, 3)
+            row[ratio + " range"] = [round(lo, 3), round(hi, 3)]
+    row["samples"] = {name: [round(us, 3) for us in samples] for name, samples in timed.samples.items()}
+
+
 # Read (as text) by `python -m kvfuse bench`, which refuses to start this on a host without CUDA.
 REQUIRES_CUDA = True
 
@@ -387,6 +445,10 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of " + ",".join(FORMATS))
     parser.add_argument("--variants", default=None,
                         help="semicolon-separated subset (names hold commas) of: " + "; ".join(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=0, metavar="N",
+                        help="time a case's variants in turn, N rounds of one sample each, and take each "
+                             "ratio round by round (common.bench_interleaved); 0 (default): one variant "
+                             "after another, each the median of its own trials")
     parser.add_argument("--sweep", action="store_true",
                         help="only the sweep of Triton's launch configs (see the module docstring)")
     parser.add_argument("--scales", default=",".join(str(s) for s in DEFAULT_SCALES), metavar="K,V",
@@ -404,6 +466,10 @@ def main(argv=None) -> int:
     unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(names) - set(VARIANTS))
     if unknown or any(t <= 0 for t in token_counts):
         parser.error(f"unknown formats or variants {unknown}, or a token count that is not positive: {args.tokens}")
+    if args.rounds < 0 or args.rounds == 1:
+        parser.error(f"--rounds {args.rounds}: want 0 (no interleaving) or at least 2 rounds")
+    if args.rounds and args.sweep:
+        parser.error("--rounds times the variants, --sweep the launch configs: give one of them")
     variants = {name: VARIANTS[name] for name in names}
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
@@ -426,25 +492,15 @@ def main(argv=None) -> int:
             case = Case(fmt, num_tokens, rotations, scales=scales)
             _check(case, with_compiled=any(name.startswith("rotate") for name in variants))
             row = {"tokens": num_tokens, "format": fmt}
-            for name, make in variants.items():
-                try:
-                    timing = common.bench(make(case), trials=trials)
-                    row[name] = round(timing.us, 2)
-                    if not timing.graphed:
-                        notes.append(f"{name} {fmt} T={num_tokens}: timed without a CUDA graph")
-                except _Skip as e:
-                    row[name] = None
-                    if str(e) not in notes:
-                        notes.append(str(e))
-            for ratio, (num, den) in RATIOS.items():
-                if row.get(num) and row.get(den):
-                    row[ratio] = round(row[num] / row[den], 3)
+            if args.rounds:
+                _time_interleaved(case, variants, args.rounds, row, notes)
+            else:
+                _time_one_by_one(case, variants, trials, row, notes)
             rows.append(row)
             logger.info("%s", row)
             common.write_json(os.path.join(args.out, "rope_write.json"), {"info": info, "rows": rows, "notes": notes})
     headers = ["tokens", "format", *variants, *(r for r, (n, d) in RATIOS.items() if n in variants and d in variants)]
-    table = common.markdown_table(headers, [[r.get(h) if r.get(h) is not None else "-" for h in headers]
-                                            for r in rows])
+    table = common.markdown_table(headers, [[_cell(r, h) for h in headers] for r in rows])
     common.write_markdown(os.path.join(args.out, "rope_write.md"),
                           "Rotary embedding + cache write, one layer (32/8 heads, D=128, bf16), us per call",
                           info, table, notes)

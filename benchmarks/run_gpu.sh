@@ -76,7 +76,9 @@ for phase in $phases; do
       timeout 420 python3 -m benchmarks.hf_decode --out "$RES" 2>&1 | grep '^|' | cut -c1-200
       ;;
     rope)
-      timeout 240 python3 -m benchmarks.rope_write --out "$RES" 2>&1 | grep '^|' | cut -c1-200
+      # ROPE_ROUNDS=N: the variants of each case timed in turn, N rounds, ratios round by round.
+      timeout 240 python3 -m benchmarks.rope_write --out "$RES" ${ROPE_ROUNDS:+--rounds "$ROPE_ROUNDS"} 2>&1 \
+        | grep '^|' | cut -c1-200
       ;;
     rope-native)
       # The native rotary write: its GPU tests, then the benchmark on the default build and on each

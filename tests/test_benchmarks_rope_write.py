@@ -38,3 +38,22 @@ def test_good_scales_reach_the_cuda_check(capsys):
     assert rope_write.main(["--scales", "0.37,0.29", "--tokens", "16"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
     assert rope_write.DEFAULT_SCALES == (0.5, 0.25)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "1"], "--rounds 1: want 0 (no interleaving) or at least 2 rounds"),
+    (["--rounds", "-2"], "--rounds -2: want 0 (no interleaving) or at least 2 rounds"),
+    (["--rounds", "4", "--sweep"], "--rounds times the variants, --sweep the launch configs"),
+])
+def test_rounds_are_refused_where_they_cannot_interleave(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        rope_write.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_interleaved_cells_show_the_per_round_range():
+    row = {"write": 1.07, "rope_k+write / write": 1.081, "rope_k+write / write range": [1.05, 1.12], "x": None}
+    assert rope_write._cell(row, "rope_k+write / write") == "1.081 (1.05-1.12)"
+    assert rope_write._cell(row, "write") == "1.07"
+    assert rope_write._cell(row, "x") == "-"
+    assert rope_write._cell(row, "missing") == "-"
