@@ -110,11 +110,6 @@ def _graph_sample(graph: torch.cuda.CUDAGraph, reps: int, calls_per_replay: int)
     return start.elapsed_time(end) * 1e3 / (reps * calls_per_replay)
 
 
-def _time_graph(graph: torch.cuda.CUDAGraph, calls_per_replay: int, trials: int, min_ms: float) -> float:
-    reps = _replays_for(graph, min_ms)
-    return statistics.median(_graph_sample(graph, reps, calls_per_replay) for _ in range(trials))
-
-
 def _capture(calls: Sequence[Callable[[], None]]) -> Optional[tuple[torch.cuda.CUDAGraph, int]]:
     """``calls`` (repeated to at least :data:`MIN_GRAPH_CALLS`) captured into one graph, after a
     warm-up on a side stream; None if they cannot be captured."""
@@ -149,6 +144,23 @@ def _eager_sample(calls: Sequence[Callable[[], None]]) -> float:
     return start.elapsed_time(end) * 1e3 / (reps * len(calls))
 
 
+def _sampler(calls: Sequence[Callable[[], None]], min_ms: float,
+             use_graph: bool) -> tuple[Callable[[], float], bool]:
+    """Warms ``calls`` up (compiling whatever they compile) and captures them (:func:`_capture`);
+    returns a function that takes one sample, microseconds per call over about ``min_ms`` of graph
+    replays (or over plain launches where they could not be captured), and whether it replays a
+    graph."""
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    captured = _capture(calls) if use_graph else None
+    if captured is None:
+        return (lambda: _eager_sample(calls)), False
+    graph, calls_per_replay = captured
+    reps = _replays_for(graph, min_ms)
+    return (lambda: _graph_sample(graph, reps, calls_per_replay)), True
+
+
 def bench(calls: Sequence[Callable[[], None]], trials: int = 15, min_ms: float = 2.0,
           use_graph: bool = True) -> Timing:
     """Median microseconds of one call; ``calls[i]`` runs the op on buffer set ``i``.
@@ -156,14 +168,8 @@ def bench(calls: Sequence[Callable[[], None]], trials: int = 15, min_ms: float =
     All calls are warmed up (compiling whatever they compile), then captured into one CUDA graph
     in order, repeated until it holds at least :data:`MIN_GRAPH_CALLS` calls.
     """
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    captured = _capture(calls) if use_graph else None
-    if captured is not None:
-        graph, calls_per_replay = captured
-        return Timing(_time_graph(graph, calls_per_replay, trials, min_ms), True)
-    return Timing(statistics.median(_eager_sample(calls) for _ in range(trials)), False)
+    sample, graphed = _sampler(calls, min_ms, use_graph)
+    return Timing(statistics.median(sample() for _ in range(trials)), graphed)
 
 
 def interleaved_order(names: Sequence[str], rounds: int) -> list[list[str]]:
@@ -209,24 +215,12 @@ def bench_interleaved(variants: "dict[str, Sequence[Callable[[], None]]]", round
     graphs ran at a second level, with the write alone's graph captured beside them, after
     warm-ups on some of PyTorch's pooled streams (BENCHMARKS.md, fifty-sixth session).
     """
-    timers, graphed = {}, {}
-    for name, calls in variants.items():
-        for fn in calls:
-            fn()
-        torch.cuda.synchronize()
-        captured = _capture(calls) if use_graph else None
-        graphed[name] = captured is not None
-        if captured is None:
-            timers[name] = lambda calls=calls: _eager_sample(calls)
-        else:
-            graph, per_replay = captured
-            reps = _replays_for(graph, min_ms)
-            timers[name] = lambda g=graph, r=reps, c=per_replay: _graph_sample(g, r, c)
+    samplers = {name: _sampler(calls, min_ms, use_graph) for name, calls in variants.items()}
     samples = {name: [] for name in variants}
     for order in interleaved_order(list(variants), rounds):
         for name in order:
-            samples[name].append(timers[name]())
-    return InterleavedTimings(samples, graphed)
+            samples[name].append(samplers[name][0]())
+    return InterleavedTimings(samples, {name: graphed for name, (_, graphed) in samplers.items()})
 
 
 _COPY_KERNEL = None
