@@ -320,6 +320,17 @@
 // instead of packing two rounded elements per word for the encode to widen again; 0: packed.
 // NVFP4 pairs stay packed: widened they ran level at 4096 tokens over float32 half tables and 1%
 // slower over bfloat16 tables (BENCHMARKS.md, thirty-eighth session).
+// 1: FP8 unit pairs whose key and value rows are in separate threads, in launches of a wave and
+// less (RowsFirst, neither ManyWaves nor Prefetching), check both units' words for NaN bytes in
+// one branch (EncodeOp::store_pair) instead of one per unit. On an H200 (8 x 128 bfloat16 keys) the
+// rotary writes of 64 tokens went from 1.17 / 1.14 / 1.14 to 1.14-1.15 / 1.12-1.13 / 1.14 times
+// the write alone over full-width bf16 / bf16 half / f32 half tables, of 256 tokens from 1.13 /
+// 1.10 / 1.12 to 1.12 / 1.09-1.10 / 1.11, of 1024 over full-width tables from 1.05 to 1.04
+// (BENCHMARKS.md, fifty-seventh session). The other unit-pair launches spilled 4-32 bytes at their
+// register budgets with it, so they keep a branch per unit.
+#ifndef KVFUSE_FP8_PAIR_NAN_CHECK
+#define KVFUSE_FP8_PAIR_NAN_CHECK 1
+#endif
 #ifndef KVFUSE_ROPE_WIDENED_OUT
 #define KVFUSE_ROPE_WIDENED_OUT 1
 #endif
@@ -592,7 +603,7 @@ struct WidenedFirst {
 // unit pair), whose page is located once; nvcc does not merge the per-unit divisions itself.
 // `first(raw, m)` is unit m's first side (LoadedFirst, or WidenedFirst for ops that take their
 // row's address); a paired unit's value row is raw[m].half[1].
-template <class Op, int kUnits, bool kPaired, Division kDiv, bool kNanPerUnit, bool kOneSlot,
+template <class Op, int kUnits, bool kPaired, Division kDiv, bool kNanPerUnit, bool kOneSlot, bool kPairNan = false,
           class First = LoadedFirst>
 __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
                                             const int64_t (&slot)[kUnits], const int64_t (&dst_row)[kUnits],
@@ -604,6 +615,22 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
   if constexpr (kOneSlot) {
     if (slot[0] < 0 || slot[0] >= p.capacity) return;
     locate(p, slot[0], pair_block, pair_off);
+    if constexpr (kPairNan) {
+      static_assert(kUnits == 2, "a unit pair");
+      char* base = p.dst + pair_block * p.dst_block + pair_off * p.dst_off;
+      if constexpr (kPaired) {
+        Op::template store_pair<kDiv>(first(raw, 0), first(raw, 1), base + dst_row[0], base + dst_row[1], chunk[0],
+                                      chunk[1], div_k);
+        if (p.halves == 2) {
+          Op::template store_pair<kDiv>(raw[0].half[1], raw[1].half[1], base + dst_row[0] + p.dst_kv,
+                                        base + dst_row[1] + p.dst_kv, chunk[0], chunk[1], div_v);
+        }
+      } else {
+        Op::template store_pair<kDiv>(first(raw, 0), first(raw, 1), base + dst_row[0], base + dst_row[1], chunk[0],
+                                      chunk[1], is_value[0] ? div_v : div_k);
+      }
+      return;
+    }
     if constexpr (Op::kSplitRows && KVFUSE_NVFP4_PAIR_STORE) {
       static_assert(kUnits == 2, "a unit pair");
       char* side = p.dst + pair_block * p.dst_block;
@@ -757,6 +784,8 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
   // the wait. In paired launches it was slower (the NVFP4 write at 4096 tokens: BENCHMARKS.md,
   // forty-third session).
   constexpr bool kIndexFirst = KVFUSE_WRITE_INDEX_BEFORE_WAIT && !kPaired;
+  // Unit pairs with key and value rows in separate threads, in launches of a wave and less.
+  constexpr bool kSmallUnpairedPairs = Rot::kPairs && !kPaired && !kManyWaves<Rot> && !kPrefetches<Rot>;
   // Where the scale dividers are built after the loads: the writes, and rotary writes that hold
   // neither a value row beside the key nor a loaded partner chunk (in those the scales' registers
   // across the loads spill).
@@ -933,8 +962,10 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
   // (BENCHMARKS.md, fifty-first session).
   const auto store = [&](auto first) {
     constexpr bool kNanPerUnit = kNanCheckPerUnit<Rot, kPaired>;
+    constexpr bool kPairNan = KVFUSE_FP8_PAIR_NAN_CHECK && kSmallUnpairedPairs && kNanPerUnit && Op::kUsesScale &&
+                              !Op::kSplitRows;
     const auto store_by = [&](auto division) {
-      store_units<Op, kUnits, kPaired, decltype(division)::value, kNanPerUnit, Rot::kPairs>(
+      store_units<Op, kUnits, kPaired, decltype(division)::value, kNanPerUnit, Rot::kPairs, kPairNan>(
           p, raw, slot, dst_row, head, chunk, is_value, div_k, div_v, first);
     };
     if constexpr (!Op::kUsesScale) {
@@ -1133,6 +1164,14 @@ __device__ __forceinline__ void fp8_words(const Src& f, const Divider div, uint3
   }
 }
 
+// Two units' elements as one run of 2 N (EncodeOp::store_pair).
+template <int N, class A, class B>
+struct Joined {
+  const A& a;
+  const B& b;
+  __device__ __forceinline__ float operator[](int k) const { return k < N ? a[k] : b[k - N]; }
+};
+
 template <typename In, typename Out, int N>
 struct EncodeOp {
   static constexpr bool kUsesScale = kIsFp8<Out>;
@@ -1147,6 +1186,27 @@ struct EncodeOp {
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams&) { return Raw::load(s, c); }
+  // Two FP8 units of one slot (a unit pair) with one NaN-byte branch between them.
+  template <Division kDiv, class A, class B>
+  __device__ __forceinline__ static void store_pair(const A& f0, const B& f1, char* d0, char* d1, int c0, int c1,
+                                                    const Divider div) {
+    static_assert(kIsFp8<Out> && N % 8 == 0, "FP8 units of whole 8-byte stores");
+    uint32_t words[N / 2];
+    fp8_words<Out, kDiv, true>(Joined<N, A, B>{f0, f1}, div, words);
+    char* d[2] = {d0 + static_cast<int64_t>(c0) * N, d1 + static_cast<int64_t>(c1) * N};
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int w = 0; w < N / 8; ++w) {
+        const uint2 word = make_uint2(words[m * N / 4 + 2 * w], words[m * N / 4 + 2 * w + 1]);
+        if constexpr (KVFUSE_NARROW_STORE_HINT) {
+          __stcs(reinterpret_cast<uint2*>(d[m]) + w, word);
+        } else {
+          reinterpret_cast<uint2*>(d[m])[w] = word;
+        }
+      }
+    }
+  }
   template <Division kDiv, bool kNanPerUnit, class Src>
   __device__ __forceinline__ static void store(const Src& f, char* d, int c, const Divider div, const RowParams&) {
     if constexpr (kIsFp8<Out>) {

@@ -491,12 +491,18 @@ def _reference_result(c, is_neox, mode, contract=False):
 
 
 def _bytes_equal_but_nan_signs(a, b, what):
-    """Byte-equal FP8 e4m3 caches, except that a NaN may carry either sign: the GPU's arithmetic
-    returns its canonical (positive) NaN where the CPU reference propagates the input's, and
-    torch's vectorized float -> bfloat16 conversion writes NaN as 0xFFFF."""
+    """Byte-equal FP8 caches, except that a NaN may carry either sign (and, in e5m2, any of its
+    three NaN mantissas): the GPU's arithmetic returns its canonical (positive) NaN where the CPU
+    reference propagates the input's, and torch's vectorized float -> bfloat16 conversion writes
+    NaN as 0xFFFF."""
+    e5m2 = a.dtype == torch.float8_e5m2
     a, b = a.view(torch.uint8), b.view(torch.uint8)
     differ = a != b
-    both_nan = ((a & 0x7F) == 0x7F) & ((b & 0x7F) == 0x7F)
+
+    def nan(x):
+        return (x & 0x7F) > 0x7C if e5m2 else (x & 0x7F) == 0x7F
+
+    both_nan = nan(a) & nan(b)
     bad = (differ & ~both_nan).nonzero()
     assert bad.numel() == 0, f"{what}: {bad.shape[0]} bytes differ beyond NaN signs, first at {bad[:4].tolist()}"
 
@@ -696,14 +702,34 @@ def test_gpu_native_unit_pairs(T, h, d, rotary_dim, half, table, table_dtype, mo
 
 
 @pytest.mark.gpu
-def test_gpu_native_special_values():
-    """inf / NaN / huge keys rotate and encode as the reference does (saturation, NaN bytes)."""
-    c = _case(64, 4, 2, 128, KVQuantMode.FP8_E4M3, torch.float8_e4m3fn, seed=21, device="cuda", num_blocks=40)
-    k = c["key"]
+@pytest.mark.parametrize("T,h", [(64, 2), (64, 8), (1024, 8), (5123, 8)],
+                         ids=["single-units", "pairs", "pairs-1024", "paired-pairs"])
+@pytest.mark.parametrize("half,table_dtype", [(False, torch.bfloat16), (True, torch.bfloat16), (True, torch.float32)],
+                         ids=["bf16", "bf16-half", "f32-half"])
+@pytest.mark.parametrize("scales", [(0.75, 1.5), (0.5, 0.25)], ids=["reciprocal", "exact"])
+@pytest.mark.parametrize("mode,cache_dtype", NATIVE_FORMATS[:2], ids=NATIVE_FORMAT_IDS[:2])
+def test_gpu_native_special_values(T, h, half, table_dtype, scales, mode, cache_dtype):
+    """inf / NaN / huge keys and values rotate and encode as the reference does (saturation, NaN
+    bytes), in every FP8 launch shape: 8-element single units (64 tokens of 2 x 128), unit pairs
+    with key and value rows in separate threads (64 and 1024 tokens of 8 x 128) and with the value
+    pair in the key pair's thread (5123 tokens), over power-of-two scales (exact division) and
+    others. A NaN byte is rare, so each of these takes the kernels' NaN branch for a few units
+    only: a NaN key element and its rotation partner, inf beside a finite partner, a row of
+    values that overflow once rotated, and NaN / inf values."""
+    c = _case(T, 4, h, 128, mode, cache_dtype, half=half, seed=21 + T, device="cuda", num_blocks=T // BLOCK + 8)
+    c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
+    c["k_scale"] = torch.tensor(scales[0], device="cuda")
+    c["v_scale"] = torch.tensor(scales[1], device="cuda")
+    c["query"] = None
+    k, v = c["key"], c["value"]
     k[3, 0, 5] = float("inf")
     k[4, 1, 70] = float("nan")
     k[5, 0, :] = 3.0e38
-    _native_vs_reference(c, True, KVQuantMode.FP8_E4M3, nan_sign_free=True)
+    k[T - 1, h - 1, 127] = float("-inf")
+    v[6, 1, 9] = float("nan")
+    v[7, 0, 100] = float("-inf")
+    v[T - 2, h - 1, :8] = float("nan")
+    _native_vs_reference(c, True, mode, nan_sign_free=True)
 
 
 @pytest.mark.gpu
