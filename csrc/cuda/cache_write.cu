@@ -602,7 +602,8 @@ struct WidenedFirst {
 // the row's side); the others get the address of their row. kOneSlot: every unit has slot[0] (a
 // unit pair), whose page is located once; nvcc does not merge the per-unit divisions itself.
 // `first(raw, m)` is unit m's first side (LoadedFirst, or WidenedFirst for ops that take their
-// row's address); a paired unit's value row is raw[m].half[1].
+// row's address); a paired unit's value row is raw[m].half[1]. kPairNan: an unpaired FP8 unit pair
+// stored with one NaN-byte branch (KVFUSE_FP8_PAIR_NAN_CHECK).
 template <class Op, int kUnits, bool kPaired, Division kDiv, bool kNanPerUnit, bool kOneSlot, bool kPairNan = false,
           class First = LoadedFirst>
 __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (&raw)[kUnits],
@@ -616,19 +617,10 @@ __device__ __forceinline__ void store_units(const RowParams& p, const Pair<Op> (
     if (slot[0] < 0 || slot[0] >= p.capacity) return;
     locate(p, slot[0], pair_block, pair_off);
     if constexpr (kPairNan) {
-      static_assert(kUnits == 2, "a unit pair");
+      static_assert(kUnits == 2 && !kPaired, "an unpaired unit pair: one side, one divider");
       char* base = p.dst + pair_block * p.dst_block + pair_off * p.dst_off;
-      if constexpr (kPaired) {
-        Op::template store_pair<kDiv>(first(raw, 0), first(raw, 1), base + dst_row[0], base + dst_row[1], chunk[0],
-                                      chunk[1], div_k);
-        if (p.halves == 2) {
-          Op::template store_pair<kDiv>(raw[0].half[1], raw[1].half[1], base + dst_row[0] + p.dst_kv,
-                                        base + dst_row[1] + p.dst_kv, chunk[0], chunk[1], div_v);
-        }
-      } else {
-        Op::template store_pair<kDiv>(first(raw, 0), first(raw, 1), base + dst_row[0], base + dst_row[1], chunk[0],
-                                      chunk[1], is_value[0] ? div_v : div_k);
-      }
+      Op::template store_pair<kDiv>(first(raw, 0), first(raw, 1), base + dst_row[0], base + dst_row[1], chunk[0],
+                                    chunk[1], is_value[0] ? div_v : div_k);
       return;
     }
     if constexpr (Op::kSplitRows && KVFUSE_NVFP4_PAIR_STORE) {
