@@ -714,8 +714,8 @@ def test_gpu_native_special_values(T, h, half, table_dtype, scales, mode, cache_
     with key and value rows in separate threads (64 and 1024 tokens of 8 x 128) and with the value
     pair in the key pair's thread (5123 tokens), over power-of-two scales (exact division) and
     others. A NaN byte is rare, so each of these takes the kernels' NaN branch for a few units
-    only: a NaN key element and its rotation partner, inf beside a finite partner, a row of
-    values that overflow once rotated, and NaN / inf values."""
+    only: a NaN key element (its rotation partner turns NaN too), an infinite key element beside
+    finite partners, a key row that overflows once rotated, and NaN / inf values."""
     c = _case(T, 4, h, 128, mode, cache_dtype, half=half, seed=21 + T, device="cuda", num_blocks=T // BLOCK + 8)
     c["cos"], c["sin"] = c["cos"].to(table_dtype), c["sin"].to(table_dtype)
     c["k_scale"] = torch.tensor(scales[0], device="cuda")
