@@ -1178,6 +1178,18 @@ struct EncodeOp {
   static constexpr bool kVector = N > 1;
   using Raw = Elements<In, N, kVector>;
   __device__ __forceinline__ static Raw load(const char* s, int c, const RowParams&) { return Raw::load(s, c); }
+  // One unit's N FP8 bytes (words[0, N / 4)) as 8-byte stores from out.
+  __device__ __forceinline__ static void store_narrow(uint8_t* out, const uint32_t* words) {
+#pragma unroll
+    for (int w = 0; w < N / 8; ++w) {
+      const uint2 word = make_uint2(words[2 * w], words[2 * w + 1]);
+      if constexpr (KVFUSE_NARROW_STORE_HINT) {
+        __stcs(reinterpret_cast<uint2*>(out) + w, word);
+      } else {
+        reinterpret_cast<uint2*>(out)[w] = word;
+      }
+    }
+  }
   // Two FP8 units of one slot (a unit pair) with one NaN-byte branch between them.
   template <Division kDiv, class A, class B>
   __device__ __forceinline__ static void store_pair(const A& f0, const B& f1, char* d0, char* d1, int c0, int c1,
@@ -1185,19 +1197,8 @@ struct EncodeOp {
     static_assert(kIsFp8<Out> && N % 8 == 0, "FP8 units of whole 8-byte stores");
     uint32_t words[N / 2];
     fp8_words<Out, kDiv, true>(Joined<N, A, B>{f0, f1}, div, words);
-    char* d[2] = {d0 + static_cast<int64_t>(c0) * N, d1 + static_cast<int64_t>(c1) * N};
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-#pragma unroll
-      for (int w = 0; w < N / 8; ++w) {
-        const uint2 word = make_uint2(words[m * N / 4 + 2 * w], words[m * N / 4 + 2 * w + 1]);
-        if constexpr (KVFUSE_NARROW_STORE_HINT) {
-          __stcs(reinterpret_cast<uint2*>(d[m]) + w, word);
-        } else {
-          reinterpret_cast<uint2*>(d[m])[w] = word;
-        }
-      }
-    }
+    store_narrow(reinterpret_cast<uint8_t*>(d0) + static_cast<int64_t>(c0) * N, words);
+    store_narrow(reinterpret_cast<uint8_t*>(d1) + static_cast<int64_t>(c1) * N, words + N / 4);
   }
   template <Division kDiv, bool kNanPerUnit, class Src>
   __device__ __forceinline__ static void store(const Src& f, char* d, int c, const Divider div, const RowParams&) {
@@ -1220,15 +1221,7 @@ struct EncodeOp {
             *reinterpret_cast<uint4*>(out) = word;
           }
         } else {
-#pragma unroll
-          for (int w = 0; w < N / 8; ++w) {
-            const uint2 word = make_uint2(words[2 * w], words[2 * w + 1]);
-            if constexpr (KVFUSE_NARROW_STORE_HINT) {
-              __stcs(reinterpret_cast<uint2*>(out) + w, word);
-            } else {
-              reinterpret_cast<uint2*>(out)[w] = word;
-            }
-          }
+          store_narrow(out, words);
         }
       }
     } else if constexpr (std::is_same_v<In, Out> && kVector) {
