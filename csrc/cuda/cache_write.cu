@@ -331,6 +331,17 @@
 #ifndef KVFUSE_FP8_PAIR_NAN_CHECK
 #define KVFUSE_FP8_PAIR_NAN_CHECK 1
 #endif
+// 1: FP8 launches whose threads hold only key rows or only value rows (unpaired) build only
+// their own half's divider: both scales are loaded as before, one is selected after the row loads.
+// On an H200 (8 x 128 bfloat16 keys, scales 0.5 / 0.25) the FP8 write alone went from 1.06-1.09
+// to 1.01-1.02 us at 16 tokens, 1.50-1.51 to 1.47 at 256, 2.73-2.76 to 2.68-2.70 at 1024, and
+// the rotary writes over full-width bfloat16 tables from 1.22-1.23 to 1.17-1.19 us at 64 tokens and
+// 7.84-7.94 to 7.63-7.68 at 4096; over float32 half tables at 1024 tokens they ran 0.7-1.4% slower
+// (BENCHMARKS.md, fifty-eighth session). NVFP4 keeps both dividers: its write alone ran 1-2% slower
+// with one. 0: every thread builds both.
+#ifndef KVFUSE_FP8_OWN_DIVIDER
+#define KVFUSE_FP8_OWN_DIVIDER 1
+#endif
 #ifndef KVFUSE_ROPE_WIDENED_OUT
 #define KVFUSE_ROPE_WIDENED_OUT 1
 #endif
@@ -527,7 +538,8 @@ __device__ __forceinline__ Divider make_divider(float d) {
 
 // How a block divides by its dividers, chosen once per block (a template argument of the store):
 // kExact, one product (both dividers exact); kReciprocal, the corrected reciprocal (both fast);
-// kDivide, div.rn.
+// kDivide, div.rn. Threads that build only their own half's divider (KVFUSE_FP8_OWN_DIVIDER) choose
+// by that one, so key and value threads of a block may divide differently.
 enum class Division { kExact, kReciprocal, kDivide };
 
 struct Quotient {
@@ -785,14 +797,28 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
       KVFUSE_WRITE_DIVIDERS_AFTER_LOADS && (!Rot::kActive || (!kPaired && !Rot::kLoadsPartner));
   Divider div_k{1.0f, 1.0f, true, true}, div_v{1.0f, 1.0f, true, true};
   float scale_k = 1.0f, scale_v = 1.0f;
+  // KVFUSE_FP8_OWN_DIVIDER: the divider of the thread's own half (own_value), as both.
+  constexpr bool kOwnDivider =
+      KVFUSE_FP8_OWN_DIVIDER && Op::kUsesScale && !Op::kSplitRows && kIndexFirst && kLateDividers;
+  bool own_value = false;
+  const auto make_dividers = [&] {
+    if constexpr (kOwnDivider) {
+      // The select waits until here, after the row loads: at the loads nvcc made it a load through
+      // a selected pointer (an indexed constant load that the row loads queued behind) and ptxas a
+      // second, predicated load into the first one's register, which the row loads waited for
+      // (BENCHMARKS.md, fifty-eighth session). The empty asm keeps both loads.
+      asm("" : "+f"(scale_k), "+f"(scale_v));
+      div_k = div_v = make_divider(own_value ? scale_v : scale_k);
+    } else {
+      div_k = make_divider(scale_k);
+      div_v = make_divider(scale_v);
+    }
+  };
   const auto load_scales = [&] {
     if constexpr (Op::kUsesScale) {
       scale_k = __ldg(p.scale[0]);
       scale_v = __ldg(p.scale[1]);
-      if constexpr (!kLateDividers) {
-        div_k = make_divider(scale_k);
-        div_v = make_divider(scale_v);
-      }
+      if constexpr (!kLateDividers) make_dividers();
     }
   };
   const auto start = [&] {
@@ -832,6 +858,7 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
         is_value[m] = value;
         dst_row[m] = row;
       }
+      own_value = value;
       if (value) pair = -1;  // value items are not rotated
       if constexpr (kLocateFirst) where = Rot::locate(tok, pair, p.rope);
       if constexpr (kPrefetches<Rot>) {
@@ -901,6 +928,7 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
     slot[0] = -1;
     if (live) {
       src = locate_unpaired(p, first, tok, is_value[0], head[0], chunk[0], dst_row[0]);
+      own_value = is_value[0];
       if constexpr (kLocateFirst) where = Rot::locate(src, tok, is_value[0] ? -1 : chunk[0], p.rope);
     }
     if constexpr (kIndexFirst) start();
@@ -943,10 +971,7 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
       }
     }
   }
-  if constexpr (Op::kUsesScale && kLateDividers) {
-    div_k = make_divider(scale_k);
-    div_v = make_divider(scale_v);
-  }
+  if constexpr (Op::kUsesScale && kLateDividers) make_dividers();
   // One branch per block instead of one per value: the division is a template argument. 16-bit
   // caches divide by nothing. NVFP4 divides by its own means (its global scale) and ignores the
   // argument, but keeps two copies of its store behind the fast-window branch: with one copy its
