@@ -498,7 +498,9 @@ def test_cuda_fused_matches_reference(mode, in_dtype, cache_dtype, head_size, nu
 
 # (k_scale, v_scale) for each way the FP8 write divides (csrc/cuda/cache_write.cu, Division):
 # one product where both are powers of two (the fast window's edges included, and a negative one),
-# the corrected reciprocal where either is not, div.rn where either lies outside [2^-64, 2^64].
+# the corrected reciprocal where either is not, div.rn where either lies outside [2^-64, 2^64]. In
+# unpaired launches (7 and 533 tokens) each thread divides by its own half's scale alone
+# (KVFUSE_FP8_OWN_DIVIDER), so the mixed pairs put key and value threads on different paths.
 DIVISION_SCALES = [(1.0, 1.0), (0.5, 2.0**-20), (2.0**64, 2.0**-64), (-0.5, 8.0), (1.0, 0.37), (0.37, 3.1),
                    (2.0**65, 1.0), (3e-20, 0.37)]
 DIVISION_IDS = ["one", "pow2", "pow2-window-edges", "pow2-negative", "pow2-and-other", "other", "pow2-outside",
