@@ -797,7 +797,8 @@ __global__ void __launch_bounds__(kBlock, launch_min_blocks<Op, kPaired, Rot, kB
       KVFUSE_WRITE_DIVIDERS_AFTER_LOADS && (!Rot::kActive || (!kPaired && !Rot::kLoadsPartner));
   Divider div_k{1.0f, 1.0f, true, true}, div_v{1.0f, 1.0f, true, true};
   float scale_k = 1.0f, scale_v = 1.0f;
-  // KVFUSE_FP8_OWN_DIVIDER: the divider of the thread's own half (own_value), as both.
+  // KVFUSE_FP8_OWN_DIVIDER: the divider of the thread's own half (own_value), as both. Not where
+  // the dividers are built before the loads: the select would wait there for both scales.
   constexpr bool kOwnDivider =
       KVFUSE_FP8_OWN_DIVIDER && Op::kUsesScale && !Op::kSplitRows && kIndexFirst && kLateDividers;
   bool own_value = false;
