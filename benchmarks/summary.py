@@ -3,8 +3,9 @@
     python -m benchmarks.summary DIR
 
 Reads whichever of cache_write.json, attention.json, decode_step.json, host_overhead.json,
-compile_pass.json and attention_decode_focus.json are in DIR, and the attention.json of each
-``attention_<variant>`` folder (the ``variants`` phase); a missing file leaves its lines out.
+compile_pass.json, attention_decode_focus.json and rope_write.json are in DIR, and the
+attention.json of each ``attention_<variant>`` folder (the ``variants`` phase); a missing file
+leaves its lines out.
 """
 
 from __future__ import annotations
@@ -153,10 +154,49 @@ def prefill_lines(data) -> list[str]:
     return lines
 
 
+#: Issue 17's goal: the fused rotary write costs at most this many times the write alone.
+ROPE_GOAL = 1.1
+
+
+def _ratio(row: dict, key: str) -> str:
+    """A ratio of rope_write's row, with its per-round range where the run interleaved."""
+    if row.get(key) is None:
+        return "-"
+    span = row.get(key + " range")
+    return f"{row[key]:.3f} ({span[0]:.3f}-{span[1]:.3f})" if span else f"{row[key]:.3f}"
+
+
+def _cell_us(row: dict, key: str) -> str:
+    return "-" if row.get(key) is None else f"{row[key]:.2f}"
+
+
+def rope_write_lines(data) -> list[str]:
+    """The rotary write's goal table (benchmarks.rope_write): per case the write alone; the key
+    rotated and written by the op as routed, over transformers' full-width bf16 tables and over the
+    float32 half tables the compile pass hands the op for transformers' models, each with its
+    ratio to the write alone; the query and key rotated with the write, with its ratio to the
+    unfused compiled layer; FlashInfer's rotary FP8 write (query and key)."""
+
+    def timed(row: dict, key: str, ratio: str) -> str:
+        return "-" if row.get(key) is None else f"{row[key]:.2f} {_ratio(row, ratio)}"
+
+    lines = [f"rotary write, us (ratio; goal: K fused <= {ROPE_GOAL}x the write alone)",
+             f"{'format':<9}{'tokens':>7} {'write':>7} {'K, bf16 tables':>29} {'K, f32 half tables':>29}"
+             f" {'Q+K fused (/ unfused)':>29} {'flashinfer Q+K':>14}"]
+    for row in data["rows"]:
+        lines.append(
+            f"{row['format']:<9}{row['tokens']:>7} {_cell_us(row, 'write'):>7}"
+            f" {timed(row, 'rope_k+write', 'rope_k+write / write'):>29}"
+            f" {timed(row, 'rope_k+write, f32 half tables', 'f32 half tables / write'):>29}"
+            f" {timed(row, 'rope_qk+write', 'rope_qk+write / unfused'):>29} {_cell_us(row, 'flashinfer'):>14}")
+    return lines
+
+
 def main(directory: str) -> None:
     sections = (("cache_write", cache_write_lines), ("attention", attention_lines),
                 ("decode_step", decode_step_lines), ("host_overhead", host_overhead_lines),
-                ("compile_pass", compile_pass_lines), ("attention_decode_focus", focus_lines))
+                ("compile_pass", compile_pass_lines), ("attention_decode_focus", focus_lines),
+                ("rope_write", rope_write_lines))
     for name, render in sections:
         data = _load(directory, name)
         if data is None:

@@ -113,3 +113,31 @@ def test_current_commit_marks_a_tree_that_is_not_its_head(tmp_path, monkeypatch)
     assert current_commit() == f"{head}+dirty"
     monkeypatch.setenv("BENCH_COMMIT", "abc1234")
     assert current_commit() == "abc1234"
+
+
+def test_rope_write_lines_show_the_goal_columns_with_their_ranges():
+    """The rope phase's short table: the write alone, the fused key over both table forms and the
+    fused query and key, each with its ratio (and per-round range where the run interleaved), and
+    FlashInfer where it ran; variants a run did not time show as '-'."""
+    interleaved = {"tokens": 4096, "format": "nvfp4", "write": 9.17, "rope_k+write": 10.54,
+                   "rope_k+write / write": 1.152, "rope_k+write / write range": [1.142, 1.161],
+                   "rope_k+write, f32 half tables": 10.17, "f32 half tables / write": 1.112,
+                   "f32 half tables / write range": [1.104, 1.119], "rope_qk+write": 28.32,
+                   "rope_qk+write / unfused": 0.827, "rope_qk+write / unfused range": [0.824, 0.831]}
+    one_by_one = {"tokens": 64, "format": "fp8", "write": 1.07, "rope_k+write": 1.2,
+                  "rope_k+write / write": 1.121, "flashinfer": 2.75}
+    lines = summary.rope_write_lines({"rows": [interleaved, one_by_one]})
+    assert "1.1" in lines[0]
+    nvfp4 = lines[2].split()
+    assert nvfp4[:5] == ["nvfp4", "4096", "9.17", "10.54", "1.152"] and "(1.142-1.161)" in nvfp4
+    assert "10.17" in nvfp4 and "(1.104-1.119)" in nvfp4 and "28.32" in nvfp4 and nvfp4[-1] == "-"
+    fp8 = lines[3].split()
+    assert fp8 == ["fp8", "64", "1.07", "1.20", "1.121", "-", "-", "2.75"]
+
+
+def test_main_prints_the_rope_table_from_a_run_directory(tmp_path, capsys):
+    row = {"tokens": 64, "format": "bfloat16", "write": 1.11, "rope_k+write": 1.1, "rope_k+write / write": 0.991}
+    (tmp_path / "rope_write.json").write_text(json.dumps({"info": {}, "rows": [row], "notes": []}))
+    summary.main(str(tmp_path))
+    out = capsys.readouterr().out
+    assert "rotary write" in out and "bfloat16" in out and "0.991" in out
