@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 VOCAB = 96
@@ -15,28 +17,32 @@ def _common(**kw):
     return base
 
 
-def build(name: str, dtype=torch.float32, seed: int = 0):
-    """A tiny eval-mode ``*ForCausalLM`` with transformers' eager attention, in ``dtype``."""
+def build(name: str, dtype=torch.float32, seed: int = 0, head_dim: Optional[int] = None):
+    """A tiny eval-mode ``*ForCausalLM`` with transformers' eager attention, in ``dtype``;
+    ``head_dim`` replaces the model's own (16, gemma2 256, gemma3 32)."""
     import transformers as tf
+
+    def common(**kw):
+        return _common(**kw, **({} if head_dim is None else {"head_dim": head_dim}))
 
     torch.manual_seed(seed)
     if name == "llama":
-        model = tf.LlamaForCausalLM(tf.LlamaConfig(**_common()))
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**common()))
     elif name == "qwen3":  # QK-norm
-        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**_common(num_key_value_heads=1)))
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**common(num_key_value_heads=1)))
     elif name == "mistral":  # one sliding window on every layer, shorter than the test sequences
-        model = tf.MistralForCausalLM(tf.MistralConfig(**_common(sliding_window=5)))
+        model = tf.MistralForCausalLM(tf.MistralConfig(**common(sliding_window=5)))
     elif name == "gemma2":  # soft-capping, alternating windows, head_dim 256, query_pre_attn_scalar
-        cfg = tf.Gemma2Config(**_common(head_dim=256, sliding_window=6, attn_logit_softcapping=1.5,
-                                        final_logit_softcapping=30.0, query_pre_attn_scalar=64))
+        cfg = tf.Gemma2Config(**{**common(sliding_window=6, attn_logit_softcapping=1.5, final_logit_softcapping=30.0,
+                                          query_pre_attn_scalar=64), "head_dim": head_dim or 256})
         model = tf.Gemma2ForCausalLM(cfg)
     elif name == "gemma3":  # 5 local : 1 global over 6 layers, query_pre_attn_scalar
-        cfg = tf.Gemma3TextConfig(**_common(num_hidden_layers=6, sliding_window=4, query_pre_attn_scalar=24,
-                                            head_dim=32))
+        cfg = tf.Gemma3TextConfig(**{**common(num_hidden_layers=6, sliding_window=4, query_pre_attn_scalar=24),
+                                     "head_dim": head_dim or 32})
         model = tf.Gemma3ForCausalLM(cfg)
     elif name == "gpt_oss":  # attention sinks, alternating windows, a tiny MoE
-        cfg = tf.GptOssConfig(**_common(num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
-                                        intermediate_size=32, max_position_embeddings=131072))
+        cfg = tf.GptOssConfig(**common(num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                                       intermediate_size=32, max_position_embeddings=131072))
         model = tf.GptOssForCausalLM(cfg)
         with torch.no_grad():  # sinks around the scores' range, so they take a visible share
             for layer in model.model.layers:
