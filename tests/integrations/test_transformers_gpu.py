@@ -120,17 +120,21 @@ def test_quantized_cache_kernels_equal_reference(name, fmt, bound, monkeypatch):
 
     def run():
         model = with_kvfuse(ref, config)
-        assert all(layer.spec.kv_quant_mode is not KVQuantMode.NONE for layer in kvt.kvfuse_layers(model))
+        modes = {layer.spec.kv_quant_mode for layer in kvt.kvfuse_layers(model)}
+        assert KVQuantMode.NONE not in modes
         with torch.no_grad():
             first = model(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values.kv_caches[0]
-        return teacher_forced_logits(model, ids, mask, tokens), first.clone().view(torch.uint8)
+        served = {registry.select(op, "cuda", mode, ids.shape[1]).name
+                  for op in ("encode_and_cache_write", "paged_attention") for mode in modes}
+        return teacher_forced_logits(model, ids, mask, tokens), first.clone().view(torch.uint8), served
 
-    got, got_first = run()
+    got, got_first, kernels = run()
     monkeypatch.setenv("KVFUSE_BACKEND", "reference")
     registry.clear_cache()
-    want, want_first = run()
+    want, want_first, reference = run()
     monkeypatch.delenv("KVFUSE_BACKEND")
     registry.clear_cache()
+    assert "reference" not in kernels and reference == {"reference"}, (kernels, reference)
     assert (want_first != 0).any() and torch.equal(got_first, want_first)
     err = logit_error(got, want)
     assert err < 1e-2, (name, fmt, err)
