@@ -12,6 +12,8 @@ Rows, same model and weights, same run:
   (Inductor CUDA graphs). Timed twice: ``forward`` (the compiled step with its metadata
   prepared beforehand, as an engine's scheduler would) and ``end_to_end`` (the model called as
   ``generate`` calls it, with the host-side page bookkeeping of every step);
+- ``kvfuse_fp8_rotary_unfused``: the FP8 row compiled with ``fuse_rotary=False`` (each layer's
+  rotation left to Inductor, its write still fused): what the rotary fusion buys in the step;
 - ``hf_static_compiled``: transformers' ``StaticCache`` + ``torch.compile(mode="reduce-overhead",
   fullgraph=True)`` with SDPA, transformers' documented fastest ``generate`` path;
 - ``hf_paged_sdpa``: transformers' continuous-batching paged path, where present (5.17+), run
@@ -75,7 +77,7 @@ def _time_steps(step, steps: int) -> float:
     return best
 
 
-def bench_kvfuse(kv_dtype: str, label: str, shape: dict, steps: int) -> list:
+def bench_kvfuse(kv_dtype: str, label: str, shape: dict, steps: int, fuse_rotary: bool = True) -> list:
     import kvfuse
     from kvfuse.integrations import transformers as kvt
 
@@ -90,7 +92,7 @@ def bench_kvfuse(kv_dtype: str, label: str, shape: dict, steps: int) -> list:
             c.random_(0, 0x70)
         else:
             c.copy_(torch.randn(c.shape, device="cuda", dtype=torch.bfloat16).to(c.dtype))
-    be = kvfuse.make_backend(**{"triton.cudagraphs": True})
+    be = kvfuse.make_backend(fuse_rotary=fuse_rotary, **{"triton.cudagraphs": True})
     torch._dynamo.utils.counters.clear()
     model.forward = torch.compile(model.forward, backend=be)
     ids = torch.randint(3, 32000, (batch, 1), device="cuda")
@@ -121,11 +123,12 @@ def bench_kvfuse(kv_dtype: str, label: str, shape: dict, steps: int) -> list:
     # else than kvfuse's compiled step, and says so.
     graph_breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     fused = sum(1 for x in be.report if x.fused)
+    rotary = sum(1 for x in be.report if "rotary: fused" in x.reason)
     problem = None
     if graph_breaks or fused < shape["layers"]:
         problem = f"{graph_breaks} graph breaks, {fused} of {shape['layers']} layers fused"
     for r in rows:
-        r.update(layer_modes=modes, fused_layers=fused, graph_breaks=graph_breaks)
+        r.update(layer_modes=modes, fused_layers=fused, rotary_fused_layers=rotary, graph_breaks=graph_breaks)
         if problem:
             r["error"] = problem
     model = cache = None  # frees them (a del would read as undefined in the closures above)
@@ -204,6 +207,8 @@ def main() -> int:
     rows = []
     runs = [("kvfuse_bf16", lambda: bench_kvfuse("auto", "kvfuse_bf16", shape, args.steps)),
             ("kvfuse_fp8", lambda: bench_kvfuse("fp8", "kvfuse_fp8", shape, args.steps)),
+            ("kvfuse_fp8_rotary_unfused",
+             lambda: bench_kvfuse("fp8", "kvfuse_fp8_rotary_unfused", shape, args.steps, fuse_rotary=False)),
             ("hf_static_compiled", lambda: bench_hf_static(shape, args.steps)),
             ("hf_paged_sdpa", lambda: bench_hf_paged(shape, args.steps))]
     for name, run in runs:

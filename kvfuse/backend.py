@@ -74,19 +74,26 @@ class KVFuseBackend:
     """A ``torch.compile`` backend: Inductor + kvfuse's passes, with a fusion report.
 
     ``fuse=False`` compiles the same graph without kvfuse's rewrite (the baseline); the report
-    then says, per cache write, what would have been fused. Other keyword arguments are
+    then says, per cache write, what would have been fused. ``fuse_rotary=False`` keeps the
+    encode and cache-write fusion but leaves each layer's rotary embedding to Inductor (to bisect
+    a difference, or to time what the rotary fusion buys); the report says per layer what it would
+    have fused. Other keyword arguments are
     Inductor config options applied to this backend's compiles only (e.g.
     ``triton.cudagraphs=True`` as ``**{"triton.cudagraphs": True}``).
     """
 
-    def __init__(self, fuse: bool = True, **inductor_options: Any) -> None:
+    def __init__(self, fuse: bool = True, fuse_rotary: bool = True, **inductor_options: Any) -> None:
         if not isinstance(fuse, bool):
             raise ValueError(f"fuse={fuse!r} must be a bool (True: fuse encode+cache write; False: baseline)")
+        if not isinstance(fuse_rotary, bool):
+            raise ValueError(f"fuse_rotary={fuse_rotary!r} must be a bool (True: fuse each layer's rotary "
+                             f"embedding into its cache write where recognised; False: leave it to Inductor)")
         for name in _RESERVED_OPTIONS:
             if name in inductor_options:
                 raise ValueError(f"inductor option {name!r} is set by kvfuse for its own passes; "
                                  f"chain your pass after compiling or drop it")
         self.fuse = fuse
+        self.fuse_rotary = fuse_rotary
         self.inductor_options = dict(inductor_options)
         self.report: list = []
         self.notes: list = []  # the current report's lines on graphs without any cache write
@@ -105,7 +112,7 @@ class KVFuseBackend:
         if self._manager is None:
             from .passes import KVFusePassManager
 
-            self._manager = KVFusePassManager(fuse=self.fuse)
+            self._manager = KVFusePassManager(fuse=self.fuse, fuse_rotary=self.fuse_rotary)
         return self._manager
 
     def _check_options(self) -> None:
@@ -180,12 +187,13 @@ class KVFuseBackend:
 
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self.inductor_options.items())
-        return f"KVFuseBackend(fuse={self.fuse}{opts})"
+        rotary = "" if self.fuse_rotary else ", fuse_rotary=False"
+        return f"KVFuseBackend(fuse={self.fuse}{rotary}{opts})"
 
 
-def make_backend(fuse: bool = True, **inductor_options: Any) -> KVFuseBackend:
+def make_backend(fuse: bool = True, fuse_rotary: bool = True, **inductor_options: Any) -> KVFuseBackend:
     """A new :class:`KVFuseBackend` (its own report); see the module docstring."""
-    return KVFuseBackend(fuse=fuse, **inductor_options)
+    return KVFuseBackend(fuse=fuse, fuse_rotary=fuse_rotary, **inductor_options)
 
 
 backend = make_backend()

@@ -826,8 +826,10 @@ def _rotation_nodes(rot_target: fx.Node, stop: set) -> list:
     return sorted(seen, key=lambda n: -order[n])
 
 
-def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None) -> list:
-    """Fuse each recognised key rotation into its layer's write; returns ``records``, amended."""
+def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None, enabled: bool = True) -> list:
+    """Fuse each recognised key rotation into its layer's write; returns ``records``, amended.
+    ``enabled=False`` (``make_backend(fuse_rotary=False)``) leaves every rotation to Inductor and
+    says in each record what would have been fused."""
     records = list(records or [])
     sites = find_sites(graph)
     if len(sites) != len(records) or any(s.layer_name != r.layer_name for s, r in zip(sites, records)):
@@ -886,6 +888,10 @@ def run(graph: fx.Graph, fuse: bool = True, records: Optional[list] = None) -> l
                 q_rot = q
         if not fuse:
             note(f"fusion disabled; would fuse ({_describe(key_rot, q_rot is not None)}){q_note}")
+            continue
+        if not enabled:
+            note(f"not fused: switched off by fuse_rotary=False; would fuse "
+                 f"({_describe(key_rot, q_rot is not None)}){q_note}")
             continue
         old_key = site.args["key"]
         old_query = attention.args[0] if q_rot is not None else None

@@ -95,20 +95,24 @@ class KVFusePassManager(CustomGraphPass):
     """Runs kvfuse's post-grad passes on each graph Inductor compiles and collects records.
 
     ``fuse=False`` runs the same analysis without rewriting (the baseline graph, still with a
-    report saying what would have been fused).
+    report saying what would have been fused). ``fuse_rotary=False`` fuses the encodes and writes
+    but leaves every rotation to Inductor (its records say what would have been fused).
     """
 
-    def __init__(self, fuse: bool = True) -> None:
+    def __init__(self, fuse: bool = True, fuse_rotary: bool = True) -> None:
         if not isinstance(fuse, bool):
             raise ValueError(f"fuse={fuse!r} must be a bool")
+        if not isinstance(fuse_rotary, bool):
+            raise ValueError(f"fuse_rotary={fuse_rotary!r} must be a bool")
         self.fuse = fuse
+        self.fuse_rotary = fuse_rotary
         self._records: list = []
         self._notes: list = []
         self._invocations = 0
         self._seconds = 0.0
 
     def options(self) -> dict:
-        return {"fuse": self.fuse, "passes": [p.NAME for p in _PASSES]}
+        return {"fuse": self.fuse, "fuse_rotary": self.fuse_rotary, "passes": [p.NAME for p in _PASSES]}
 
     def uuid(self) -> str:
         # Hashed here rather than with Inductor's get_hash_for_files, which memoises per path list.
@@ -127,7 +131,8 @@ class KVFusePassManager(CustomGraphPass):
                 debug.write_graph(dump_dir, f"{seq:03d}_{p.NAME}.before", graph)
             t0 = time.perf_counter()
             if getattr(p, "AMENDS_RECORDS", False):
-                graph_records = p.run(graph, fuse=self.fuse, records=graph_records)
+                switch = {"enabled": self.fuse_rotary} if p is fuse_rope_cache_write else {}
+                graph_records = p.run(graph, fuse=self.fuse, records=graph_records, **switch)
                 records = []
             else:
                 records = p.run(graph, fuse=self.fuse)
@@ -159,7 +164,7 @@ class KVFusePassManager(CustomGraphPass):
         return out
 
     def __repr__(self) -> str:
-        return f"KVFusePassManager(fuse={self.fuse})"
+        return f"KVFusePassManager(fuse={self.fuse}, fuse_rotary={self.fuse_rotary})"
 
 
 def graph_op_counts(graph: fx.Graph) -> dict:

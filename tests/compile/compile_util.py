@@ -77,8 +77,8 @@ def make_inputs(T=7, head_size=D, device="cpu", seed=1, context=3):
 class SnapshotManager(KVFusePassManager):
     """The real pass manager, plus op counts and source of each graph before and after."""
 
-    def __init__(self, fuse=True):
-        super().__init__(fuse=fuse)
+    def __init__(self, fuse=True, fuse_rotary=True):
+        super().__init__(fuse=fuse, fuse_rotary=fuse_rotary)
         self.before, self.after, self.graphs_before, self.graphs_after = [], [], [], []
 
     def __call__(self, graph):
@@ -97,10 +97,10 @@ def _copy(graph):
     return copy
 
 
-def snapshot_backend(fuse=True, **options) -> KVFuseBackend:
+def snapshot_backend(fuse=True, fuse_rotary=True, **options) -> KVFuseBackend:
     """A kvfuse backend whose passes always run (caches off) and are observed."""
-    be = kvfuse.make_backend(fuse=fuse, force_disable_caches=True, **options)
-    be._manager = SnapshotManager(fuse=fuse)
+    be = kvfuse.make_backend(fuse=fuse, fuse_rotary=fuse_rotary, force_disable_caches=True, **options)
+    be._manager = SnapshotManager(fuse=fuse, fuse_rotary=fuse_rotary)
     return be
 
 

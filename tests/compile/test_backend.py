@@ -33,6 +33,7 @@ def test_uuid_stable_across_instances_and_changes_with_options_and_code(tmp_path
     a, b = KVFusePassManager(), KVFusePassManager()
     assert a.uuid() == b.uuid() and len(a.uuid()) == 64
     assert KVFusePassManager(fuse=False).uuid() != a.uuid()
+    assert KVFusePassManager(fuse_rotary=False).uuid() not in (a.uuid(), KVFusePassManager(fuse=False).uuid())
     extra = tmp_path / "extra_pass.py"
     extra.write_text("X = 1\n")
     files = manager_mod._source_files()
@@ -45,6 +46,9 @@ def test_uuid_stable_across_instances_and_changes_with_options_and_code(tmp_path
 def test_options_are_validated():
     with pytest.raises(ValueError, match="fuse='yes'"):
         kvfuse.make_backend(fuse="yes")
+    with pytest.raises(ValueError, match="fuse_rotary=0 must be a bool"):
+        kvfuse.make_backend(fuse_rotary=0)
+    assert "fuse_rotary=False" in repr(kvfuse.make_backend(fuse_rotary=False))
     with pytest.raises(ValueError, match="not_an_option"):
         kvfuse.make_backend(not_an_option=1)
     with pytest.raises(ValueError, match="post_grad_custom_post_pass"):

@@ -236,6 +236,25 @@ def test_fuse_false_reports_what_would_be_fused():
     assert "rotary: fusion disabled; would fuse (GPT-J interleaved, rotary_dim=32" in record.reason
 
 
+def test_fuse_rotary_false_leaves_the_rotation_and_says_so():
+    """make_backend(fuse_rotary=False): each encode and write still fused in its layer's format, no
+    rotation fused, each record saying what would have been; the same bytes as the unfused graph."""
+    model = RopeModel(("hf_neox", "hf_gptj"), [KVCacheConfig(kv_cache_dtype="fp8"),
+                                               KVCacheConfig(kv_cache_dtype="nvfp4")], seed=6)
+    x, md, positions = _inputs(7, model.head_size, seed=8)
+    be = snapshot_backend(fuse_rotary=False)
+    _assert_same_as_unfused(model, be, x, md, positions)
+    assert be.pass_manager.after == [{"encode_and_cache_write": 2, "paged_attention": 2}]
+    assert [r.kv_quant_mode for r in be.report] == [KVQuantMode.FP8_E4M3, KVQuantMode.NVFP4]
+    assert all(r.fused for r in be.report)
+    neox, gptj = (r.reason for r in be.report)
+    assert "rotary: not fused: switched off by fuse_rotary=False; would fuse (NeoX rotate-half" in neox
+    assert "rotary: not fused: switched off by fuse_rotary=False; would fuse (GPT-J interleaved" in gptj
+    fused = snapshot_backend()
+    _run(model, fused, x, md, positions)
+    assert fused.pass_manager.after == [{"rope_encode_and_cache_write": 2, "paged_attention": 2}]
+
+
 @pytest.mark.parametrize("forced,refused", [("native", True), ("triton", False), ("reference", False), (None, False)])
 def test_a_forced_cache_backend_without_the_op_keeps_the_rotation(forced, refused, monkeypatch):
     from kvfuse.passes import fuse_rope_cache_write
