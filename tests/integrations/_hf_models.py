@@ -72,3 +72,36 @@ def teacher_forced_logits(model, ids, mask, tokens):
             logits.append(out.logits[:, -1])
             cache, pos = out.past_key_values, pos + 1
     return torch.stack(logits, 1).float()
+
+
+def rotary_fusion_reasons(ref, ids, mask, kv_config, max_new_tokens: int = 3) -> list:
+    """``generate`` of ``ref`` on kvfuse caches (``kv_config``) compiled by kvfuse's backend with
+    and without its rewrite. Asserts the same tokens, scores and cache bytes (every layer written);
+    returns the rewritten run's record reasons, in layer order."""
+    import copy
+
+    import kvfuse
+    from kvfuse.integrations import transformers as kvt
+
+    runs = []
+    for fuse in (True, False):
+        model = kvt.enable(copy.deepcopy(ref), kv_config)
+        be = kvfuse.make_backend(fuse=fuse, force_disable_caches=True)
+        # Every compile of a model class's forward counts against Dynamo's recompile limit; past it,
+        # Dynamo runs the forward uncompiled and the report stays empty.
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, backend=be)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                             output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+        cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
+        runs.append((out, [c.clone() for c in cache.kv_caches], [r.reason for r in be.report]))
+    torch._dynamo.reset()
+    (fused, fused_caches, reasons), (unfused, unfused_caches, _) = runs
+    assert torch.equal(fused.sequences, unfused.sequences)
+    for a, b in zip(fused.scores, unfused.scores):
+        assert torch.equal(a, b)
+    assert len(fused_caches) == len(unfused_caches) == len(reasons) > 0
+    for i, (a, b) in enumerate(zip(fused_caches, unfused_caches)):
+        assert (a.view(torch.uint8) != 0).any(), f"layer {i}: nothing written"
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"layer {i}: cache bytes differ"
+    return reasons

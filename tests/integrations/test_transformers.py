@@ -14,7 +14,7 @@ import kvfuse  # noqa: E402
 from kvfuse.integrations import transformers as kvt  # noqa: E402
 from kvfuse.kv_cache import KVQuantMode  # noqa: E402
 
-from _hf_models import build, left_padded_batch, teacher_forced_logits  # noqa: E402
+from _hf_models import build, left_padded_batch, rotary_fusion_reasons, teacher_forced_logits  # noqa: E402
 
 MODELS = ["llama", "qwen3", "mistral", "gemma2", "gemma3", "gpt_oss"]
 GEN = dict(max_new_tokens=12, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
@@ -250,30 +250,9 @@ def test_compiled_rotary_fusion_equals_the_unfused_graph(name, dtype, want):
     qwen3's QK-norm runs inside Inductor's rotation kernel unrounded, which the fused op cannot
     reproduce bit for bit in bf16, so the pass leaves it (and says why); in float32 nothing is
     rounded apart, and it fuses."""
-    ref = build(name, dtype)
     ids, mask = left_padded_batch()
-    runs = []
-    for fuse in (True, False):
-        model = kvt.enable(copy.deepcopy(ref), kvfuse.KVCacheConfig(kv_cache_dtype="fp8"))
-        be = kvfuse.make_backend(fuse=fuse, force_disable_caches=True)
-        # Every compile of a model class's forward counts against Dynamo's recompile limit; past it,
-        # Dynamo runs the forward uncompiled and the report stays empty.
-        torch._dynamo.reset()
-        model.forward = torch.compile(model.forward, backend=be)
-        out = model.generate(input_ids=ids, attention_mask=mask, **{**GEN, "max_new_tokens": 3})
-        cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
-        runs.append((out, [c.clone() for c in cache.kv_caches], [r.reason for r in be.report]))
-    torch._dynamo.reset()
-    (fused, fused_caches, reasons), (unfused, unfused_caches, _) = runs
-    assert reasons and all(("rotary: " + want) in r and ("with the query" in r or "not fused" in want)
-                           for r in reasons), reasons
-    assert torch.equal(fused.sequences, unfused.sequences)
-    for a, b in zip(fused.scores, unfused.scores):
-        assert torch.equal(a, b)
-    assert len(fused_caches) == len(unfused_caches) == len(reasons)
-    for i, (a, b) in enumerate(zip(fused_caches, unfused_caches)):
-        assert (a.view(torch.uint8) != 0).any(), f"layer {i}: nothing written"
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"layer {i}: cache bytes differ"
+    reasons = rotary_fusion_reasons(build(name, dtype), ids, mask, kvfuse.KVCacheConfig(kv_cache_dtype="fp8"))
+    assert all(("rotary: " + want) in r and ("with the query" in r or "not fused" in want) for r in reasons), reasons
 
 
 def test_compiled_module_decode_with_prepared_steps():
