@@ -74,6 +74,22 @@ def teacher_forced_logits(model, ids, mask, tokens):
     return torch.stack(logits, 1).float()
 
 
+def greedy_tokens(ref, ids, mask, steps: int = 6):
+    """transformers' own greedy continuation ([B, steps]): both sides of a comparison are then fed
+    the same tokens, so a near-tie argmax flipped by rounding cannot hide (or fake) a difference."""
+    return ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
+                        pad_token_id=0)[:, ids.shape[1]:]
+
+
+def compile_forward(model, backend):
+    """``model.forward`` compiled with ``backend``, after a Dynamo reset: every compile of a model
+    class's forward counts against Dynamo's recompile limit; past it, Dynamo runs the forward
+    uncompiled and the report stays empty."""
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend=backend)
+    return model
+
+
 def rotary_fusion_reasons(ref, ids, mask, kv_config, max_new_tokens: int = 3) -> list:
     """``generate`` of ``ref`` on kvfuse caches (``kv_config``) compiled by kvfuse's backend with
     and without its rewrite. Asserts the same tokens, scores and cache bytes (every layer written);
@@ -87,10 +103,7 @@ def rotary_fusion_reasons(ref, ids, mask, kv_config, max_new_tokens: int = 3) ->
     for fuse in (True, False):
         model = kvt.enable(copy.deepcopy(ref), kv_config)
         be = kvfuse.make_backend(fuse=fuse, force_disable_caches=True)
-        # Every compile of a model class's forward counts against Dynamo's recompile limit; past it,
-        # Dynamo runs the forward uncompiled and the report stays empty.
-        torch._dynamo.reset()
-        model.forward = torch.compile(model.forward, backend=be)
+        compile_forward(model, be)
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                              output_scores=True, return_dict_in_generate=True, pad_token_id=0)
         cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)

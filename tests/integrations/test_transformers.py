@@ -14,7 +14,8 @@ import kvfuse  # noqa: E402
 from kvfuse.integrations import transformers as kvt  # noqa: E402
 from kvfuse.kv_cache import KVQuantMode  # noqa: E402
 
-from _hf_models import build, left_padded_batch, rotary_fusion_reasons, teacher_forced_logits  # noqa: E402
+from _hf_models import (build, greedy_tokens, left_padded_batch, rotary_fusion_reasons,  # noqa: E402
+                        teacher_forced_logits)
 
 MODELS = ["llama", "qwen3", "mistral", "gemma2", "gemma3", "gpt_oss"]
 GEN = dict(max_new_tokens=12, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
@@ -162,8 +163,7 @@ def test_bf16_model_with_bf16_cache_within_bound(name):
     model = kvt.enable(copy.deepcopy(ref), kvfuse.KVCacheConfig())
     assert kvt.kvfuse_layers(model)[0].spec.kv_cache_torch_dtype == torch.bfloat16
     ids, mask = left_padded_batch()
-    tokens = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                          pad_token_id=0)[:, ids.shape[1]:]
+    tokens = greedy_tokens(ref, ids, mask)
     want = teacher_forced_logits(ref, ids, mask, tokens)
     got = teacher_forced_logits(model, ids, mask, tokens)
     err = (got - want).abs().max().item()
